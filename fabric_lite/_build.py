@@ -1,0 +1,82 @@
+"""Build the objects a :class:`~fabric_lite._plan.Plan` describes: accelerator, precision, strategy, launcher."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from fabric_lite._plan import Plan
+from fabric_lite.accelerators import ACCELERATORS, Accelerator
+from fabric_lite.plugins.environments import LightningEnvironment
+from fabric_lite.plugins.precision import DoublePrecision, Precision
+from fabric_lite.strategies.ddp import DDPStrategy
+from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
+from fabric_lite.strategies.parallel import ParallelStrategy
+from fabric_lite.strategies.registry import STRATEGY_REGISTRY
+from fabric_lite.strategies.single_device import SingleDeviceStrategy
+from fabric_lite.strategies.strategy import Strategy
+
+_STRATEGY_CLASSES: dict[str, type[Strategy]] = {
+    "SingleDeviceStrategy": SingleDeviceStrategy,
+    "DDPStrategy": DDPStrategy,
+}
+_PRECISION_CLASSES: dict[str, type[Precision]] = {
+    "32-true": Precision,
+    "64-true": DoublePrecision,
+}
+
+
+def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
+    for plugin in plugins:
+        if isinstance(plugin, Precision):
+            return plugin
+    cls = _PRECISION_CLASSES.get(plan.precision)
+    if cls is None:
+        raise NotImplementedError(
+            f"precision={plan.precision!r} is not available in this release of fabric_lite: it supports"
+            f" {sorted(_PRECISION_CLASSES)}. Use precision='32-true', or pass your own Precision subclass in plugins."
+        )
+    return cls()
+
+
+def _devices(plan: Plan) -> list[torch.device]:
+    if plan.accelerator == "cpu":
+        return [torch.device("cpu")] * len(plan.devices)
+    return [torch.device(plan.accelerator, index) for index in plan.devices]
+
+
+def build_strategy(plan: Plan, strategy: str | Strategy, accelerator: str | Accelerator, plugins: Sequence[Any]) -> Strategy:
+    """Create (or complete, for a user's instance) the strategy the plan describes, with its launcher."""
+    accelerator_obj = accelerator if isinstance(accelerator, Accelerator) else ACCELERATORS[plan.accelerator]()
+    precision = _precision(plan, plugins)
+    devices = _devices(plan)
+    if isinstance(strategy, Strategy):
+        instance = strategy
+        if instance.accelerator is None:
+            instance.accelerator = accelerator_obj
+        if instance._precision is None:
+            instance.precision = precision
+    else:
+        entry = STRATEGY_REGISTRY[plan.strategy]
+        cls = _STRATEGY_CLASSES[entry.class_name]
+        if cls is SingleDeviceStrategy:
+            instance = SingleDeviceStrategy(device=devices[0], accelerator=accelerator_obj, precision=precision)
+        else:
+            instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)  # type: ignore[call-arg]
+    if isinstance(instance, ParallelStrategy):
+        if instance.parallel_devices is None:
+            instance.parallel_devices = devices
+        if instance._cluster_environment is None:
+            instance.cluster_environment = plan.cluster_environment
+        instance.num_nodes = plan.num_nodes
+        instance._set_world_ranks()
+        environment = instance.cluster_environment
+        started_by_us = isinstance(environment, LightningEnvironment) and environment.creates_processes_externally
+        if plan.start_method == "popen" or started_by_us:
+            # in a child of the script launcher, the launcher reports the child's errors to rank 0
+            instance._launcher = SubprocessScriptLauncher(instance)
+        elif plan.start_method is not None:
+            instance._launcher = MultiProcessingLauncher(instance, start_method=plan.start_method)
+    return instance

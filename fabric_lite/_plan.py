@@ -1,0 +1,390 @@
+"""Decide how to run: ``Fabric(...)``'s arguments plus the environment and the machine, turned into a plan.
+
+:func:`resolve_plan` is a pure function: it reads its arguments, an environment mapping and a :class:`Machine`
+snapshot, and returns a :class:`Plan` or raises. It starts nothing, sets nothing, and never reads ``os.environ``
+itself, so its tests are tables. Building objects from the plan is a separate step (:mod:`fabric_lite._build`).
+
+Every bad value is rejected here, in the constructor, before any process starts or waits on another.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fabric_lite.accelerators import ACCELERATORS, Accelerator
+from fabric_lite.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities.exceptions import MisconfigurationException
+
+AcceleratorName = Literal["cpu", "cuda", "mps"]
+_ACCELERATOR_CHOICES = ("auto", "cpu", "cuda", "gpu", "mps")
+
+#: canonical precision names; the first two work in this release of fabric_lite
+PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+_LEGACY_PRECISIONS: dict[Any, str] = {
+    32: "32-true", "32": "32-true", 64: "64-true", "64": "64-true",
+    16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
+}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the plan needs to know about the machine and the running program."""
+
+    cuda_devices: int = 0
+    mps_available: bool = False
+    #: True in a notebook or REPL, where the script cannot be re-run
+    interactive: bool = False
+
+    @classmethod
+    def detect(cls) -> Machine:
+        """Read the snapshot off this machine (without initialising CUDA)."""
+        from fabric_lite.accelerators import CUDAAccelerator, MPSAccelerator
+
+        main = sys.modules.get("__main__")
+        return cls(
+            cuda_devices=CUDAAccelerator.auto_device_count(),
+            mps_available=MPSAccelerator.is_available(),
+            interactive=main is None or not hasattr(main, "__file__"),
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a ``Fabric`` runs. Built by :func:`resolve_plan`; every field is already validated."""
+
+    accelerator: AcceleratorName
+    #: registry name of the strategy, or ``"instance"`` when the user passed a ``Strategy`` object
+    strategy: str
+    #: whether the strategy runs one process per device
+    parallel: bool
+    #: device indices on this node (for the CPU, ``0..n-1`` stand for ``n`` processes)
+    devices: tuple[int, ...]
+    num_nodes: int
+    #: how fabric_lite starts the other processes; ``None`` when it starts none (one process, or an external
+    #: launcher such as torchrun or SLURM started them all)
+    start_method: StartMethod | None
+    cluster_environment: ClusterEnvironment
+    precision: str
+    #: the default process-group backend for the accelerator
+    backend: str
+    #: messages for the caller to emit as warnings
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def num_processes(self) -> int:
+        """Processes per node."""
+        return len(self.devices) if self.parallel else 1
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_nodes
+
+
+def _accelerator_name(accelerator: Any) -> str:
+    if isinstance(accelerator, Accelerator):
+        return type(accelerator).name
+    if isinstance(accelerator, str) and accelerator.lower() in _ACCELERATOR_CHOICES:
+        return accelerator.lower()
+    raise ValueError(
+        f"You selected an invalid accelerator name: accelerator={accelerator!r}."
+        f" Choose one of {', '.join(repr(c) for c in _ACCELERATOR_CHOICES)}, or pass an Accelerator instance."
+    )
+
+
+def _available(machine: Machine) -> list[str]:
+    return [name for name, ok in (("cuda", machine.cuda_devices > 0), ("mps", machine.mps_available)) if ok] + [
+        "cpu"
+    ]
+
+
+def _resolve_accelerator(name: str, machine: Machine) -> AcceleratorName:
+    if name == "auto":
+        if machine.mps_available:
+            return "mps"
+        return "cuda" if machine.cuda_devices > 0 else "cpu"
+    if name == "gpu":
+        if machine.cuda_devices > 0:
+            return "cuda"
+        if machine.mps_available:
+            return "mps"
+        raise RuntimeError(
+            "accelerator='gpu' needs a CUDA or an MPS device, but this machine has neither."
+            f" Available accelerators: {_available(machine)}. Use accelerator='cpu' or 'auto'."
+        )
+    if name == "cuda" and machine.cuda_devices == 0:
+        raise RuntimeError(
+            "accelerator='cuda' was requested, but torch sees no CUDA device on this machine."
+            f" Available accelerators: {_available(machine)}. Use accelerator='cpu' or 'auto'."
+        )
+    if name == "mps" and not machine.mps_available:
+        raise RuntimeError(
+            "accelerator='mps' was requested, but MPS is not available on this machine."
+            f" Available accelerators: {_available(machine)}. Use accelerator='cpu' or 'auto'."
+        )
+    return name  # type: ignore[return-value]
+
+
+def _parse_num_nodes(num_nodes: Any) -> int:
+    if isinstance(num_nodes, str) and num_nodes.strip().isdigit():
+        num_nodes = int(num_nodes)  # Lightning accepts strings (e.g. straight from argparse)
+    if type(num_nodes) is not int:
+        raise TypeError(f"num_nodes must be a positive integer, but got {num_nodes!r}. Example: num_nodes=2.")
+    if num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, but got {num_nodes}. Example: num_nodes=1.")
+    return num_nodes
+
+
+def _canonical_precision(precision: Any) -> tuple[str, list[str]]:
+    if precision is None:
+        return "32-true", []
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return precision, []
+    if type(precision) in (int, str) and precision in _LEGACY_PRECISIONS:
+        canonical = _LEGACY_PRECISIONS[precision]
+        warnings = []
+        if canonical.endswith("mixed"):
+            warnings.append(
+                f"precision={precision!r} is supported for historical reasons but means {canonical!r};"
+                f" write precision={canonical!r}."
+            )
+        return canonical, warnings
+    allowed = list(PRECISIONS) + [repr(k) for k in _LEGACY_PRECISIONS]
+    raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: {', '.join(allowed)}.")
+
+
+def _cpu_devices(devices: Any) -> int:
+    """``devices`` for the CPU: a number of processes. Error classes follow Lightning Fabric."""
+    if devices == "auto":
+        return 1
+    value: Any = devices
+    if isinstance(devices, str) and devices.strip().isdigit():
+        value = int(devices)
+    if type(value) is int and value > 0:
+        return value
+    if (type(value) is int and value == 0) or (isinstance(value, (list, tuple)) and len(value) == 0):
+        raise ValueError(
+            f"Fabric(devices={devices!r}) is not valid with the CPU accelerator: at least one process is needed."
+            " Example: devices=1, or devices=2 for two processes."
+        )
+    hint = ""
+    if isinstance(devices, (list, tuple)) or (isinstance(devices, str) and "," in devices):
+        hint = " A list of indices selects GPUs; on the CPU, give a count."
+    elif devices == -1 or devices == "-1":
+        hint = " devices=-1 means 'every GPU'; on the CPU, give the number of processes you want."
+    raise TypeError(
+        f"Fabric(devices={devices!r}) is not valid with the CPU accelerator: devices must be an int > 0 (the"
+        f" number of processes) or 'auto'.{hint} Example: devices=2."
+    )
+
+
+def _gpu_indices(devices: Any, accelerator: str, available: int) -> tuple[int, ...]:
+    """``devices`` for CUDA/MPS: an int count, -1, a list of indices, a string such as ``"0,1"``, or ``"auto"``."""
+    value: Any = devices
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            if text == "auto" or text == "-1":
+                value = -1
+            elif "," in text:
+                value = [int(x) for x in text.split(",") if x.strip()]
+            else:
+                value = int(text)
+        except ValueError:
+            raise TypeError(
+                f"Fabric(devices={devices!r}) is not valid: use an int, -1, a list of GPU indices, a string such as"
+                " '0,1', or 'auto'."
+            ) from None
+    if isinstance(value, (list, tuple)):
+        if any(type(v) is not int for v in value):
+            raise TypeError(f"Fabric(devices={devices!r}): GPU indices must be ints, e.g. devices=[0, 1].")
+        indices = list(value)
+    elif type(value) is int:
+        if value == -1:
+            indices = list(range(available))
+        elif value > 0:
+            indices = list(range(value))
+        elif value == 0:
+            indices = []
+        else:
+            raise ValueError(
+                f"Fabric(devices={devices!r}) is not valid: a count must be > 0, or -1 for every GPU."
+            )
+    else:
+        raise TypeError(
+            f"Fabric(devices={devices!r}) is not valid: use an int, -1, a list of GPU indices, a string such as"
+            " '0,1', or 'auto'."
+        )
+    if not indices:
+        raise ValueError(
+            f"Fabric(devices={devices!r}) selects no device for accelerator={accelerator!r}."
+            " Example: devices=1, or accelerator='cpu'."
+        )
+    if len(set(indices)) != len(indices):
+        raise MisconfigurationException(
+            f"Fabric(devices={devices!r}) lists a device twice; each device can be used once. Example: [0, 1]."
+        )
+    missing = [i for i in indices if not 0 <= i < available]
+    if missing:
+        raise MisconfigurationException(
+            f"Fabric(devices={devices!r}) asks for {accelerator} device(s) {missing}, but this machine has"
+            f" {available} ({list(range(available))}). Use devices={min(len(indices), available) or 1} or"
+            " indices from that list."
+        )
+    return tuple(indices)
+
+
+def _detect_environment(env: Mapping[str, str], plugins: Sequence[Any]) -> ClusterEnvironment:
+    for plugin in plugins:
+        if isinstance(plugin, ClusterEnvironment):
+            return plugin
+    # torchrun first: a torchrun inside a SLURM allocation started these processes, not srun
+    if TorchElasticEnvironment.detect(env):
+        return TorchElasticEnvironment(env)
+    if SLURMEnvironment.detect(env):
+        return SLURMEnvironment(env)
+    return LightningEnvironment(env)
+
+
+def _external_local_count(environment: ClusterEnvironment) -> int | None:
+    """How many processes the external launcher started on this node, where it says."""
+    if isinstance(environment, TorchElasticEnvironment):
+        return environment.local_world_size()
+    if isinstance(environment, SLURMEnvironment):
+        per_node = environment.tasks_per_node()
+        if per_node is None and "SLURM_NNODES" not in environment._env:
+            return environment.world_size()
+        return per_node
+    return None
+
+
+def _strategy_choice(strategy: Any) -> str:
+    if isinstance(strategy, Strategy):
+        return "instance"
+    if isinstance(strategy, str) and (strategy == "auto" or strategy in STRATEGY_REGISTRY):
+        return strategy
+    choices = ", ".join(repr(n) for n in ("auto", *STRATEGY_REGISTRY))
+    raise ValueError(
+        f"You selected an invalid strategy name: strategy={strategy!r}. Choose one of {choices},"
+        " or pass a fabric_lite.strategies.Strategy instance."
+    )
+
+
+def resolve_plan(
+    *,
+    accelerator: str | Accelerator = "auto",
+    strategy: str | Strategy = "auto",
+    devices: list[int] | str | int = "auto",
+    num_nodes: int = 1,
+    precision: str | int | None = "32-true",
+    plugins: Sequence[Any] = (),
+    env: Mapping[str, str],
+    machine: Machine,
+) -> Plan:
+    """Validate ``Fabric(...)``'s arguments against the environment and the machine and decide how to run.
+
+    Raises:
+        ValueError, TypeError: a value that is not accepted, with the value, the choices and a fix.
+        RuntimeError: an accelerator this machine does not have.
+        MisconfigurationException: devices that do not exist on this machine.
+    """
+    warnings: list[str] = []
+    num_nodes = _parse_num_nodes(num_nodes)
+    strategy_name = _strategy_choice(strategy)
+    precision_name, precision_warnings = _canonical_precision(precision)
+    warnings += precision_warnings
+    for plugin in plugins:
+        if isinstance(plugin, Precision) and precision not in (None, "32-true", plugin.precision):
+            raise ValueError(
+                f"Fabric(precision={precision!r}) conflicts with the precision plugin {type(plugin).__name__}"
+                f" (precision={plugin.precision!r}) in plugins. Pass only one of them."
+            )
+        if isinstance(plugin, Precision):
+            precision_name = plugin.precision
+        elif not isinstance(plugin, ClusterEnvironment):
+            raise TypeError(
+                f"Fabric(plugins=...) got {plugin!r} of type {type(plugin).__name__}. Accepted plugins are"
+                " fabric_lite.plugins.Precision and fabric_lite.plugins.environments.ClusterEnvironment instances."
+            )
+
+    accelerator_name = _resolve_accelerator(_accelerator_name(accelerator), machine)
+    environment = _detect_environment(env, plugins)
+    external = environment.creates_processes_externally
+
+    if devices == "auto" and external:
+        local = _external_local_count(environment)
+        if local is not None:
+            devices = local
+    if accelerator_name == "cpu":
+        device_indices = tuple(range(_cpu_devices(devices)))
+    else:
+        if isinstance(devices, bool):
+            raise TypeError(f"Fabric(devices={devices!r}) is not valid: use an int, a list of indices, or 'auto'.")
+        available = machine.cuda_devices if accelerator_name == "cuda" else 1
+        if external and accelerator_name == "cuda" and machine.cuda_devices == 1:
+            # an external launcher that gives every process its own GPU (CUDA_VISIBLE_DEVICES per rank)
+            available = max(available, _cpu_devices(devices) if devices != "auto" else 1)
+        device_indices = _gpu_indices(devices, accelerator_name, available)
+        if external and machine.cuda_devices == 1:
+            device_indices = (0,) * len(device_indices)
+
+    if strategy_name == "auto":
+        many = len(device_indices) > 1 or num_nodes > 1
+        strategy_name = ("ddp_fork" if machine.interactive and not external else "ddp") if many else "single_device"
+
+    if strategy_name == "instance":
+        parallel = bool(getattr(strategy, "is_parallel", False))
+        start_method = getattr(strategy, "start_method", None) if parallel else None
+    else:
+        entry = STRATEGY_REGISTRY[strategy_name]
+        parallel, start_method = entry.parallel, entry.start_method
+
+    if not parallel and (len(device_indices) > 1 or num_nodes > 1):
+        raise ValueError(
+            f"strategy={strategy_name if strategy_name != 'instance' else type(strategy).__name__!r} runs one"
+            f" process on one device, but devices={devices!r} and num_nodes={num_nodes} ask for"
+            f" {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'), or devices=1."
+        )
+    if external:
+        environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
+        start_method = None
+    elif parallel:
+        environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
+        if start_method == "popen" and machine.interactive:
+            raise ValueError(
+                f"strategy={strategy_name!r} re-runs the script once per device, which is impossible in an"
+                " interactive session (notebook or REPL). Use strategy='ddp_notebook' (or 'ddp_fork'), or run a"
+                " script."
+            )
+        if start_method == "fork" and sys.platform == "win32":
+            raise ValueError(f"strategy={strategy_name!r} needs fork, which Windows does not have. Use 'ddp_spawn'.")
+
+    if precision_name == "16-mixed" and accelerator_name == "cpu":
+        warnings.append(
+            "precision='16-mixed' is not supported on the CPU (no float16 autocast there);"
+            " using precision='bf16-mixed' instead, as Lightning Fabric does."
+        )
+        precision_name = "bf16-mixed"
+
+    return Plan(
+        accelerator=accelerator_name,
+        strategy=strategy_name,
+        parallel=parallel,
+        devices=device_indices,
+        num_nodes=num_nodes,
+        start_method=start_method,
+        cluster_environment=environment,
+        precision=precision_name,
+        backend="nccl" if accelerator_name == "cuda" else "gloo",
+        warnings=tuple(warnings),
+    )

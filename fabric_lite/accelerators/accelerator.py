@@ -1,0 +1,33 @@
+"""The accelerator interface: what kind of device a process computes on."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Accelerator(ABC):
+    """A kind of device (CPU, CUDA GPU, Apple MPS). Subclasses are stateless."""
+
+    #: the name used in ``Fabric(accelerator=...)``
+    name: str = ""
+
+    def setup_device(self, device: torch.device) -> None:
+        """Prepare ``device`` for use by this process (e.g. make it the current CUDA device)."""
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup_device` acquired."""
+
+    @staticmethod
+    @abstractmethod
+    def is_available() -> bool:
+        """Whether this machine has this kind of device."""
+
+    @staticmethod
+    @abstractmethod
+    def auto_device_count() -> int:
+        """The number of devices ``devices="auto"`` selects."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

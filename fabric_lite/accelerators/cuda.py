@@ -1,0 +1,35 @@
+"""The CUDA accelerator."""
+
+from __future__ import annotations
+
+import torch
+from typing_extensions import override
+
+from fabric_lite.accelerators.accelerator import Accelerator
+
+
+class CUDAAccelerator(Accelerator):
+    """Compute on NVIDIA GPUs through CUDA. ``devices`` selects GPU indices; each process drives one GPU."""
+
+    name = "cuda"
+
+    @override
+    def setup_device(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"CUDAAccelerator cannot set up device {device}; expected a CUDA device.")
+        torch.cuda.set_device(device)
+
+    @override
+    def teardown(self) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    @staticmethod
+    @override
+    def is_available() -> bool:
+        return torch.cuda.device_count() > 0
+
+    @staticmethod
+    @override
+    def auto_device_count() -> int:
+        return torch.cuda.device_count()

@@ -1,0 +1,598 @@
+"""The ``Fabric`` object: a few lines that make a hand-written PyTorch loop run anywhere."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import warnings
+from collections.abc import Callable, Generator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader, DistributedSampler
+
+from fabric_lite._build import build_strategy
+from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.strategies.launchers import MultiProcessingLauncher
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities.apply_func import convert_to_tensors, move_data_to_device
+from fabric_lite.utilities.data import add_worker_init_fn, distributed_sampler, has_iterable_dataset, replace_sampler
+from fabric_lite.utilities.seed import seed_everything
+from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast
+from fabric_lite.wrappers import _FabricDataLoader, _FabricModule, _FabricOptimizer, _unwrap_objects, is_wrapped
+
+
+def _do_nothing(*_: Any) -> None:
+    pass
+
+
+class Fabric:
+    """Run a hand-written PyTorch loop on one device or many, with a few added lines.
+
+    Args:
+        accelerator: ``"cpu"``, ``"cuda"``, ``"gpu"``, ``"mps"`` or ``"auto"`` (the best available), or an
+            ``Accelerator`` instance.
+        strategy: ``"auto"``, ``"single_device"``, ``"ddp"`` (re-runs the script once per extra device),
+            ``"ddp_spawn"``, ``"ddp_fork"``, or a ``Strategy`` instance such as ``DDPStrategy(...)``.
+        devices: devices per node: a count (``2``), ``-1`` for every GPU, GPU indices (``[0, 1]`` or ``"0,1"``),
+            or ``"auto"``. On the CPU, the number of processes.
+        num_nodes: how many machines take part.
+        precision: ``"32-true"`` (default) or ``"64-true"``; ``32``/``64`` are accepted as legacy spellings.
+        plugins: a ``Precision`` or ``ClusterEnvironment`` instance, or a list of them.
+        callbacks: objects whose methods :meth:`call` invokes by name.
+        loggers: objects with a ``log_metrics(metrics, step)`` method, used by :meth:`log` and :meth:`log_dict`.
+
+    Raises:
+        ValueError, TypeError: an argument that is not accepted; the message names the value and the fix.
+        RuntimeError: an accelerator this machine does not have.
+
+    Example::
+
+        fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+        fabric.launch()
+        model, optimizer = fabric.setup(model, optimizer)
+        loader = fabric.setup_dataloaders(loader)
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            fabric.backward(loss)
+            optimizer.step()
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: str | Accelerator = "auto",
+        strategy: str | Strategy = "auto",
+        devices: list[int] | str | int = "auto",
+        num_nodes: int = 1,
+        precision: str | int | None = "32-true",
+        plugins: Any | list[Any] | None = None,
+        callbacks: Any | list[Any] | None = None,
+        loggers: Any | list[Any] | None = None,
+    ) -> None:
+        plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        plan = resolve_plan(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugin_list,
+            env=os.environ,
+            machine=Machine.detect(),
+        )
+        self._plan = plan
+        self._strategy: Strategy = build_strategy(plan, strategy, accelerator, plugin_list)
+        self._callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
+        self._loggers = [] if loggers is None else list(loggers) if isinstance(loggers, list) else [loggers]
+        self._models_setup = 0
+        self._launched = False
+        self._environment_ready = False
+        if self.global_rank == 0:
+            for message in plan.warnings:
+                warnings.warn(message, UserWarning, stacklevel=2)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def accelerator(self) -> Accelerator:
+        assert self._strategy.accelerator is not None  # always filled in by the build step
+        return self._strategy.accelerator
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._strategy
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self._strategy.root_device
+
+    @property
+    def global_rank(self) -> int:
+        """The index of this process among all processes, across nodes."""
+        return self._strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        """The index of this process among the processes on its node."""
+        return self._strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        """The index of this process's node."""
+        return self._strategy.node_rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes across all nodes."""
+        return self._strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process with global rank 0."""
+        return self._strategy.is_global_zero
+
+    @property
+    def loggers(self) -> list[Any]:
+        return self._loggers
+
+    @property
+    def logger(self) -> Any:
+        """The first logger."""
+        if not self._loggers:
+            raise IndexError("Fabric has no logger: pass Fabric(loggers=...) first.")
+        return self._loggers[0]
+
+    # ------------------------------------------------------------------ launching
+    def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """Start the processes the strategy needs and join them in a process group.
+
+        * ``strategy="ddp"``: this process is local rank 0; the script is started again once per extra device,
+          every process continues after ``launch()`` (call it near the top of the script), and ``launch(fn)``
+          runs ``fn(fabric, *args, **kwargs)`` in every process and returns each process's own result.
+        * ``"ddp_spawn"``/``"ddp_fork"``: ``launch(fn, ...)`` runs ``fn(fabric, ...)`` in one new process per device
+          and returns the result of global rank 0 (the script must be guarded by ``if __name__ == "__main__":``).
+        * under torchrun or SLURM no process is started; the process group is joined.
+        * one device: nothing to start; ``launch(fn)`` runs ``fn(fabric)`` here.
+
+        A failing rank ends the whole job, and its traceback is reported as the cause. Calling ``launch()`` again
+        without a function does nothing.
+
+        Raises:
+            TypeError: ``function`` is not callable (e.g. ``launch(train())`` instead of ``launch(train)``), takes no
+                argument, or is missing for a spawn/fork strategy.
+        """
+        if function is not None:
+            if not callable(function):
+                raise TypeError(
+                    f"Fabric.launch() needs a callable, but got {function!r}. HINT: write .launch(your_fn), not"
+                    " .launch(your_fn())."
+                )
+            if not inspect.signature(function).parameters:
+                raise TypeError(
+                    f"Fabric.launch(function={getattr(function, '__name__', function)}) must take at least one"
+                    " argument: the launcher passes it the Fabric object. Example: def train(fabric): ..."
+                )
+        elif isinstance(self._strategy.launcher, MultiProcessingLauncher):
+            raise TypeError(
+                f"To spawn processes with the {type(self._strategy).__name__} (start method spawn/fork),"
+                " .launch() needs a function that holds the code to run in them: fabric.launch(train)."
+            )
+        if self._launched and function is None:
+            return None
+        self._launched = True
+        to_run = partial(self._run_with_setup, function or _do_nothing)
+        launcher = self._strategy.launcher
+        if launcher is not None and not (self._environment_ready and function is not None):
+            return launcher.launch(to_run, *args, **kwargs)
+        return to_run(*args, **kwargs)
+
+    def _run_with_setup(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self._environment_ready:
+            self._strategy.setup_environment()
+            self._environment_ready = True
+        return function(self, *args, **kwargs)
+
+    def _validate_launched(self) -> None:
+        if self._strategy.is_parallel and not self._launched:
+            raise RuntimeError(
+                f"To use Fabric with more than one process ({type(self._strategy).__name__}, world size"
+                f" {self.world_size}), call fabric.launch() first (or launch(fn) for spawn/fork strategies)."
+            )
+
+    # ------------------------------------------------------------------ setup
+    def setup(
+        self, module: nn.Module, *optimizers: Optimizer, scheduler: Any = None, move_to_device: bool = True
+    ) -> Any:
+        """Set up a module and its optimizers: move the module to the device, wrap it for the strategy (e.g. in
+        ``DistributedDataParallel``) and wrap the optimizers so that ``step`` goes through the strategy.
+
+        Returns:
+            The wrapped module if no optimizer is given, else ``(module, *optimizers)``, plus ``scheduler`` last
+            when one is passed (returned unchanged).
+
+        Raises:
+            ValueError: the module or an optimizer was set up already, or an optimizer updates parameters that
+                are not the module's.
+        """
+        self._validate_launched()
+        if isinstance(module, _FabricModule):
+            raise ValueError("A model should be passed only once to the `setup` method. It is already set up.")
+        if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup` method. It is already set up.")
+        _check_optimizers_own_parameters(module, optimizers)
+        original = _unwrap_compiled(module)
+        module = self._strategy.precision.convert_module(module)
+        if move_to_device:
+            self._strategy.module_to_device(module)
+        if optimizers:
+            module, wrapped = self._strategy.setup_module_and_optimizers(module, list(optimizers))
+        else:
+            module, wrapped = self._strategy.setup_module(module), []
+        fabric_module = _FabricModule(module, self._strategy, original_module=original)
+        fabric_optimizers = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in wrapped]
+        self._models_setup += 1
+        self.call("on_after_setup", fabric=self, module=fabric_module)
+        if scheduler is not None:
+            return (fabric_module, *fabric_optimizers, scheduler)
+        return (fabric_module, *fabric_optimizers) if fabric_optimizers else fabric_module
+
+    def setup_module(self, module: nn.Module, move_to_device: bool = True) -> _FabricModule:
+        """Set up a module alone (create its optimizer afterwards and pass it to :meth:`setup_optimizers`)."""
+        self._validate_launched()
+        if isinstance(module, _FabricModule):
+            raise ValueError("A model should be passed only once to the `setup_module` method. It is already set up.")
+        original = _unwrap_compiled(module)
+        module = self._strategy.precision.convert_module(module)
+        if move_to_device:
+            self._strategy.module_to_device(module)
+        fabric_module = _FabricModule(self._strategy.setup_module(module), self._strategy, original_module=original)
+        self._models_setup += 1
+        return fabric_module
+
+    def setup_optimizers(self, *optimizers: Optimizer) -> _FabricOptimizer | tuple[_FabricOptimizer, ...]:
+        """Set up one or more optimizers; returns one wrapped optimizer, or a tuple for several."""
+        self._validate_launched()
+        if not optimizers:
+            raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
+        if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
+        for opt in optimizers:
+            if not isinstance(opt, Optimizer):
+                raise TypeError(f"setup_optimizers expects torch.optim.Optimizer instances, got {type(opt).__name__}.")
+        wrapped = [
+            _FabricOptimizer(self._strategy.setup_optimizer(opt), self._strategy, self._callbacks) for opt in optimizers
+        ]
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def setup_dataloaders(
+        self, *dataloaders: DataLoader[Any], use_distributed_sampler: bool = True, move_to_device: bool = True
+    ) -> Any:
+        """Set up dataloaders: split the data across processes and move batches to the device.
+
+        With several processes, each loader gets a ``DistributedSampler`` that keeps its shuffling and seed (see
+        :func:`fabric_lite.utilities.data.distributed_sampler`); ``set_epoch`` is called at every new iteration,
+        so the order changes each epoch. Iterable datasets and loaders that already use a ``DistributedSampler``
+        are left as they are.
+
+        Returns:
+            One wrapped loader, or a list for several.
+        """
+        self._validate_launched()
+        if not dataloaders:
+            raise ValueError("`setup_dataloaders` requires at least one dataloader as input.")
+        if any(isinstance(dl, _FabricDataLoader) for dl in dataloaders):
+            raise ValueError("A dataloader should be passed only once to the `setup_dataloaders` method.")
+        for dl in dataloaders:
+            if not isinstance(dl, DataLoader):
+                raise TypeError(
+                    f"Only PyTorch DataLoader are currently supported in `setup_dataloaders`, got {type(dl).__name__}."
+                    " Wrap your data in torch.utils.data.DataLoader."
+                )
+        sampler_kwargs = self._strategy.distributed_sampler_kwargs
+        wrapped = []
+        for dl in dataloaders:
+            needs_sampler = not isinstance(dl.sampler, DistributedSampler) and not has_iterable_dataset(dl)
+            if use_distributed_sampler and sampler_kwargs is not None and needs_sampler:
+                dl = replace_sampler(dl, distributed_sampler(dl, **sampler_kwargs))
+            add_worker_init_fn(dl, self.global_rank)
+            wrapped.append(_FabricDataLoader(dl, device=self.device if move_to_device else None))
+        return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    # ------------------------------------------------------------------ training helpers
+    def backward(self, tensor: Tensor, *args: Any, model: _FabricModule | None = None, **kwargs: Any) -> None:
+        """Replaces ``loss.backward()``: back-propagates through the strategy and precision.
+
+        Raises:
+            RuntimeError: no model was set up yet (the gradients would not be synchronised).
+        """
+        if self._models_setup == 0:
+            raise RuntimeError(
+                "No models were set up for backward. Did you forget to call `fabric.setup()`?"
+                " Set up the model first: model, optimizer = fabric.setup(model, optimizer)."
+            )
+        module = model._forward_module if isinstance(model, _FabricModule) else model
+        self._strategy.backward(tensor, module, *args, **kwargs)
+
+    def clip_gradients(
+        self,
+        module: nn.Module,
+        optimizer: Optimizer,
+        clip_val: float | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor | None:
+        """Clip gradients by value (``clip_val``) or by total norm (``max_norm``); give exactly one of them.
+
+        Returns:
+            The total norm of the gradients before clipping with ``max_norm``, else ``None``.
+        """
+        if clip_val is not None and max_norm is not None:
+            raise ValueError(
+                f"Only one of `clip_val` ({clip_val}) or `max_norm` ({max_norm}) can be set, as this specifies the"
+                " clipping algorithm. Pass clip_val= to clip each gradient value, or max_norm= to clip the total norm."
+            )
+        unwrapped_module = _unwrap_objects(module)
+        unwrapped_optimizer = _unwrap_objects(optimizer)
+        if clip_val is not None:
+            self._strategy.clip_gradients_value(unwrapped_module, unwrapped_optimizer, clip_val=clip_val)
+            return None
+        if max_norm is not None:
+            return self._strategy.clip_gradients_norm(
+                unwrapped_module, unwrapped_optimizer, max_norm=max_norm, norm_type=norm_type,
+                error_if_nonfinite=error_if_nonfinite,
+            )
+        raise ValueError("You have to specify either `clip_val` or `max_norm` to do gradient clipping! E.g. max_norm=1.0.")
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The precision's forward context, for code outside the module's forward (a no-op in full precision)."""
+        return self._strategy.precision.forward_context()
+
+    def to_device(self, obj: Any) -> Any:
+        """Move a module (in place) or a tensor or collection of tensors to :attr:`device`."""
+        if isinstance(obj, nn.Module):
+            self._strategy.module_to_device(obj)
+            return obj
+        return move_data_to_device(obj, self.device)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the process with local rank 0 of each node only."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
+    def no_backward_sync(self, module: _FabricModule, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Skip the gradient synchronisation while accumulating gradients (DDP's ``no_sync``).
+
+        Both the forward and ``fabric.backward`` must run inside the context; the next backward outside it
+        synchronises the accumulated gradients. A no-op on a single device.
+
+        Raises:
+            TypeError: the module was not set up with Fabric.
+        """
+        if not isinstance(module, _FabricModule):
+            raise TypeError(
+                "You need to set up the model first before you can call `fabric.no_backward_sync()`:"
+                f" `model = fabric.setup(model, ...)`. Got {type(module).__name__}."
+            )
+        return self._strategy.no_backward_sync(module._forward_module, enabled)
+
+    def init_tensor(self) -> AbstractContextManager[Any]:
+        """Tensors created inside are created on :attr:`device`, in the precision's dtype."""
+        return self._strategy.tensor_init_context()
+
+    def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """Modules created inside get their parameters on :attr:`device` in the precision's dtype, directly.
+
+        Args:
+            empty_init: skip the parameters' initialisation (for weights about to be loaded from a checkpoint).
+        """
+        self._validate_launched()
+        return self._strategy.module_init_context(empty_init=empty_init)
+
+    @contextmanager
+    def rank_zero_first(self, local: bool = False) -> Generator[None, None, None]:
+        """Run the block on rank 0 first (e.g. a download), then on the other processes.
+
+        The waiting is not subject to the process-group timeout. Every process must enter the block.
+
+        Args:
+            local: let local rank 0 of every node go first instead of global rank 0.
+        """
+        rank = self.local_rank if local else self.global_rank
+        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+            yield
+            return
+        group = dist.new_group(backend="gloo", timeout=timedelta(days=10000))
+        try:
+            if rank > 0:
+                dist.barrier(group=group)
+            yield
+            if rank == 0:
+                dist.barrier(group=group)
+        finally:
+            dist.destroy_process_group(group)
+
+    # ------------------------------------------------------------------ collectives
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process has entered the barrier. Every process must call it; a no-op on one device."""
+        self._validate_launched()
+        self._strategy.barrier(name=name)
+
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        """Send ``obj`` from global rank ``src`` to every process; returns it on every process.
+
+        Not in place. Tensors travel as tensors and arrive on each process's device; any other picklable object
+        is pickled. Every process must call it; what the other processes pass is ignored.
+
+        Example::
+
+            # rank 0: obj = {"lr": 0.1}   rank 1: obj = None
+            obj = fabric.broadcast(obj, src=0)
+            # rank 0: {"lr": 0.1}        rank 1: {"lr": 0.1}
+        """
+        self._validate_launched()
+        return self._strategy.broadcast(obj, src=src)
+
+    def all_gather(self, data: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather a tensor, a number, or every tensor/number in a (nested) collection from all processes.
+
+        Not in place: new tensors of shape ``(world_size, *shape)`` are returned, in the same collection
+        structure; numbers are turned into tensors first (int32/float32/uint8, as in Lightning). Following
+        Lightning Fabric's documentation (its DDP strategy adds the dimension anyway), with a world size of 1 no
+        dimension is added. Every process must call it with the same shapes and dtypes; otherwise every process
+        raises ``ValueError`` naming each rank's shapes, instead of hanging or returning garbage.
+
+        Args:
+            sync_grads: make the result differentiable; each process's input receives the gradient of its slice.
+
+        Example::
+
+            # rank 0: data = torch.tensor([1, 2])   rank 1: data = torch.tensor([3, 4])
+            fabric.all_gather(data)  # every rank: tensor([[1, 2], [3, 4]])
+        """
+        self._validate_launched()
+        data = convert_to_tensors(data, device=self.device)
+        return self._strategy.all_gather(data, group=group, sync_grads=sync_grads)
+
+    def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> Any:
+        """Reduce a tensor, a number, or every tensor/number in a (nested) collection across all processes.
+
+        In place: each tensor on :attr:`device` is overwritten with the result and returned (numbers become
+        int32/float32/uint8 tensors first, as in Lightning). ``reduce_op`` is ``"mean"`` (default; ``"avg"``),
+        ``"sum"``, ``"max"``, ``"min"``, ``"product"`` or a ``torch.distributed.ReduceOp``; an integer ``mean``
+        stays an integer, truncated toward zero. A collection is reduced with one collective per dtype. Every
+        process must call it with the same shapes, dtypes and order. With one process the data comes back as is.
+
+        Example::
+
+            # rank 0: {"loss": tensor(1.), "n": 3}   rank 1: {"loss": tensor(3.), "n": 5}
+            fabric.all_reduce({"loss": loss, "n": n})  # every rank: {"loss": tensor(2.), "n": tensor(4, dtype=int32)}
+        """
+        self._validate_launched()
+        data = convert_to_tensors(data, device=self.device)
+        return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective; same on every process."""
+        self._validate_launched()
+        return self._strategy.reduce_boolean_decision(decision, all=all)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(
+        self, path: _PATH, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None  # noqa: A002
+    ) -> None:
+        """Save ``state`` to ``path``: modules and optimizers by their state dicts, objects with ``state_dict()``
+        by it, other values as they are.
+
+        Rank 0 writes the file atomically (the previous file survives any failure); every process returns once
+        the file is complete, and if writing fails every process raises with the path in the message. Every
+        process must call it.
+
+        Args:
+            filter: per key of ``state``, a function ``(name, value) -> bool`` choosing the entries of its state
+                dict to keep.
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"Fabric.save(state=...) expects a dict, got {type(state).__name__}: {{'model': model}}.")
+        if filter is not None:
+            if not isinstance(filter, dict):
+                raise TypeError(f"Filter should be a dictionary, given {filter!r}")
+            if not set(filter).issubset(state):
+                raise ValueError(f"The filter keys {set(filter) - set(state)} are not present in the state keys {set(state)}.")
+            for key, fn in filter.items():
+                if not callable(fn):
+                    raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
+        self._strategy.save_checkpoint(path, _unwrap_objects(dict(state)), filter=filter)
+
+    def load(
+        self, path: _PATH, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from the checkpoint at ``path`` and return the entries it did not restore.
+
+        Modules, optimizers and stateful objects are loaded in place; plain values are written back into
+        ``state``. With ``state=None`` the whole checkpoint is returned.
+
+        Args:
+            strict: a key of ``state`` missing from the checkpoint raises ``KeyError`` naming it.
+            weights_only: ``None``/``True`` (default) refuses files that would run code when unpickled; pass
+                ``False`` only for files you trust. fabric_lite never falls back to ``False`` by itself.
+        """
+        unwrapped = _unwrap_objects(state) if state is not None else None
+        remainder = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
+        if state is not None and unwrapped is not None:
+            for key, value in unwrapped.items():
+                if not is_wrapped(state[key]):
+                    state[key] = value
+        return remainder
+
+    def load_raw(self, path: _PATH, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
+        """Load a raw state dict (e.g. from ``torch.save(model.state_dict())``) into a module or optimizer."""
+        self._strategy.load_checkpoint(path, _unwrap_objects(obj), strict=strict, weights_only=weights_only)
+
+    # ------------------------------------------------------------------ callbacks and loggers
+    def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``hook_name(*args, **kwargs)`` on every callback that has it, passing only the keyword arguments
+        each method accepts."""
+        for callback in self._callbacks:
+            method = getattr(callback, hook_name, None)
+            if method is None:
+                continue
+            if not callable(method):
+                warnings.warn(f"Skipping the callback `{type(callback).__name__}.{hook_name}`: it is not callable.")
+                continue
+            method(*args, **_accepted_kwargs(method, kwargs))
+
+    def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """Log one scalar to every logger (one-element tensors become numbers)."""
+        self.log_dict({name: value}, step=step)
+
+    def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Log several scalars to every logger (one-element tensors become numbers)."""
+        converted = {k: (v.item() if isinstance(v, Tensor) else v) for k, v in metrics.items()}
+        for logger in self._loggers:
+            logger.log_metrics(metrics=converted, step=step)
+
+    @staticmethod
+    def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
+        """:func:`fabric_lite.seed_everything`, with ``workers=True`` unless told otherwise (as in Lightning)."""
+        return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
+
+
+def _accepted_kwargs(method: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in parameters}
+
+
+def _unwrap_compiled(module: nn.Module) -> nn.Module:
+    """The module under ``torch.compile``'s wrapper (checked by name, so torch._dynamo is never imported)."""
+    if type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+        return module._orig_mod  # type: ignore[return-value]
+    return module
+
+
+def _check_optimizers_own_parameters(module: nn.Module, optimizers: Sequence[Optimizer]) -> None:
+    owned = {id(p) for p in module.parameters()}
+    for index, optimizer in enumerate(optimizers):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"fabric.setup expects optimizers after the module, got {type(optimizer).__name__}.")
+        foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in owned)
+        if foreign:
+            raise ValueError(
+                f"Optimizer {index} ({type(optimizer).__name__}) updates {foreign} parameter(s) that are not"
+                f" parameters of the {type(module).__name__} passed to setup. Create the optimizer from this"
+                " module's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.1)."
+            )

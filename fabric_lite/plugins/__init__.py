@@ -1,0 +1,18 @@
+"""Plugins: precision and cluster environments."""
+
+from fabric_lite.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+from fabric_lite.plugins.precision import DoublePrecision, Precision
+
+__all__ = [
+    "ClusterEnvironment",
+    "DoublePrecision",
+    "LightningEnvironment",
+    "Precision",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+]

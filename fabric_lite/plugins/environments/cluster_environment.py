@@ -1,0 +1,86 @@
+"""The interface every cluster environment implements: where the ranks come from and how to reach rank 0."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+
+class ClusterEnvironment(ABC):
+    """Tells fabric_lite the ranks of this process and the address of the main process.
+
+    Environments read the variables set by whatever started the process (fabric_lite's own launcher, torchrun,
+    SLURM). They take the environment as a mapping so that they can be built and tested without touching
+    ``os.environ``; by default they read a snapshot of ``os.environ`` taken when they are created.
+
+    Args:
+        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        self._env: dict[str, str] = dict(os.environ if env is None else env)
+
+    @property
+    @abstractmethod
+    def creates_processes_externally(self) -> bool:
+        """Whether something outside fabric_lite (torchrun, SLURM, a parent launcher) started every process."""
+
+    @property
+    @abstractmethod
+    def main_address(self) -> str:
+        """The address of the process with global rank 0."""
+
+    @property
+    @abstractmethod
+    def main_port(self) -> int:
+        """The port of the rendezvous store on the main process; ``0`` means "pick a free one at launch"."""
+
+    @staticmethod
+    @abstractmethod
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        """Whether the given environment (default ``os.environ``) is of this kind."""
+
+    @abstractmethod
+    def world_size(self) -> int:
+        """The number of processes across all nodes."""
+
+    @abstractmethod
+    def set_world_size(self, size: int) -> None:
+        """Set the world size, where the environment lets fabric_lite choose it."""
+
+    @abstractmethod
+    def global_rank(self) -> int:
+        """The rank of this process across all nodes."""
+
+    @abstractmethod
+    def set_global_rank(self, rank: int) -> None:
+        """Set the global rank, where the environment lets fabric_lite choose it."""
+
+    @abstractmethod
+    def local_rank(self) -> int:
+        """The rank of this process on its node."""
+
+    @abstractmethod
+    def node_rank(self) -> int:
+        """The index of this process's node."""
+
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Raise ``ValueError`` naming both sides when ``devices``/``num_nodes`` disagree with the environment."""
+
+    def teardown(self) -> None:
+        """Clean up whatever the environment set up. Nothing by default."""
+
+    def _int(self, name: str, default: int | None = None) -> int:
+        value = self._env.get(name)
+        if value is None:
+            if default is None:
+                raise RuntimeError(
+                    f"The environment variable {name} is not set, but {type(self).__name__} needs it."
+                    f" Start the script with the launcher that sets it, or set {name} yourself."
+                )
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"The environment variable {name}={value!r} is not an integer.") from None

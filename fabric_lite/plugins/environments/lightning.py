@@ -1,0 +1,87 @@
+"""The environment of fabric_lite's own launchers (script re-run, spawn, fork) and of manual multi-node runs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from typing_extensions import override
+
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+
+class LightningEnvironment(ClusterEnvironment):
+    """The default environment: fabric_lite starts the processes itself.
+
+    The process the user starts is local rank 0 and starts the other local ranks. On several nodes, start the
+    script once per node with ``NODE_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (the same address and port
+    everywhere). The variables read are:
+
+    * ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` (default: a free port, held by rank 0),
+    * ``NODE_RANK`` (or ``GROUP_RANK``; default 0),
+    * ``LOCAL_RANK`` and ``WORLD_SIZE``, set by the launcher for the processes it starts. A process that sees
+      ``LOCAL_RANK`` was started by a launcher and starts no processes itself.
+
+    The name is Lightning Fabric's, so code that refers to it keeps working.
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(env)
+        self._global_rank = 0
+        self._world_size = self._int("WORLD_SIZE", 1)
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return "LOCAL_RANK" in self._env
+
+    @property
+    @override
+    def main_address(self) -> str:
+        return self._env.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    @override
+    def main_port(self) -> int:
+        return self._int("MASTER_PORT", 0)
+
+    @staticmethod
+    @override
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        return True
+
+    @override
+    def world_size(self) -> int:
+        return self._world_size
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        self._world_size = size
+
+    @override
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        self._global_rank = rank
+
+    @override
+    def local_rank(self) -> int:
+        return self._int("LOCAL_RANK", 0)
+
+    @override
+    def node_rank(self) -> int:
+        if "NODE_RANK" in self._env:
+            return self._int("NODE_RANK")
+        return self._int("GROUP_RANK", 0)
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        if not self.creates_processes_externally or "WORLD_SIZE" not in self._env:
+            return
+        if num_devices * num_nodes != self._world_size:
+            raise ValueError(
+                f"This process was started with WORLD_SIZE={self._world_size}, but Fabric(devices={num_devices},"
+                f" num_nodes={num_nodes}) asks for {num_devices * num_nodes} processes. Use the same settings in"
+                " every process (or unset LOCAL_RANK and WORLD_SIZE if you did not mean to start it as a child)."
+            )

@@ -1,0 +1,83 @@
+"""The environment of processes started by torchrun (``python -m torch.distributed.run``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from typing_extensions import override
+
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+
+class TorchElasticEnvironment(ClusterEnvironment):
+    """Processes started by torchrun (the torch elastic agent), which fabric_lite never starts itself.
+
+    Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT``; detected by ``TORCHELASTIC_RUN_ID``. torchrun's settings win: ``devices`` and ``num_nodes``
+    must agree with them, or :meth:`validate_settings` raises naming both.
+    """
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    @override
+    def main_address(self) -> str:
+        return self._env.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    @override
+    def main_port(self) -> int:
+        return self._int("MASTER_PORT")
+
+    @staticmethod
+    @override
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        return "TORCHELASTIC_RUN_ID" in (os.environ if env is None else env)
+
+    @override
+    def world_size(self) -> int:
+        return self._int("WORLD_SIZE")
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass  # torchrun decides
+
+    @override
+    def global_rank(self) -> int:
+        return self._int("RANK")
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass  # torchrun decides
+
+    @override
+    def local_rank(self) -> int:
+        return self._int("LOCAL_RANK")
+
+    @override
+    def node_rank(self) -> int:
+        return self._int("GROUP_RANK", 0)
+
+    def local_world_size(self) -> int | None:
+        """``LOCAL_WORLD_SIZE``: the processes torchrun started on this node (``--nproc-per-node``)."""
+        return self._int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in self._env else None
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        world_size = self.world_size()
+        local = self.local_world_size()
+        if local is not None and local != num_devices:
+            raise ValueError(
+                f"Fabric(devices={num_devices}) does not match torchrun's --nproc-per-node={local}"
+                f" (LOCAL_WORLD_SIZE). Set devices={local}, or start torchrun with --nproc-per-node={num_devices}."
+            )
+        if num_devices * num_nodes != world_size:
+            hint = f" Set num_nodes={world_size // num_devices}." if world_size % num_devices == 0 else ""
+            raise ValueError(
+                f"Fabric(devices={num_devices}, num_nodes={num_nodes}) asks for {num_devices * num_nodes} processes,"
+                f" but torchrun started WORLD_SIZE={world_size}.{hint}"
+            )

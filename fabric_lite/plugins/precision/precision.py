@@ -1,0 +1,113 @@
+"""The precision interface: a short list of hooks, each a no-op by default.
+
+A precision family overrides only the hooks where it differs from full precision. The module and optimizer
+wrappers call these hooks; a hook that a precision does not override costs nothing on the hot path, because the
+wrappers check once, at setup, which hooks are overridden (see :meth:`Precision.changes_forward`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module, Parameter
+from torch.optim import Optimizer
+
+
+class Precision:
+    """Full precision (``"32-true"``) and the base class of every precision plugin.
+
+    Subclass it and override the hooks that differ; pass an instance through ``Fabric(plugins=[...])``.
+    """
+
+    #: the name of this precision, as accepted by ``Fabric(precision=...)``
+    precision: str = "32-true"
+
+    def convert_module(self, module: Module) -> Module:
+        """Convert the module's parameters and buffers when it is set up (e.g. to float64). Identity here."""
+        return module
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        """A context under which new tensors get this precision's dtype."""
+        return nullcontext()
+
+    def module_init_context(self) -> AbstractContextManager[Any]:
+        """A context under which a new module's parameters get this precision's dtype."""
+        return nullcontext()
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        """A context around the module's forward (e.g. autocast). Also what ``fabric.autocast()`` returns."""
+        return nullcontext()
+
+    def convert_input(self, data: Any) -> Any:
+        """Convert the forward's inputs (e.g. floating tensors to float64)."""
+        return data
+
+    def convert_output(self, data: Any) -> Any:
+        """Convert the forward's outputs back (e.g. to the default dtype)."""
+        return data
+
+    def pre_backward(self, tensor: Tensor, module: Module | None) -> Any:
+        """Runs before ``backward`` (e.g. nothing, or loss scaling bookkeeping)."""
+
+    def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Compute gradients of ``tensor``. A precision with a loss scaler scales ``tensor`` first."""
+        tensor.backward(*args, **kwargs)
+
+    def post_backward(self, tensor: Tensor, module: Module | None) -> Any:
+        """Runs after ``backward``."""
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step the optimizer (a precision with a loss scaler steps through it)."""
+        return optimizer.step(**kwargs)
+
+    def main_params(self, optimizer: Optimizer) -> Iterator[Parameter]:
+        """The parameters the optimizer updates, for gradient clipping."""
+        for group in optimizer.param_groups:
+            yield from group["params"]
+
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        """Undo loss scaling on the gradients before they are inspected or clipped."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to save in checkpoints (e.g. the loss scaler's). Empty here."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the state returned by :meth:`state_dict`."""
+
+    def teardown(self) -> None:
+        """Release what the precision holds."""
+
+    def changes_forward(self) -> bool:
+        """Whether any forward hook is overridden; when not, the module wrapper calls the module directly."""
+        cls = type(self)
+        return any(
+            getattr(cls, hook) is not getattr(Precision, hook)
+            for hook in ("forward_context", "convert_input", "convert_output")
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(precision={self.precision!r})"
+
+
+def _convert_fp_tensor(tensor: Tensor, dtype: torch.dtype) -> Tensor:
+    return tensor.to(dtype) if torch.is_floating_point(tensor) else tensor
+
+
+class _DtypeContext:
+    """Set the default floating dtype inside the block and restore it afterwards, also on error."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self._dtype = dtype
+        self._previous: list[torch.dtype] = []
+
+    def __enter__(self) -> None:
+        self._previous.append(torch.get_default_dtype())
+        torch.set_default_dtype(self._dtype)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_default_dtype(self._previous.pop())

@@ -1,0 +1,264 @@
+"""Supervision of the script launcher's child processes, from rank 0.
+
+The job ends when its first rank fails, and the report names that rank as the root cause:
+
+* A daemon thread in rank 0 polls the children. A child that exits non-zero or dies by a signal is a failure;
+  its traceback (written by the child at exit, see :func:`record_child_errors`) or its signal is reported.
+* An error that only says a peer went away ("Connection closed by peer", a collective timing out) is
+  *secondary*: it is what the survivors of a crash see. A secondary failure is reported only if no primary one
+  (a real exception, a signal, a non-zero exit without a traceback) shows up within a short window.
+* When rank 0 itself raises, its exit handler decides: a secondary error waits for the child that really
+  failed; a primary error is the root cause.
+* After a failure every other child is stopped (SIGTERM, a grace period, SIGKILL). If rank 0 is busy elsewhere
+  and does not fail by itself within a few seconds, it exits with code 1.
+
+Children also die with rank 0 even if it is killed with SIGKILL (see ``launcher.die_with_parent``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+# what an error looks like when it is only the consequence of another rank going away
+_SECONDARY_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "Timed out waiting",
+    "timed out",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL is aborted",
+)
+
+
+@dataclass
+class Child:
+    """A process started by the launcher."""
+
+    global_rank: int
+    local_rank: int
+    process: subprocess.Popen[bytes]
+
+
+def _stderr(message: str) -> None:
+    try:
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def error_file(error_dir: str | os.PathLike[str], global_rank: int) -> Path:
+    return Path(error_dir) / f"rank{global_rank}.txt"
+
+
+def is_secondary(error: BaseException | str) -> bool:
+    """Whether an error (or the last line of a traceback) only reports that another rank went away."""
+    if isinstance(error, BaseException):
+        dist_error = getattr(dist, "DistError", None)
+        text = f"{type(error).__name__}: {error}"
+        if dist_error is not None and isinstance(error, dist_error) and "timed out" in text.lower():
+            return True
+    else:
+        lines = [line for line in error.strip().splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    return any(marker in text for marker in _SECONDARY_MARKERS)
+
+
+def record_child_errors(error_dir: str, global_rank: int) -> None:
+    """In a child: on exit after an unhandled exception, write its traceback where the launcher will read it."""
+
+    def write() -> None:
+        exc = getattr(sys, "last_value", None)
+        if exc is None:
+            return
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        try:
+            error_file(error_dir, global_rank).write_text(text)
+        except OSError:
+            pass
+
+    atexit.register(write)
+
+
+@dataclass
+class _Failure:
+    child: Child
+    code: int
+    description: str
+    secondary: bool
+    seen_at: float
+
+
+class ProcessSupervisor:
+    """Watches the children of the script launcher and ends the whole job when one fails.
+
+    Args:
+        children: the processes to watch.
+        error_dir: where children write their tracebacks; removed when the job ends.
+        teardown: releases rank 0's process group; called at a normal exit before waiting for the children, so
+            that a child still waiting in a collective for rank 0 fails at once instead of at the timeout.
+    """
+
+    def __init__(
+        self,
+        children: list[Child],
+        error_dir: str,
+        teardown: Callable[[], None],
+        poll_interval: float = 0.05,
+        grace: float = 3.0,
+        secondary_window: float = 1.0,
+    ) -> None:
+        self.children = children
+        self.error_dir = error_dir
+        self.teardown = teardown
+        self.poll_interval = poll_interval
+        self.grace = grace
+        self.secondary_window = secondary_window
+        #: the root cause, once the job has failed
+        self.failure: str | None = None
+        self._rank0_finished = False
+        self._main_exiting = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="fabric_lite-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def arm_exit_handler(self) -> None:
+        """Register :meth:`wait_at_exit`; call it after the process group exists, so that it runs before the
+        process group's own exit handler (exit handlers run last-registered first)."""
+        atexit.register(self.wait_at_exit)
+
+    # ------------------------------------------------------------------ watching
+    def _run(self) -> None:
+        pending: _Failure | None = None  # a secondary failure waiting for a primary one to show up
+        reported: set[int] = set()
+        while self.failure is None:
+            running = False
+            for child in self.children:
+                code = child.process.poll()
+                if code is None:
+                    running = True
+                    continue
+                if code == 0 or child.global_rank in reported:
+                    continue
+                reported.add(child.global_rank)
+                failure = self._failure(child, code)
+                if not failure.secondary:
+                    self._on_failure(failure)
+                    return
+                pending = pending or failure
+            if pending is not None and time.monotonic() - pending.seen_at >= self.secondary_window:
+                self._on_failure(pending)
+                return
+            if not running and pending is None:
+                return
+            time.sleep(self.poll_interval)
+
+    def _failure(self, child: Child, code: int) -> _Failure:
+        who = f"rank {child.global_rank} (local rank {child.local_rank}, pid {child.process.pid})"
+        secondary = False
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            description = f"{who} was killed by {name}."
+        else:
+            path = error_file(self.error_dir, child.global_rank)
+            if path.is_file():
+                text = path.read_text().rstrip()
+                secondary = is_secondary(text)
+                description = f"{who} failed with exit code {code}. Its traceback:\n{text}"
+            else:
+                description = f"{who} exited with code {code} (its own output above says why)."
+        if secondary and self._rank0_finished:
+            description += (
+                "\n(Rank 0 had already finished: the ranks did not run the same collectives. Check that every rank"
+                " calls the same collectives, the same number of times.)"
+            )
+        return _Failure(child, code, description, secondary, time.monotonic())
+
+    def _claim(self, description: str) -> bool:
+        """Record the root cause; only the first claim counts, later failures are its consequences."""
+        with self._lock:
+            if self.failure is not None:
+                return False
+            self.failure = description
+            return True
+
+    def _on_failure(self, failure: _Failure) -> None:
+        if not self._claim(failure.description):
+            return
+        _stderr(
+            f"\nfabric_lite: the job failed. Root cause: {failure.description}\n"
+            "fabric_lite: stopping the other ranks; errors they report from now on are consequences of this failure."
+        )
+        self.terminate_children()
+        # rank 0 usually fails on its own right away (its next collective loses its peer); if it is busy
+        # elsewhere, end it so that the job does not outlive its failure
+        if self._main_exiting.wait(self.grace):
+            return
+        _stderr(f"fabric_lite: rank 0 did not stop within {self.grace:.0f} s of the failure; exiting.")
+        shutil.rmtree(self.error_dir, ignore_errors=True)
+        os._exit(1)
+
+    def terminate_children(self, grace: float = 3.0) -> None:
+        """SIGTERM every running child, wait up to ``grace`` seconds, then SIGKILL what is left."""
+        alive = [c.process for c in self.children if c.process.poll() is None]
+        for process in alive:
+            try:
+                process.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace
+        for process in alive:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    # ------------------------------------------------------------------ rank 0 exiting
+    def wait_at_exit(self) -> None:
+        """At rank 0's exit: find the root cause if something failed, stop or wait for the children."""
+        atexit.unregister(self.wait_at_exit)
+        self._main_exiting.set()
+        rank0_error = getattr(sys, "last_value", None)
+        if rank0_error is not None:
+            if is_secondary(rank0_error):
+                # rank 0 lost a peer: the child that went away is the root cause; give it time to exit
+                deadline = time.monotonic() + self.grace
+                while self.failure is None and self._thread.is_alive() and time.monotonic() < deadline:
+                    self._thread.join(0.05)
+            if self._claim(f"rank 0 failed: {type(rank0_error).__name__}: {rank0_error} (traceback above)."):
+                _stderr(f"\nfabric_lite: the job failed. Root cause: {self.failure}\nfabric_lite: stopping the other ranks.")
+                self.terminate_children()
+        else:
+            self._rank0_finished = True
+            self.teardown()
+        while self._thread.is_alive():
+            self._thread.join(0.1)
+        for child in self.children:
+            if child.process.poll() is None:
+                child.process.wait()
+        shutil.rmtree(self.error_dir, ignore_errors=True)
+        if self.failure is not None and rank0_error is None:
+            _stderr(f"fabric_lite: exiting with code 1: {self.failure.splitlines()[0]}")
+            sys.stdout.flush()
+            os._exit(1)

@@ -1,0 +1,117 @@
+"""The ``ddp`` launcher: the script is run again once per extra local rank, like ``torch.distributed.run``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from fabric_lite.strategies.launchers._supervisor import Child, ProcessSupervisor, record_child_errors
+from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_DIR, ENV_PARENT_PID, Launcher
+
+if TYPE_CHECKING:
+    from fabric_lite.strategies.parallel import ParallelStrategy
+
+
+def script_command() -> list[str]:
+    """The command line that started this interpreter: the same script or ``-m`` module, flags and arguments."""
+    import __main__
+
+    interpreter = [sys.executable, *subprocess._args_from_interpreter_flags()]  # type: ignore[attr-defined]
+    spec = getattr(__main__, "__spec__", None)
+    if spec is None:
+        return [*interpreter, os.path.abspath(sys.argv[0]), *sys.argv[1:]]
+    return [*interpreter, "-m", spec.name, *sys.argv[1:]]
+
+
+def threads_per_process(num_processes: int) -> int:
+    """CPU threads for each of ``num_processes`` processes on this node, so that they do not oversubscribe."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, num_processes))
+
+
+class SubprocessScriptLauncher(Launcher):
+    """Start local ranks ``1..N-1`` by running this script again, then run the function in this process.
+
+    The process the user started is local rank 0. On the main node it holds the rendezvous store on
+    ``MASTER_PORT`` (a free port when unset: the port is bound before any child starts, so concurrent jobs never
+    race for it). Each child gets ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``LOCAL_RANK`` and
+    ``WORLD_SIZE`` in its environment and, like torchrun's workers, sees the same script and arguments.
+
+    Children are supervised (see :mod:`fabric_lite.strategies.launchers._supervisor`): the first failure ends the
+    whole job with that rank's traceback as the reported root cause, and no child outlives rank 0.
+
+    The function's return value is returned in every process (each process returns its own).
+    """
+
+    def __init__(self, strategy: ParallelStrategy) -> None:
+        self._strategy = strategy
+        self.children: list[Child] = []
+        self.supervisor: ProcessSupervisor | None = None
+
+    @override
+    def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        environment = self._strategy.cluster_environment
+        if environment.creates_processes_externally:
+            error_dir = os.environ.get(ENV_ERROR_DIR)
+            if error_dir:
+                # a child of this launcher: report an unhandled exception to the parent
+                self._strategy._set_world_ranks()
+                record_child_errors(error_dir, self._strategy.global_rank)
+            return function(*args, **kwargs)
+        self._start_children()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if self.supervisor is not None:
+                # now that the process group exists, so that rank 0's exit handler runs before its teardown
+                self.supervisor.arm_exit_handler()
+
+    def _start_children(self) -> None:
+        if self.children:
+            raise RuntimeError("This launcher has already started its processes; call fabric.launch() once.")
+        strategy = self._strategy
+        environment = strategy.cluster_environment
+        num_processes = strategy.num_processes
+        strategy._set_world_ranks()
+        port = environment.main_port
+        if strategy.node_rank == 0:
+            # hold the port for the whole job: the children connect to this store
+            store = strategy._create_store(is_master=True)
+            strategy._store = store
+            port = store.port
+        if num_processes <= 1:
+            return
+        threads = None
+        if "OMP_NUM_THREADS" not in os.environ:
+            threads = threads_per_process(num_processes)
+            torch.set_num_threads(threads)
+        error_dir = tempfile.mkdtemp(prefix="fabric_lite_errors_")
+        command = [sys.executable, "-c", CHILD_SHIM, *script_command()]
+        for local_rank in range(1, num_processes):
+            env = dict(os.environ)
+            env.update(
+                MASTER_ADDR=environment.main_address,
+                MASTER_PORT=str(port),
+                NODE_RANK=str(strategy.node_rank),
+                LOCAL_RANK=str(local_rank),
+                WORLD_SIZE=str(strategy.world_size),
+            )
+            env[ENV_PARENT_PID] = str(os.getpid())
+            env[ENV_ERROR_DIR] = error_dir
+            if threads is not None:
+                env["OMP_NUM_THREADS"] = str(threads)
+            process = subprocess.Popen(command, env=env)
+            global_rank = strategy.node_rank * num_processes + local_rank
+            self.children.append(Child(global_rank=global_rank, local_rank=local_rank, process=process))
+        self.supervisor = ProcessSupervisor(self.children, error_dir, teardown=strategy._destroy_process_group)
+        self.supervisor.start()

@@ -1,0 +1,319 @@
+"""The base of strategies that run one process per device over a ``torch.distributed`` process group."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from typing_extensions import override
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment, TorchElasticEnvironment
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._tree import flatten, unflatten
+from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
+
+log = logging.getLogger(__name__)
+
+#: torch's own default: 30 minutes for gloo (NCCL's watchdog default is 10 minutes)
+default_pg_timeout = timedelta(minutes=30)
+
+
+class ParallelStrategy(Strategy):
+    """One process per device, joined in a ``torch.distributed`` process group.
+
+    Collectives run over that group (gloo on the CPU, NCCL on CUDA, unless ``process_group_backend`` says
+    otherwise). Collections of tensors are reduced and gathered through one flat buffer per dtype and device.
+
+    Args:
+        accelerator: the kind of device; filled in by ``Fabric`` when not given.
+        parallel_devices: the device of each local process; filled in by ``Fabric``.
+        cluster_environment: where the ranks come from; filled in by ``Fabric``.
+        precision: the precision plugin; filled in by ``Fabric``.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
+        timeout: how long collectives and the rendezvous wait for the other processes before raising.
+    """
+
+    is_parallel = True
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision)
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise TypeError(f"timeout must be a datetime.timedelta, got {timeout!r}. Example: timedelta(minutes=5).")
+        self._parallel_devices = parallel_devices
+        self._cluster_environment = cluster_environment
+        self._process_group_backend = process_group_backend
+        self._timeout = timeout if timeout is not None else default_pg_timeout
+        self._num_nodes = 1
+        self._local_rank: int | None = None  # set by the spawn launcher in each worker
+        self._global_rank = 0
+        self._world_size = 1
+        # how this process reaches the rendezvous store; set by launchers, otherwise derived from the environment
+        self._store: Any = None
+        self._store_is_external = False
+        self._owns_process_group = False
+
+    # ------------------------------------------------------------------ configuration (filled in by Fabric)
+    @property
+    def parallel_devices(self) -> list[torch.device] | None:
+        return self._parallel_devices
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device]) -> None:
+        self._parallel_devices = devices
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment:
+        if self._cluster_environment is None:
+            self._cluster_environment = LightningEnvironment()
+        return self._cluster_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, environment: ClusterEnvironment) -> None:
+        self._cluster_environment = environment
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        """Processes per node."""
+        return len(self._parallel_devices) if self._parallel_devices is not None else 0
+
+    @property
+    def process_group_backend(self) -> str:
+        if self._process_group_backend is not None:
+            return self._process_group_backend
+        return "nccl" if self.root_device.type == "cuda" else "gloo"
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    # ------------------------------------------------------------------ ranks
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        if not self._parallel_devices:
+            raise RuntimeError(f"{type(self).__name__} has no devices yet; it is configured by Fabric(...).")
+        return self._parallel_devices[self.local_rank]
+
+    @property
+    @override
+    def local_rank(self) -> int:
+        return self._local_rank if self._local_rank is not None else self.cluster_environment.local_rank()
+
+    @property
+    @override
+    def node_rank(self) -> int:
+        return self.cluster_environment.node_rank()
+
+    @property
+    @override
+    def global_rank(self) -> int:
+        return self._global_rank
+
+    @property
+    @override
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def _set_world_ranks(self) -> None:
+        """Work out this process's global rank and the world size from the environment and the settings."""
+        environment = self.cluster_environment
+        environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+        environment.set_world_size(self.num_nodes * self.num_processes)
+        self._global_rank = environment.global_rank()
+        self._world_size = environment.world_size()
+
+    # ------------------------------------------------------------------ process group
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._setup_distributed()
+
+    def _setup_distributed(self) -> None:
+        self._set_world_ranks()
+        if dist.is_initialized():
+            # someone (the user, a test harness) created the default group already: use it if it matches
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
+                raise RuntimeError(
+                    f"A torch.distributed process group already exists with rank {dist.get_rank()} of"
+                    f" {dist.get_world_size()}, but Fabric expects rank {self.global_rank} of {self.world_size}."
+                    " Destroy it first (torch.distributed.destroy_process_group()) or match the settings."
+                )
+            return
+        kwargs: dict[str, Any] = {
+            "backend": self.process_group_backend,
+            "rank": self.global_rank,
+            "world_size": self.world_size,
+            "timeout": self._timeout,
+        }
+        if self.root_device.type == "cuda":
+            kwargs["device_id"] = self.root_device
+        if self._store is not None:
+            kwargs["store"] = self._store
+        elif isinstance(self.cluster_environment, TorchElasticEnvironment):
+            kwargs["init_method"] = "env://"  # torchrun's agent already hosts the store on MASTER_PORT
+        else:
+            kwargs["store"] = self._create_store(is_master=self.global_rank == 0 and not self._store_is_external)
+        log.debug("initialising the process group: rank %d of %d", self.global_rank, self.world_size)
+        dist.init_process_group(**kwargs)
+        self._owns_process_group = True
+        atexit.register(self._destroy_process_group)
+
+    def _create_store(self, is_master: bool) -> Any:
+        environment = self.cluster_environment
+        port = environment.main_port
+        if not is_master and port == 0:
+            raise RuntimeError(
+                f"Rank {self.global_rank} cannot reach the main process: MASTER_PORT is not set. Start every node"
+                " with the same MASTER_ADDR and MASTER_PORT."
+            )
+        try:
+            return dist.TCPStore(
+                environment.main_address,
+                port,
+                world_size=self.world_size,
+                is_master=is_master,
+                timeout=self._timeout,
+                wait_for_workers=False,
+            )
+        except (RuntimeError, OSError) as err:
+            role = "host" if is_master else "reach"
+            raise RuntimeError(
+                f"Rank {self.global_rank} could not {role} the rendezvous store at"
+                f" {environment.main_address}:{port} ({err}). If the port is in use, pick a free MASTER_PORT"
+                " (or unset it to let fabric_lite choose one)."
+            ) from err
+
+    def _destroy_process_group(self) -> None:
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_process_group = False
+        self._store = None
+        atexit.unregister(self._destroy_process_group)
+
+    @override
+    def teardown(self) -> None:
+        self._destroy_process_group()
+        super().teardown()
+
+    # ------------------------------------------------------------------ collectives
+    def _comm_device(self) -> torch.device:
+        """Where small bookkeeping tensors live: the device for NCCL, the CPU for everything else."""
+        return self.root_device if self.process_group_backend == "nccl" else torch.device("cpu")
+
+    @override
+    def all_reduce(self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> TReduce:
+        """Reduce ``tensor`` (or every tensor in a collection) across processes, **in place**.
+
+        Every process must call it with tensors of the same shapes and dtypes, in the same order. Each tensor is
+        overwritten with the reduced value and the input is returned. Non-tensor leaves are left as they are.
+        Without a process group this returns the input unchanged.
+        """
+        op = _collectives.resolve_reduce_op(reduce_op)
+        if not dist.is_initialized():
+            return tensor
+        backend = dist.get_backend(group)
+        if isinstance(tensor, Tensor):
+            _collectives.all_reduce_([tensor], op, group, backend)
+            return tensor
+        leaves, _ = flatten(tensor)
+        _collectives.all_reduce_([leaf for leaf in leaves if isinstance(leaf, Tensor)], op, group, backend)
+        return tensor
+
+    @override
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather ``tensor`` (or every tensor in a collection) from every process, as new tensors.
+
+        Each result has shape ``(world_size, *shape)``; with a world size of 1 the input is returned unchanged, as
+        Lightning Fabric documents. Shapes and dtypes must match across processes, otherwise every process raises
+        ``ValueError`` with a per-rank table. With ``sync_grads=True`` the result is differentiable and each
+        process's tensor receives the sum, over processes, of the gradients of its slice.
+        """
+        if not dist.is_initialized() or dist.get_world_size(group) == 1:
+            return tensor
+        device = self._comm_device()
+        if isinstance(tensor, Tensor):
+            return _collectives.all_gather([tensor], group, device, sync_grads)[0]
+        leaves, spec = flatten(tensor)
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        gathered = _collectives.all_gather([leaves[i] for i in positions], group, device, sync_grads)
+        for i, value in zip(positions, gathered):
+            leaves[i] = value
+        return unflatten(spec, leaves)
+
+    @override
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        """Send ``obj`` from global rank ``src`` to every process and return it on every process.
+
+        Tensors are sent as tensors and arrive on each process's device; other objects are pickled. On ``src`` the
+        object itself is returned. Every process must call it.
+        """
+        if type(src) is not int or not 0 <= src < max(self.world_size, 1):
+            raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
+        if not dist.is_initialized():
+            return obj
+        return _collectives.broadcast(obj, src, None, self._comm_device())  # type: ignore[no-any-return]
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process has entered the barrier. A no-op without a process group."""
+        if not dist.is_initialized():
+            return
+        if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
+            dist.barrier(device_ids=[self.root_device.index])
+        else:
+            dist.barrier()
+
+    @override
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """``all`` (or ``any``) of every process's decision, in one collective; the same on every process."""
+        if not dist.is_initialized():
+            return bool(decision)
+        return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
+
+    # ------------------------------------------------------------------ checkpoints
+    @override
+    def save_checkpoint(self, path: _PATH, state: dict[str, Any], filter: Any = None) -> None:  # noqa: A002
+        """Rank 0 writes atomically; then every rank learns the outcome, so a failed write raises on every rank,
+        and no rank returns before the file is complete."""
+        message: str | None = None
+        error: Exception | None = None
+        try:
+            super().save_checkpoint(path, state, filter)
+        except Exception as err:  # noqa: BLE001 - every rank must still take part in the broadcast below
+            error, message = err, f"{type(err).__name__}: {err}"
+        if dist.is_initialized() and self.world_size > 1:
+            message = self.broadcast(message, src=0)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")

@@ -1,0 +1,58 @@
+"""One process on one device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from typing_extensions import override
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
+
+
+class SingleDeviceStrategy(Strategy):
+    """Run in this process on one device. Collectives are identities and ``barrier`` does nothing.
+
+    Args:
+        device: the device to compute on, e.g. ``"cpu"`` or ``"cuda:0"``.
+        accelerator: the kind of device; filled in by ``Fabric`` when not given.
+        precision: the precision plugin; filled in by ``Fabric`` when not given.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str | int = "cpu",
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision)
+        if isinstance(device, int):
+            device = torch.device("cuda", device)
+        self._root_device = torch.device(device)
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        return self._root_device
+
+    @override
+    def all_reduce(self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> TReduce:
+        """Return ``tensor`` unchanged: with one process, every reduction is the identity."""
+        return tensor
+
+    @override
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Return ``tensor`` unchanged: with a world size of 1 no leading dimension is added (as documented)."""
+        return tensor
+
+    @override
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        """Return ``obj`` unchanged."""
+        return obj
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        """Nothing to wait for."""

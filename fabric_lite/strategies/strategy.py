@@ -1,0 +1,307 @@
+"""The strategy interface: how modules, optimizers, collectives and checkpoints behave across processes."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from torch.overrides import TorchFunctionMode
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.checkpoint import atomic_save, safe_load
+from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
+
+if TYPE_CHECKING:
+    from fabric_lite.strategies.launchers.launcher import Launcher
+
+
+class Strategy(ABC):
+    """Base class of every strategy.
+
+    A strategy owns the device placement of the module, the backward and optimizer step (through its precision),
+    the collectives and checkpointing. Subclasses override what differs; every override keeps the contract of the
+    method it overrides or raises ``NotImplementedError`` saying why.
+
+    Args:
+        accelerator: the kind of device. Filled in by ``Fabric`` when not given.
+        precision: the precision plugin. Filled in by ``Fabric`` when not given.
+    """
+
+    #: whether the strategy runs one process per device (and needs ``fabric.launch()``)
+    is_parallel: bool = False
+
+    def __init__(self, accelerator: Accelerator | None = None, precision: Precision | None = None) -> None:
+        self._accelerator = accelerator
+        self._precision = precision
+        self._launcher: Launcher | None = None
+
+    # ------------------------------------------------------------------ identity and devices
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        """Whether this is the process with global rank 0."""
+        return self.global_rank == 0
+
+    @property
+    def accelerator(self) -> Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator) -> None:
+        self._accelerator = accelerator
+
+    @property
+    def precision(self) -> Precision:
+        return self._precision if self._precision is not None else Precision()
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        self._precision = precision
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """What starts this strategy's processes; ``None`` when it needs no extra process."""
+        return self._launcher
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
+        """``num_replicas`` and ``rank`` for a ``DistributedSampler``; ``None`` when the data is not split."""
+        return None
+
+    def setup_environment(self) -> None:
+        """Prepare this process: select its device (and, for parallel strategies, join the process group)."""
+        if self._accelerator is not None:
+            self._accelerator.setup_device(self.root_device)
+
+    # ------------------------------------------------------------------ modules and optimizers
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer]
+    ) -> tuple[Module, list[Optimizer]]:
+        """Set up a module and its optimizers together; by default one after the other."""
+        return self.setup_module(module), [self.setup_optimizer(opt) for opt in optimizers]
+
+    def setup_module(self, module: Module) -> Module:
+        """Wrap the module if the strategy needs to (e.g. in ``DistributedDataParallel``)."""
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Wrap the optimizer if the strategy needs to."""
+        return optimizer
+
+    def module_to_device(self, module: Module) -> None:
+        """Move the module's parameters and buffers to :attr:`root_device`."""
+        module.to(self.root_device)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        """Move every tensor in ``batch`` to ``device`` (default :attr:`root_device`)."""
+        return move_data_to_device(batch, device or self.root_device)
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        """New tensors are created on :attr:`root_device` with the precision's dtype."""
+        stack = ExitStack()
+        stack.enter_context(self.root_device)
+        stack.enter_context(self.precision.tensor_init_context())
+        return stack
+
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """A new module's parameters are created on :attr:`root_device` with the precision's dtype.
+
+        With ``empty_init=True`` parameter initialisation is skipped (the memory is left uninitialised), for
+        models whose weights are about to be loaded from a checkpoint.
+        """
+        stack = ExitStack()
+        stack.enter_context(self.root_device)
+        if empty_init:
+            stack.enter_context(_SkipInit())
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Back-propagate ``tensor`` through the precision's hooks."""
+        precision = self.precision
+        precision.pre_backward(tensor, module)
+        precision.backward(tensor, module, *args, **kwargs)
+        precision.post_backward(tensor, module)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step ``optimizer`` through the precision (which may skip the step, e.g. on inf gradients)."""
+        return self.precision.optimizer_step(optimizer, **kwargs)
+
+    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """A context in which backward does not synchronise gradients. A no-op for strategies without sync."""
+        return nullcontext()
+
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Scale gradients so that their total ``norm_type``-norm is at most ``max_norm``; return the norm before."""
+        self.precision.unscale_gradients(optimizer)
+        parameters = list(self.precision.main_params(optimizer))
+        return torch.nn.utils.clip_grad_norm_(
+            parameters, max_norm=max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+
+    def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float) -> None:
+        """Clamp every gradient element to ``[-clip_val, clip_val]``."""
+        self.precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(list(self.precision.main_params(optimizer)), clip_value=clip_val)
+
+    # ------------------------------------------------------------------ collectives
+    @abstractmethod
+    def all_reduce(self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> TReduce:
+        """Reduce a tensor, or every tensor in a collection, across processes (see ``Fabric.all_reduce``)."""
+
+    @abstractmethod
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather a tensor, or every tensor in a collection, from all processes (see ``Fabric.all_gather``)."""
+
+    @abstractmethod
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        """Send ``obj`` from rank ``src`` to every process (see ``Fabric.broadcast``)."""
+
+    @abstractmethod
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process has entered the barrier."""
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """``all`` (or ``any`` with ``all=False``) of every process's ``decision``; the same on every process."""
+        return bool(decision)
+
+    # ------------------------------------------------------------------ checkpoints
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        """The module's state dict, without any wrapper prefix."""
+        return module.state_dict()
+
+    def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
+        """Load ``state_dict`` into the module (unwrapped)."""
+        module.load_state_dict(state_dict, strict=strict)
+
+    def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """The optimizer's state dict."""
+        return optimizer.state_dict()
+
+    def _convert_state(self, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]]) -> dict[str, Any]:  # noqa: A002
+        converted: dict[str, Any] = {}
+        for key, obj in state.items():
+            if isinstance(obj, Module):
+                value = self.get_module_state_dict(obj)
+            elif isinstance(obj, Optimizer):
+                value = self.get_optimizer_state(obj)
+            elif isinstance(obj, _Stateful) and not isinstance(obj, type):
+                value = obj.state_dict()
+            else:
+                value = obj
+            if key in filter and isinstance(value, dict):
+                keep = filter[key]
+                value = {k: v for k, v in value.items() if keep(k, v)}
+            converted[key] = value
+        return converted
+
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,  # noqa: A002
+    ) -> None:
+        """Save ``state`` to ``path``: modules and optimizers by state dict, stateful objects by ``state_dict()``,
+        other values as they are. Global rank 0 writes, atomically."""
+        checkpoint = self._convert_state(state, filter or {})
+        if self.is_global_zero:
+            atomic_save(checkpoint, path)
+
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = True,
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from ``path`` and return what was not restored.
+
+        * ``state`` is ``None`` or empty: the whole checkpoint is returned.
+        * ``state`` is a module or optimizer: the file holds its raw state dict.
+        * ``state`` is a dict: modules, optimizers and stateful objects are restored in place, plain values are
+          written back into ``state``, and the checkpoint's other entries are returned. With ``strict=True`` a key
+          of ``state`` that the checkpoint lacks raises ``KeyError`` naming every missing key.
+        """
+        checkpoint = safe_load(path, weights_only=weights_only)
+        if not state:
+            return checkpoint  # type: ignore[no-any-return]
+        if isinstance(state, Module):
+            self.load_module_state_dict(state, checkpoint, strict=strict)
+            return {}
+        if isinstance(state, Optimizer):
+            state.load_state_dict(checkpoint)
+            return {}
+        missing = [key for key in state if key not in checkpoint]
+        if strict and missing:
+            raise KeyError(
+                f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
+                " Load with strict=False to restore only the entries it has."
+            )
+        for key, obj in list(state.items()):
+            if key not in checkpoint:
+                continue
+            value = checkpoint.pop(key)
+            if isinstance(obj, Module):
+                self.load_module_state_dict(obj, value, strict=strict)
+            elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
+                obj.load_state_dict(value)
+            else:
+                state[key] = value
+        return checkpoint  # type: ignore[no-any-return]
+
+    def teardown(self) -> None:
+        """Release what the strategy holds (process group, device caches)."""
+        self.precision.teardown()
+        if self._accelerator is not None:
+            self._accelerator.teardown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(device={self.root_device})"
+
+
+class _SkipInit(TorchFunctionMode):
+    """Skip parameter initialisation: every ``torch.nn.init`` function returns its tensor untouched.
+
+    A torch-function mode rather than patching ``torch.nn.init``, so nothing global is rewritten.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)

@@ -1,0 +1,111 @@
+"""Flatten nested collections into a list of leaves and rebuild them, in one place.
+
+Every function that walks a user's collection (collectives, device transfer, number conversion) goes through
+``flatten`` and ``unflatten`` so that the supported container types are defined once:
+
+* mappings (``dict``, ``OrderedDict``, ``defaultdict`` and other ``Mapping`` types that can be rebuilt from
+  their items),
+* lists, tuples and namedtuples,
+* dataclass instances (every field is a child; the instance is shallow-copied and the fields written back, so
+  ``init=False`` fields and frozen dataclasses keep working).
+
+Anything else is a leaf, including strings, bytes, sets, ``torch.Size`` and tensors.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Size
+
+# A spec is a tuple whose first item says what the node is. Tuples are cheap to build and to walk.
+_LEAF = 0
+_DICT = 1  # (kind, type, keys, children, default_factory)
+_LIST = 2  # (kind, type, children)
+_TUPLE = 3
+_NAMEDTUPLE = 4
+_DATACLASS = 5  # (kind, instance, field names, children)
+
+_LEAF_SPEC = (_LEAF,)
+
+Spec = tuple[Any, ...]
+
+
+def _flatten_into(obj: Any, leaves: list[Any]) -> Spec:
+    cls = type(obj)
+    if cls is dict or (isinstance(obj, Mapping) and not isinstance(obj, Size)):
+        keys = list(obj.keys())
+        children = tuple(_flatten_into(obj[k], leaves) for k in keys)
+        factory = obj.default_factory if isinstance(obj, defaultdict) else None
+        return (_DICT, cls, keys, children, factory)
+    if cls is list or (isinstance(obj, list)):
+        return (_LIST, cls, tuple(_flatten_into(x, leaves) for x in obj))
+    if cls is tuple:
+        return (_TUPLE, cls, tuple(_flatten_into(x, leaves) for x in obj))
+    if isinstance(obj, tuple) and not isinstance(obj, Size):
+        kind = _NAMEDTUPLE if hasattr(obj, "_fields") else _TUPLE
+        return (kind, cls, tuple(_flatten_into(x, leaves) for x in obj))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = tuple(f.name for f in dataclasses.fields(obj))
+        return (_DATACLASS, obj, names, tuple(_flatten_into(getattr(obj, n), leaves) for n in names))
+    leaves.append(obj)
+    return _LEAF_SPEC
+
+
+def flatten(obj: Any) -> tuple[list[Any], Spec]:
+    """Return the leaves of ``obj`` in a stable depth-first order and a spec to rebuild it."""
+    leaves: list[Any] = []
+    spec = _flatten_into(obj, leaves)
+    return leaves, spec
+
+
+def _build(spec: Spec, it: Any) -> Any:
+    kind = spec[0]
+    if kind == _LEAF:
+        return next(it)
+    if kind == _DICT:
+        _, cls, keys, children, factory = spec
+        items = [(k, _build(c, it)) for k, c in zip(keys, children)]
+        if factory is not None or cls is defaultdict:
+            return cls(factory, items)
+        try:
+            return cls(items)
+        except TypeError as err:
+            raise TypeError(
+                f"fabric_lite could not rebuild a mapping of type {cls.__qualname__} from its items ({err})."
+                " Use a plain dict, or give the type a constructor that accepts an iterable of (key, value) pairs."
+            ) from err
+    if kind == _LIST:
+        _, cls, children = spec
+        values = [_build(c, it) for c in children]
+        return values if cls is list else cls(values)
+    if kind == _TUPLE:
+        _, cls, children = spec
+        values = tuple(_build(c, it) for c in children)
+        return values if cls is tuple else cls(values)
+    if kind == _NAMEDTUPLE:
+        _, cls, children = spec
+        return cls(*(_build(c, it) for c in children))
+    # dataclass: copy the original and write the new field values back
+    _, instance, names, children = spec
+    new = copy.copy(instance)
+    for name, child in zip(names, children):
+        object.__setattr__(new, name, _build(child, it))
+    return new
+
+
+def unflatten(spec: Spec, leaves: list[Any]) -> Any:
+    """Rebuild the collection described by ``spec`` from ``leaves`` (as returned by :func:`flatten`)."""
+    if spec is _LEAF_SPEC:
+        return leaves[0]
+    return _build(spec, iter(leaves))
+
+
+def map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to every leaf of ``obj`` and rebuild the collection."""
+    leaves, spec = flatten(obj)
+    return unflatten(spec, [fn(leaf) for leaf in leaves])

@@ -1,0 +1,95 @@
+"""Functions that apply an operation to every tensor in a (nested) collection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from fabric_lite.utilities._tree import flatten, map_leaves, unflatten
+
+# Devices where a host-to-device copy with ``non_blocking=True`` gains nothing or is unsafe.
+_BLOCKING_DEVICE_TYPES = ("cpu", "mps")
+
+
+def apply_to_collection(data: Any, dtype: type | tuple[type, ...], function: Callable[..., Any], *args: Any,
+                        **kwargs: Any) -> Any:
+    """Apply ``function(leaf, *args, **kwargs)`` to every leaf of ``data`` that is an instance of ``dtype``.
+
+    Mappings, lists, tuples, namedtuples and dataclasses are walked and rebuilt with the same types; every other
+    leaf is returned as it is.
+
+    Example::
+
+        >>> apply_to_collection({"a": 1, "b": [2, "x"]}, int, lambda x: x * 10)
+        {'a': 10, 'b': [20, 'x']}
+    """
+    return map_leaves(data, lambda leaf: function(leaf, *args, **kwargs) if isinstance(leaf, dtype) else leaf)
+
+
+def _move(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(leaf, Tensor):
+        if leaf.device == device:
+            return leaf
+        return leaf.to(device, non_blocking=non_blocking)
+    to = getattr(leaf, "to", None)
+    if callable(to) and not isinstance(leaf, type):
+        # any object with a ``.to(device)`` method, as in Lightning (e.g. a custom batch class)
+        return to(device)
+    return leaf
+
+
+def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
+    """Move every tensor (and every object with a ``.to(device)`` method) in ``batch`` to ``device``.
+
+    Tensors already on ``device`` are returned as they are (no copy). Host-to-CUDA copies are non-blocking.
+
+    Example::
+
+        >>> move_data_to_device({"x": torch.zeros(2)}, "cpu")["x"].device
+        device(type='cpu')
+    """
+    device = torch.device(device)
+    non_blocking = device.type not in _BLOCKING_DEVICE_TYPES
+    if isinstance(batch, Tensor):
+        return _move(batch, device, non_blocking)
+    leaves, spec = flatten(batch)
+    return unflatten(spec, [_move(leaf, device, non_blocking) for leaf in leaves])
+
+
+def _to_tensor(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
+    # The dtypes follow Lightning Fabric so that results are identical: bool -> uint8 (NCCL has no bool),
+    # int -> int32, float -> float32, numpy arrays keep their dtype.
+    if isinstance(leaf, Tensor):
+        return _move(leaf, device, non_blocking)
+    if isinstance(leaf, bool):
+        return torch.tensor(leaf, dtype=torch.uint8, device=device)
+    if isinstance(leaf, int):
+        return torch.tensor(leaf, dtype=torch.int, device=device)
+    if isinstance(leaf, float):
+        return torch.tensor(leaf, dtype=torch.float, device=device)
+    if isinstance(leaf, np.ndarray):
+        return torch.from_numpy(leaf).to(device)
+    return _move(leaf, device, non_blocking)
+
+
+def convert_to_tensors(data: Any, device: torch.device | str | int) -> Any:
+    """Turn Python numbers and NumPy arrays in ``data`` into tensors on ``device`` and move tensors there.
+
+    ``bool`` becomes ``uint8``, ``int`` becomes ``int32`` and ``float`` becomes ``float32``, as in Lightning Fabric.
+    Other leaves (strings, ``None``, ...) are left alone.
+
+    Example::
+
+        >>> convert_to_tensors({"n": 3, "x": 0.5}, "cpu")
+        {'n': tensor(3, dtype=torch.int32), 'x': tensor(0.5000)}
+    """
+    device = torch.device(device)
+    non_blocking = device.type not in _BLOCKING_DEVICE_TYPES
+    if isinstance(data, Tensor):
+        return _move(data, device, non_blocking)
+    leaves, spec = flatten(data)
+    return unflatten(spec, [_to_tensor(leaf, device, non_blocking) for leaf in leaves])

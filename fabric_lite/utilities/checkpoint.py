@@ -1,0 +1,131 @@
+"""Writing and reading checkpoint files safely.
+
+* :func:`atomic_save` writes to a temporary file in the target's folder, flushes and fsyncs it, renames it over
+  the target with ``os.replace`` and fsyncs the folder. A failure at any point (an object that cannot be pickled,
+  a full disk, the process killed mid-write) leaves the previous checkpoint intact and no temporary file behind
+  (except after SIGKILL, which no code can clean up after: such leftovers are named ``.<name>.*.tmp``).
+* :func:`safe_load` reads with ``weights_only=True`` unless the caller explicitly opts out, never retries with
+  ``weights_only=False`` on its own, and turns torch's terse errors for empty, truncated or foreign files into
+  errors that name the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fabric_lite.utilities.types import _PATH
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read. The message names the path."""
+
+
+def atomic_save(checkpoint: Any, path: _PATH) -> None:
+    """Save ``checkpoint`` with ``torch.save`` to ``path`` so that ``path`` is either the old file or the new one.
+
+    Missing parent folders are created. Raises :class:`CheckpointError` (with the original error as the cause)
+    when anything fails; the previous file at ``path`` is then left as it was.
+    """
+    target = Path(path)
+    folder = target.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: cannot create its folder ({err}).") from err
+    tmp_name: str | None = None
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        os.fchmod(fd, _file_mode(target))  # mkstemp makes 0600; give the file the mode a plain open() would
+        with os.fdopen(fd, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_name, target)
+        tmp_name = None
+        _fsync_folder(folder)
+    except BaseException as err:
+        if tmp_name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+        if isinstance(err, Exception):
+            raise CheckpointError(
+                f"Saving the checkpoint to {str(target)!r} failed: {type(err).__name__}: {err}. The previous file"
+                " at that path, if any, is unchanged."
+            ) from err
+        raise
+
+
+def _file_mode(target: Path) -> int:
+    """The existing file's mode, or 0666 minus the umask (read from /proc, without changing the umask)."""
+    try:
+        return target.stat().st_mode & 0o777
+    except OSError:
+        pass
+    umask = 0o022
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                umask = int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o666 & ~umask
+
+
+def _fsync_folder(folder: Path) -> None:
+    # makes the rename itself durable; not every platform/filesystem allows opening a folder
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any = "cpu") -> Any:
+    """Load a checkpoint written by :func:`atomic_save` (or by ``torch.save``) onto ``map_location``.
+
+    Args:
+        path: the file to read.
+        weights_only: ``True`` (default; ``None`` means the same) unpickles only tensors, primitive types and
+            containers, so a malicious file cannot run code. Pass ``False`` only for files you trust.
+        map_location: where tensors are loaded; the CPU by default, so a CUDA checkpoint loads anywhere.
+
+    Raises:
+        FileNotFoundError: there is no file at ``path``.
+        CheckpointError: the file is empty, truncated, not a checkpoint, or holds objects ``weights_only`` refuses.
+    """
+    target = Path(path)
+    if not target.is_file():
+        if target.is_dir():
+            raise CheckpointError(f"Cannot load {str(target)!r}: it is a folder, not a checkpoint file.")
+        raise FileNotFoundError(f"Checkpoint file not found: {str(target)!r}.")
+    safe = True if weights_only is None else weights_only
+    if target.stat().st_size == 0:
+        raise CheckpointError(f"The checkpoint {str(target)!r} is empty (0 bytes): it is incomplete or corrupt.")
+    try:
+        return torch.load(target, map_location=map_location, weights_only=safe)
+    except pickle.UnpicklingError as err:
+        if safe and "weights_only" in str(err).lower():
+            raise CheckpointError(
+                f"Refused to load {str(target)!r} with weights_only=True: it contains Python objects other than"
+                " tensors and plain values, and unpickling them could run code from the file. If, and only if, you"
+                " trust where the file came from, load it with weights_only=False."
+                f" (torch said: {str(err).splitlines()[0]})"
+            ) from err
+        raise CheckpointError(f"The checkpoint {str(target)!r} is corrupt or not a checkpoint ({err}).") from err
+    except (EOFError, RuntimeError, ValueError, OSError) as err:
+        detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        raise CheckpointError(
+            f"The checkpoint {str(target)!r} is incomplete or corrupt and cannot be loaded ({detail})."
+        ) from err

@@ -1,0 +1,19 @@
+"""Exception types raised by fabric_lite.
+
+fabric_lite raises the builtin classes (``ValueError``, ``TypeError``, ``RuntimeError``) that Lightning Fabric raises
+for the same misuse. Where Lightning's class is an accident of its implementation, fabric_lite's class derives from
+both the right class and Lightning's, so ``except`` clauses written for either keep working.
+"""
+
+from __future__ import annotations
+
+
+class MisconfigurationException(ValueError):
+    """A setting that cannot work on this machine or with the other settings (e.g. a GPU index that does not exist)."""
+
+
+class InvalidReduceOpError(ValueError, AttributeError):
+    """An unknown ``reduce_op``.
+
+    A ``ValueError``; also an ``AttributeError`` because that is what Lightning Fabric raises for the same input.
+    """

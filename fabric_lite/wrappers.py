@@ -1,0 +1,278 @@
+"""Thin wrappers around the user's module, optimizers and dataloaders, returned by ``Fabric.setup*``.
+
+They forward everything to the wrapped object and add only what a strategy or precision needs. On the hot
+path they do nothing that is not needed: the module wrapper calls the module directly when the precision does
+not change the forward, and the dataloader wrapper moves batches only when they are not already on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities.apply_func import move_data_to_device
+
+
+class _FabricModule(nn.Module):
+    """Wraps the module set up by ``Fabric.setup``/``setup_module``.
+
+    Calling it runs the strategy's module (e.g. ``DistributedDataParallel``) under the precision's forward hooks.
+    ``state_dict``/``load_state_dict`` act on the original module, so the keys carry no wrapper prefix; ``.module``
+    is the original module; other attributes are read from and written to the original module.
+    """
+
+    def __init__(self, forward_module: nn.Module, strategy: Strategy, original_module: nn.Module | None = None):
+        super().__init__()
+        self._forward_module = forward_module
+        self._original_module = original_module if original_module is not None else forward_module
+        self._strategy = strategy
+        precision = strategy.precision
+        # decided once here, not on every call: the forward hooks of full precision do nothing
+        object.__setattr__(self, "_call", forward_module)
+        object.__setattr__(self, "_precision", precision if precision.changes_forward() else None)
+        object.__setattr__(self, "_forward_methods", set())
+        object.__setattr__(self, "_fabric_module_initialized", True)
+
+    @property
+    def module(self) -> nn.Module:
+        """The original module, as passed to ``Fabric.setup``."""
+        return self._original_module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        precision = self._precision
+        if precision is None:
+            return self._call(*args, **kwargs)
+        args, kwargs = precision.convert_input((args, kwargs))
+        with precision.forward_context():
+            output = self._call(*args, **kwargs)
+        return precision.convert_output(output)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._original_module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
+        return self._original_module.load_state_dict(state_dict, strict=strict, **kwargs)
+
+    def mark_forward_method(self, method: Callable[..., Any] | str) -> None:
+        """Route calls of another method (e.g. ``generate``) through the strategy's forward, like ``forward``.
+
+        ``DistributedDataParallel`` only synchronises what runs through its ``forward``; a method called directly
+        on the module would bypass it.
+        """
+        name = method if isinstance(method, str) else getattr(method, "__name__", None)
+        if not isinstance(name, str):
+            raise TypeError(f"mark_forward_method expects a method or its name, got {method!r}.")
+        if name == "forward":
+            raise ValueError("forward already runs through the strategy; mark other methods, e.g. 'generate'.")
+        if not callable(getattr(self._original_module, name, None)):
+            raise AttributeError(
+                f"mark_forward_method({name!r}): {type(self._original_module).__name__} has no method {name!r}."
+            )
+        self._forward_methods.add(name)
+
+    def _redirect_through_forward(self, name: str) -> Callable[..., Any]:
+        original = self._original_module
+        method = getattr(original, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # the strategy's wrapper calls ``original.forward``; point it at the marked method for this one call
+            original.forward = method  # type: ignore[method-assign]
+            try:
+                return self(*args, **kwargs)
+            finally:
+                del original.forward
+
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        forward_methods = self.__dict__.get("_forward_methods")
+        if forward_methods and name in forward_methods and self._forward_module is not self._original_module:
+            return self._redirect_through_forward(name)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("_original_module"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not self.__dict__.get("_fabric_module_initialized", False):
+            super().__setattr__(name, value)
+            return
+        original = self._original_module
+        wrapper_has = name in dir(self)
+        if hasattr(original, name) or not wrapper_has:
+            setattr(original, name, value)
+        if wrapper_has:
+            super().__setattr__(name, value)
+
+
+class _FabricOptimizer(Optimizer):
+    """Wraps an optimizer set up by ``Fabric.setup``/``setup_optimizers``.
+
+    ``step`` goes through the strategy (and its precision, which may e.g. skip steps with inf gradients);
+    everything else, including ``param_groups``, ``state`` and hooks, is the wrapped optimizer's. It is an
+    ``Optimizer``, so learning-rate schedulers accept it. ``.optimizer`` is the original optimizer.
+    """
+
+    def __init__(self, optimizer: Optimizer, strategy: Strategy, callbacks: list[Any] | None = None) -> None:
+        # Optimizer.__init__ is deliberately not called: all state lives in the wrapped optimizer
+        self.__dict__["_optimizer"] = optimizer
+        self.__dict__["_strategy"] = strategy
+        self.__dict__["_callbacks"] = callbacks or []
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self.__dict__["_optimizer"]  # type: ignore[no-any-return]
+
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = groups
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        kwargs = {"closure": closure} if closure is not None else {}
+        strategy: Strategy = self.__dict__["_strategy"]
+        output = strategy.optimizer_step(self.optimizer, **kwargs)
+        for callback in self.__dict__["_callbacks"]:
+            hook = getattr(callback, "on_after_optimizer_step", None)
+            if callable(hook):
+                hook(strategy=strategy, optimizer=self.optimizer)
+        return output
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.__dict__["_strategy"].get_optimizer_state(self.optimizer)  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_optimizer"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("param_groups", "state", "defaults"):
+            object.__setattr__(self, name, value)  # the property setters forward it
+        elif hasattr(type(self), name):
+            # a method patched on this instance (an LR scheduler wraps ``step``): it must stay on the wrapper, or
+            # the wrapped optimizer's step would call back into this one
+            self.__dict__[name] = value
+        else:
+            setattr(self.optimizer, name, value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"Fabric{self.optimizer!r}"
+
+
+class _FabricDataLoader:
+    """Wraps a dataloader set up by ``Fabric.setup_dataloaders``.
+
+    Every new iteration calls ``set_epoch(n)`` on its sampler (so a ``DistributedSampler`` reshuffles each epoch)
+    and moves each batch to the device, when one is given. Attributes are the wrapped loader's.
+    """
+
+    def __init__(self, dataloader: DataLoader[Any], device: torch.device | None = None) -> None:
+        self._dataloader = dataloader
+        self._device = device
+        self._num_iter_calls = 0
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._device
+
+    def __len__(self) -> int:
+        return len(self._dataloader)
+
+    def __iter__(self) -> Iterator[Any]:
+        _set_sampler_epoch(self._dataloader, self._num_iter_calls)
+        self._num_iter_calls += 1
+        if self._device is None:
+            yield from self._dataloader
+            return
+        device = self._device
+        for batch in self._dataloader:
+            yield move_data_to_device(batch, device)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_dataloader", "_device", "_num_iter_calls"):
+            raise AttributeError(name)
+        return getattr(self._dataloader, name)
+
+
+def _set_sampler_epoch(dataloader: Any, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on the loader's sampler and on its batch sampler's sampler, where they have it."""
+    targets = []
+    sampler = getattr(dataloader, "sampler", None)
+    if sampler is not None:
+        targets.append(sampler)
+    inner = getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
+    if inner is not None and inner is not sampler:
+        targets.append(inner)
+    for target in targets:
+        set_epoch = getattr(target, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+
+def _unwrap_objects(collection: Any) -> Any:
+    """Replace fabric_lite wrappers in a (flat or nested) collection by what they wrap."""
+
+    def unwrap(obj: Any) -> Any:
+        if isinstance(obj, _FabricModule):
+            return obj._forward_module
+        if isinstance(obj, _FabricOptimizer):
+            return obj.optimizer
+        if isinstance(obj, _FabricDataLoader):
+            return obj._dataloader
+        return obj
+
+    if isinstance(collection, dict):
+        return {key: unwrap(value) for key, value in collection.items()}
+    return unwrap(collection)
+
+
+def is_wrapped(obj: object) -> bool:
+    """Whether ``obj`` is a module, optimizer or dataloader returned by ``Fabric.setup*``.
+
+    Example::
+
+        model = fabric.setup(model)
+        assert is_wrapped(model)
+    """
+    return isinstance(obj, (_FabricModule, _FabricOptimizer, _FabricDataLoader))

@@ -1,0 +1,128 @@
+"""Run code in fresh processes with a hard time bound, and check that nothing is left behind.
+
+Every multi-process test goes through :func:`run_python` (a script or ``-c`` code, in a new session) or
+:func:`spawn_job` (a function run on N ranks by fabric_lite's own ``ddp_spawn`` launcher, inside such a
+subprocess). On timeout the whole session is killed and the test fails with everything the processes printed.
+After the command ends, any process still alive in its session is an orphan: it is killed and the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Completed:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+
+
+def _session_members(sid: int) -> list[int]:
+    """PIDs of live processes in session ``sid`` (Linux /proc)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # fields after the ")" that ends the command name: state ppid pgrp session ...
+        fields = stat.rsplit(")", 1)[1].split()
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _kill_session(sid: int) -> None:
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in _session_members(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_LITE_", "SLURM_", "TORCHELASTIC_"))}
+    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                 "LOCAL_WORLD_SIZE"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_python(
+    args: list[str],
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    expect_orphans: bool = False,
+) -> Completed:
+    """Run ``python *args`` in a new session; kill the session and fail the test after ``timeout`` seconds."""
+    argv = [sys.executable, *args]
+    start = time.monotonic()
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env if env is not None else base_env(),
+        cwd=cwd or REPO, start_new_session=True, text=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(process.pid)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"`{' '.join(argv[:4])} ...` did not finish within {timeout} s (killed).\n"
+                    f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
+    elapsed = time.monotonic() - start
+    # give exiting grandchildren a moment, then treat whatever is left in the session as an orphan
+    deadline = time.monotonic() + 2.0
+    while _session_members(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftovers = _session_members(process.pid)
+    if leftovers:
+        _kill_session(process.pid)
+        if not expect_orphans:
+            pytest.fail(f"processes {leftovers} outlived `{' '.join(argv[:4])} ...` (orphans).\n"
+                        f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
+    return Completed(argv, process.returncode, stdout, stderr, elapsed)
+
+
+def spawn_job(target: str, nprocs: int, timeout: float = 90, **kwargs: Any) -> list[Any]:
+    """Run ``target(fabric, **kwargs)`` (``"tests.jobs.module:function"``) on ``nprocs`` CPU ranks with
+    ``ddp_spawn`` and return the list of per-rank return values (gathered by the job runner)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pkl"
+        done = run_python(
+            ["-m", "tests.jobs._runner", target, str(nprocs), json.dumps(kwargs), str(out)], timeout=timeout
+        )
+        if done.returncode != 0 or not out.is_file():
+            pytest.fail(f"job {target} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
+        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]

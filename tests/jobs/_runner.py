@@ -1,0 +1,39 @@
+"""Run a job function on N CPU ranks with fabric_lite's ddp_spawn launcher; pickle every rank's result.
+
+    python -m tests.jobs._runner tests.jobs.module:function NPROCS '{"kwarg": 1}' OUT_PATH
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pickle
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from fabric_lite import Fabric
+from fabric_lite.strategies import DDPStrategy
+
+
+def _run(fabric: Fabric, target: str, kwargs: dict[str, Any]) -> list[Any]:
+    module, name = target.split(":")
+    result = getattr(importlib.import_module(module), name)(fabric, **kwargs)
+    results: list[Any] = [None] * fabric.world_size
+    dist.all_gather_object(results, result)  # torch's own object gather, independent of fabric_lite
+    return results
+
+
+def main() -> None:
+    target, nprocs, kwargs, out = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+    strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=30))
+    fabric = Fabric(accelerator="cpu", devices=nprocs, strategy=strategy)
+    results = fabric.launch(_run, target, kwargs)
+    with open(out, "wb") as f:
+        pickle.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
