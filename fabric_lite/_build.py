@@ -47,7 +47,9 @@ def _devices(plan: Plan) -> list[torch.device]:
     return [torch.device(plan.accelerator, index) for index in plan.devices]
 
 
-def build_strategy(plan: Plan, strategy: str | Strategy, accelerator: str | Accelerator, plugins: Sequence[Any]) -> Strategy:
+def build_strategy(
+    plan: Plan, strategy: str | Strategy, accelerator: str | Accelerator, plugins: Sequence[Any]
+) -> Strategy:
     """Create (or complete, for a user's instance) the strategy the plan describes, with its launcher."""
     accelerator_obj = accelerator if isinstance(accelerator, Accelerator) else ACCELERATORS[plan.accelerator]()
     precision = _precision(plan, plugins)
@@ -64,7 +66,7 @@ def build_strategy(plan: Plan, strategy: str | Strategy, accelerator: str | Acce
         if cls is SingleDeviceStrategy:
             instance = SingleDeviceStrategy(device=devices[0], accelerator=accelerator_obj, precision=precision)
         else:
-            instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)  # type: ignore[call-arg]
+            instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
     if isinstance(instance, ParallelStrategy):
         if instance.parallel_devices is None:
             instance.parallel_devices = devices

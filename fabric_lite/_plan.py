@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fabric_lite.accelerators import ACCELERATORS, Accelerator
+from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
     LightningEnvironment,
@@ -32,8 +32,13 @@ _ACCELERATOR_CHOICES = ("auto", "cpu", "cuda", "gpu", "mps")
 #: canonical precision names; the first two work in this release of fabric_lite
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 _LEGACY_PRECISIONS: dict[Any, str] = {
-    32: "32-true", "32": "32-true", 64: "64-true", "64": "64-true",
-    16: "16-mixed", "16": "16-mixed", "bf16": "bf16-mixed",
+    32: "32-true",
+    "32": "32-true",
+    64: "64-true",
+    "64": "64-true",
+    16: "16-mixed",
+    "16": "16-mixed",
+    "bf16": "bf16-mixed",
 }
 
 
@@ -103,9 +108,7 @@ def _accelerator_name(accelerator: Any) -> str:
 
 
 def _available(machine: Machine) -> list[str]:
-    return [name for name, ok in (("cuda", machine.cuda_devices > 0), ("mps", machine.mps_available)) if ok] + [
-        "cpu"
-    ]
+    return [name for name, ok in (("cuda", machine.cuda_devices > 0), ("mps", machine.mps_available)) if ok] + ["cpu"]
 
 
 def _resolve_accelerator(name: str, machine: Machine) -> AcceleratorName:
@@ -135,8 +138,13 @@ def _resolve_accelerator(name: str, machine: Machine) -> AcceleratorName:
     return name  # type: ignore[return-value]
 
 
+def _is_ascii_int(text: str) -> bool:
+    stripped = text.strip()
+    return stripped.isascii() and stripped.isdigit()
+
+
 def _parse_num_nodes(num_nodes: Any) -> int:
-    if isinstance(num_nodes, str) and num_nodes.strip().isdigit():
+    if isinstance(num_nodes, str) and _is_ascii_int(num_nodes):
         num_nodes = int(num_nodes)  # Lightning accepts strings (e.g. straight from argparse)
     if type(num_nodes) is not int:
         raise TypeError(f"num_nodes must be a positive integer, but got {num_nodes!r}. Example: num_nodes=2.")
@@ -168,7 +176,7 @@ def _cpu_devices(devices: Any) -> int:
     if devices == "auto":
         return 1
     value: Any = devices
-    if isinstance(devices, str) and devices.strip().isdigit():
+    if isinstance(devices, str) and _is_ascii_int(devices):
         value = int(devices)
     if type(value) is int and value > 0:
         return value
@@ -217,9 +225,7 @@ def _gpu_indices(devices: Any, accelerator: str, available: int) -> tuple[int, .
         elif value == 0:
             indices = []
         else:
-            raise ValueError(
-                f"Fabric(devices={devices!r}) is not valid: a count must be > 0, or -1 for every GPU."
-            )
+            raise ValueError(f"Fabric(devices={devices!r}) is not valid: a count must be > 0, or -1 for every GPU.")
     else:
         raise TypeError(
             f"Fabric(devices={devices!r}) is not valid: use an int, -1, a list of GPU indices, a string such as"
@@ -280,6 +286,10 @@ def _strategy_choice(strategy: Any) -> str:
     )
 
 
+def _strategy_label(strategy: Any, name: str) -> str:
+    return type(strategy).__name__ if name == "instance" else name
+
+
 def resolve_plan(
     *,
     accelerator: str | Accelerator = "auto",
@@ -303,40 +313,50 @@ def resolve_plan(
     strategy_name = _strategy_choice(strategy)
     precision_name, precision_warnings = _canonical_precision(precision)
     warnings += precision_warnings
+    precision_plugins = [p for p in plugins if isinstance(p, Precision)]
+    environment_plugins = [p for p in plugins if isinstance(p, ClusterEnvironment)]
     for plugin in plugins:
-        if isinstance(plugin, Precision) and precision not in (None, "32-true", plugin.precision):
-            raise ValueError(
-                f"Fabric(precision={precision!r}) conflicts with the precision plugin {type(plugin).__name__}"
-                f" (precision={plugin.precision!r}) in plugins. Pass only one of them."
-            )
-        if isinstance(plugin, Precision):
-            precision_name = plugin.precision
-        elif not isinstance(plugin, ClusterEnvironment):
+        if not isinstance(plugin, (Precision, ClusterEnvironment)):
             raise TypeError(
                 f"Fabric(plugins=...) got {plugin!r} of type {type(plugin).__name__}. Accepted plugins are"
                 " fabric_lite.plugins.Precision and fabric_lite.plugins.environments.ClusterEnvironment instances."
             )
+    for kind, found in (("Precision", precision_plugins), ("ClusterEnvironment", environment_plugins)):
+        if len(found) > 1:
+            raise ValueError(
+                f"Fabric(plugins=...) got multiple {kind} plugins ({', '.join(type(p).__name__ for p in found)});"
+                " pass at most one of each kind."
+            )
+    if precision_plugins:
+        plugin = precision_plugins[0]
+        if precision_name not in ("32-true", plugin.precision):
+            raise ValueError(
+                f"Fabric(precision={precision!r}) conflicts with the precision plugin {type(plugin).__name__}"
+                f" (precision={plugin.precision!r}) in plugins. Pass only one of them."
+            )
+        precision_name = plugin.precision
 
     accelerator_name = _resolve_accelerator(_accelerator_name(accelerator), machine)
     environment = _detect_environment(env, plugins)
     external = environment.creates_processes_externally
 
-    if devices == "auto" and external:
-        local = _external_local_count(environment)
-        if local is not None:
-            devices = local
+    local = _external_local_count(environment) if external else None
+    if devices == "auto" and local is not None:
+        devices = local
     if accelerator_name == "cpu":
         device_indices = tuple(range(_cpu_devices(devices)))
     else:
         if isinstance(devices, bool):
             raise TypeError(f"Fabric(devices={devices!r}) is not valid: use an int, a list of indices, or 'auto'.")
-        available = machine.cuda_devices if accelerator_name == "cuda" else 1
         if external and accelerator_name == "cuda" and machine.cuda_devices == 1:
-            # an external launcher that gives every process its own GPU (CUDA_VISIBLE_DEVICES per rank)
-            available = max(available, _cpu_devices(devices) if devices != "auto" else 1)
-        device_indices = _gpu_indices(devices, accelerator_name, available)
-        if external and machine.cuda_devices == 1:
-            device_indices = (0,) * len(device_indices)
+            # the launcher gave every process one GPU of its own (CUDA_VISIBLE_DEVICES per rank): it is index 0
+            # in every process, and `devices` only says how many processes there are per node
+            every = devices in (-1, "-1")
+            wanted = _gpu_indices(devices, accelerator_name, (local or 1) if every else 1 << 16)
+            device_indices = (0,) * len(wanted)
+        else:
+            available = machine.cuda_devices if accelerator_name == "cuda" else 1
+            device_indices = _gpu_indices(devices, accelerator_name, available)
 
     if strategy_name == "auto":
         many = len(device_indices) > 1 or num_nodes > 1
@@ -351,7 +371,7 @@ def resolve_plan(
 
     if not parallel and (len(device_indices) > 1 or num_nodes > 1):
         raise ValueError(
-            f"strategy={strategy_name if strategy_name != 'instance' else type(strategy).__name__!r} runs one"
+            f"strategy={_strategy_label(strategy, strategy_name)!r} runs one"
             f" process on one device, but devices={devices!r} and num_nodes={num_nodes} ask for"
             f" {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'), or devices=1."
         )
@@ -362,7 +382,8 @@ def resolve_plan(
         environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
         if start_method == "popen" and machine.interactive:
             raise ValueError(
-                f"strategy={strategy_name!r} re-runs the script once per device, which is impossible in an"
+                f"strategy={_strategy_label(strategy, strategy_name)!r} re-runs the script once per device, which is"
+                " impossible in an"
                 " interactive session (notebook or REPL). Use strategy='ddp_notebook' (or 'ddp_fork'), or run a"
                 " script."
             )

@@ -23,10 +23,21 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.strategies.launchers import MultiProcessingLauncher
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.apply_func import convert_to_tensors, move_data_to_device
-from fabric_lite.utilities.data import add_worker_init_fn, distributed_sampler, has_iterable_dataset, replace_sampler
+from fabric_lite.utilities.data import (
+    add_worker_init_fn,
+    distributed_sampler,
+    has_iterable_dataset,
+    replace_sampler,
+)
 from fabric_lite.utilities.seed import seed_everything
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast
-from fabric_lite.wrappers import _FabricDataLoader, _FabricModule, _FabricOptimizer, _unwrap_objects, is_wrapped
+from fabric_lite.wrappers import (
+    _FabricDataLoader,
+    _FabricModule,
+    _FabricOptimizer,
+    _unwrap_objects,
+    is_wrapped,
+)
 
 
 def _do_nothing(*_: Any) -> None:
@@ -348,10 +359,15 @@ class Fabric:
             return None
         if max_norm is not None:
             return self._strategy.clip_gradients_norm(
-                unwrapped_module, unwrapped_optimizer, max_norm=max_norm, norm_type=norm_type,
+                unwrapped_module,
+                unwrapped_optimizer,
+                max_norm=max_norm,
+                norm_type=norm_type,
                 error_if_nonfinite=error_if_nonfinite,
             )
-        raise ValueError("You have to specify either `clip_val` or `max_norm` to do gradient clipping! E.g. max_norm=1.0.")
+        raise ValueError(
+            "You have to specify either `clip_val` or `max_norm` to do gradient clipping! E.g. max_norm=1.0."
+        )
 
     def autocast(self) -> AbstractContextManager[Any]:
         """The precision's forward context, for code outside the module's forward (a no-op in full precision)."""
@@ -481,14 +497,17 @@ class Fabric:
         data = convert_to_tensors(data, device=self.device)
         return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
-        """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective; same on every process."""
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective.
+
+        Every process must call it; every process gets the same answer.
+        """
         self._validate_launched()
         return self._strategy.reduce_boolean_decision(decision, all=all)
 
     # ------------------------------------------------------------------ checkpoints
     def save(
-        self, path: _PATH, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None  # noqa: A002
+        self, path: _PATH, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]] | None = None
     ) -> None:
         """Save ``state`` to ``path``: modules and optimizers by their state dicts, objects with ``state_dict()``
         by it, other values as they are.
@@ -507,10 +526,14 @@ class Fabric:
             if not isinstance(filter, dict):
                 raise TypeError(f"Filter should be a dictionary, given {filter!r}")
             if not set(filter).issubset(state):
-                raise ValueError(f"The filter keys {set(filter) - set(state)} are not present in the state keys {set(state)}.")
+                raise ValueError(
+                    f"The filter keys {set(filter) - set(state)} are not present in the state keys {set(state)}."
+                )
             for key, fn in filter.items():
                 if not callable(fn):
-                    raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}")
+                    raise TypeError(
+                        f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}"
+                    )
         self._strategy.save_checkpoint(path, _unwrap_objects(dict(state)), filter=filter)
 
     def load(
@@ -534,7 +557,9 @@ class Fabric:
                     state[key] = value
         return remainder
 
-    def load_raw(self, path: _PATH, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None) -> None:
+    def load_raw(
+        self, path: _PATH, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None
+    ) -> None:
         """Load a raw state dict (e.g. from ``torch.save(model.state_dict())``) into a module or optimizer."""
         self._strategy.load_checkpoint(path, _unwrap_objects(obj), strict=strict, weights_only=weights_only)
 
@@ -547,7 +572,9 @@ class Fabric:
             if method is None:
                 continue
             if not callable(method):
-                warnings.warn(f"Skipping the callback `{type(callback).__name__}.{hook_name}`: it is not callable.")
+                warnings.warn(
+                    f"Skipping the callback `{type(callback).__name__}.{hook_name}`: it is not callable.", stacklevel=2
+                )
                 continue
             method(*args, **_accepted_kwargs(method, kwargs))
 

@@ -53,7 +53,7 @@ class _FabricModule(nn.Module):
             output = self._call(*args, **kwargs)
         return precision.convert_output(output)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._original_module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -80,13 +80,18 @@ class _FabricModule(nn.Module):
         original = self._original_module
         method = getattr(original, name)
 
+        def redirected(*args: Any, **kwargs: Any) -> Any:
+            # undo the redirection before running the method, so that it can call the real forward itself
+            original.__dict__.pop("forward", None)
+            return method(*args, **kwargs)
+
         def call(*args: Any, **kwargs: Any) -> Any:
             # the strategy's wrapper calls ``original.forward``; point it at the marked method for this one call
-            original.forward = method  # type: ignore[method-assign]
+            original.forward = redirected
             try:
                 return self(*args, **kwargs)
             finally:
-                del original.forward
+                original.__dict__.pop("forward", None)
 
         return call
 
@@ -129,7 +134,7 @@ class _FabricOptimizer(Optimizer):
     def optimizer(self) -> Optimizer:
         return self.__dict__["_optimizer"]  # type: ignore[no-any-return]
 
-    @property  # type: ignore[override]
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
@@ -137,7 +142,7 @@ class _FabricOptimizer(Optimizer):
     def param_groups(self, groups: list[dict[str, Any]]) -> None:
         self.optimizer.param_groups = groups
 
-    @property  # type: ignore[override]
+    @property
     def state(self) -> Any:
         return self.optimizer.state
 
@@ -145,7 +150,7 @@ class _FabricOptimizer(Optimizer):
     def state(self, value: Any) -> None:
         self.optimizer.state = value
 
-    @property  # type: ignore[override]
+    @property
     def defaults(self) -> dict[str, Any]:
         return self.optimizer.defaults
 
@@ -153,7 +158,7 @@ class _FabricOptimizer(Optimizer):
     def defaults(self, value: dict[str, Any]) -> None:
         self.optimizer.defaults = value
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         kwargs = {"closure": closure} if closure is not None else {}
         strategy: Strategy = self.__dict__["_strategy"]
         output = strategy.optimizer_step(self.optimizer, **kwargs)
@@ -166,10 +171,10 @@ class _FabricOptimizer(Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         return self.__dict__["_strategy"].get_optimizer_state(self.optimizer)  # type: ignore[no-any-return]
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

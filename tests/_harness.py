@@ -8,9 +8,11 @@ After the command ends, any process still alive in its session is an orphan: it 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,21 +58,25 @@ def _session_members(sid: int) -> list[int]:
 
 
 def _kill_session(sid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(sid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     for pid in _session_members(sid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_LITE_", "SLURM_", "TORCHELASTIC_"))}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-                 "LOCAL_WORLD_SIZE"):
+    for name in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LOCAL_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "LOCAL_WORLD_SIZE",
+    ):
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PYTHONUNBUFFERED"] = "1"
@@ -87,20 +93,49 @@ def run_python(
     cwd: str | os.PathLike[str] | None = None,
     expect_orphans: bool = False,
 ) -> Completed:
-    """Run ``python *args`` in a new session; kill the session and fail the test after ``timeout`` seconds."""
+    """Run ``python *args`` in a new session; kill the session and fail the test after ``timeout`` seconds.
+
+    The processes get a private ``TMPDIR``; anything they leave in it is reported as a leaked temporary file.
+    """
     argv = [sys.executable, *args]
+    env = dict(env if env is not None else base_env())
+    private_tmp = tempfile.mkdtemp(prefix="fabric_lite_test_tmp_")
+    env["TMPDIR"] = private_tmp
+    try:
+        done = _run_bounded(argv, timeout, env, cwd, expect_orphans)
+        # torch's own compile cache (Adam.step imports torch._inductor) and torchrun's own log folder are not ours
+        leftovers = sorted(
+            name for name in os.listdir(private_tmp) if not name.startswith(("torchinductor_", "torchelastic_"))
+        )
+        if leftovers:
+            pytest.fail(f"`{' '.join(argv[:4])} ...` left temporary files behind: {leftovers}\n{done.output}")
+        return done
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def _run_bounded(
+    argv: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike[str] | None, expect_orphans: bool
+) -> Completed:
     start = time.monotonic()
     process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env if env is not None else base_env(),
-        cwd=cwd or REPO, start_new_session=True, text=True,
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd or REPO,
+        start_new_session=True,
+        text=True,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_session(process.pid)
         stdout, stderr = process.communicate()
-        pytest.fail(f"`{' '.join(argv[:4])} ...` did not finish within {timeout} s (killed).\n"
-                    f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
+        pytest.fail(
+            f"`{' '.join(argv[:4])} ...` did not finish within {timeout} s (killed).\n"
+            f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+        )
     elapsed = time.monotonic() - start
     # give exiting grandchildren a moment, then treat whatever is left in the session as an orphan
     deadline = time.monotonic() + 2.0
@@ -110,8 +145,10 @@ def run_python(
     if leftovers:
         _kill_session(process.pid)
         if not expect_orphans:
-            pytest.fail(f"processes {leftovers} outlived `{' '.join(argv[:4])} ...` (orphans).\n"
-                        f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}")
+            pytest.fail(
+                f"processes {leftovers} outlived `{' '.join(argv[:4])} ...` (orphans).\n"
+                f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+            )
     return Completed(argv, process.returncode, stdout, stderr, elapsed)
 
 
@@ -126,3 +163,12 @@ def spawn_job(target: str, nprocs: int, timeout: float = 90, **kwargs: Any) -> l
         if done.returncode != 0 or not out.is_file():
             pytest.fail(f"job {target} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
         return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+
+
+def per_rank(job_results: list[dict[str, Any]], check: str) -> list[Any]:
+    """Each rank's observation for ``check`` from a job that records checks; a check that crashed on a rank
+    fails the test with that rank's traceback."""
+    results = [rank_result[check] for rank_result in job_results]
+    for rank, result in enumerate(results):
+        assert "traceback" not in result, f"rank {rank}:\n{result['traceback']}"
+    return results

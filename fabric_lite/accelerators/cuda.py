@@ -21,7 +21,7 @@ class CUDAAccelerator(Accelerator):
 
     @override
     def teardown(self) -> None:
-        if torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
 
     @staticmethod

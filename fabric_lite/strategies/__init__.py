@@ -6,4 +6,4 @@ from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
 
-__all__ = ["DDPStrategy", "ParallelStrategy", "STRATEGY_REGISTRY", "SingleDeviceStrategy", "Strategy"]
+__all__ = ["STRATEGY_REGISTRY", "DDPStrategy", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]

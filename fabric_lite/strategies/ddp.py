@@ -76,7 +76,7 @@ class DDPStrategy(ParallelStrategy):
         """Wrap the module in ``DistributedDataParallel`` (on this process's device)."""
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         # build DDP on a side stream so its initial broadcast does not serialise with work on the default one
-        context = torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else nullcontext()
+        context = torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else nullcontext()  # type: ignore[no-untyped-call]
         with context:
             return DistributedDataParallel(module=module, device_ids=device_ids, **self._ddp_kwargs)
 

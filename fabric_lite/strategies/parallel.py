@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -23,6 +24,7 @@ from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 log = logging.getLogger(__name__)
 
+_WORKER_DRAIN_SECONDS = 0.05
 #: torch's own default: 30 minutes for gloo (NCCL's watchdog default is 10 minutes)
 default_pg_timeout = timedelta(minutes=30)
 
@@ -197,7 +199,7 @@ class ParallelStrategy(Strategy):
                 " with the same MASTER_ADDR and MASTER_PORT."
             )
         try:
-            return dist.TCPStore(
+            return dist.TCPStore(  # type: ignore[attr-defined]
                 environment.main_address,
                 port,
                 world_size=self.world_size,
@@ -216,6 +218,12 @@ class ParallelStrategy(Strategy):
     def _destroy_process_group(self) -> None:
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+            # gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient
+            # all-reduce) after the caller has moved on, and releasing one takes the GIL. A worker thread still
+            # waiting for the GIL when the interpreter finalises is torn down inside a destructor and the whole
+            # process aborts ("terminate called without an active exception": 5 of 60 two-rank DDP runs here).
+            # Sleeping releases the GIL so that those threads finish first (0 of 60 runs with this pause).
+            time.sleep(_WORKER_DRAIN_SECONDS)
         self._owns_process_group = False
         self._store = None
         atexit.unregister(self._destroy_process_group)
@@ -231,7 +239,9 @@ class ParallelStrategy(Strategy):
         return self.root_device if self.process_group_backend == "nccl" else torch.device("cpu")
 
     @override
-    def all_reduce(self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> TReduce:
+    def all_reduce(
+        self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
+    ) -> TReduce:
         """Reduce ``tensor`` (or every tensor in a collection) across processes, **in place**.
 
         Every process must call it with tensors of the same shapes and dtypes, in the same order. Each tensor is
@@ -266,7 +276,7 @@ class ParallelStrategy(Strategy):
         leaves, spec = flatten(tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
         gathered = _collectives.all_gather([leaves[i] for i in positions], group, device, sync_grads)
-        for i, value in zip(positions, gathered):
+        for i, value in zip(positions, gathered, strict=True):
             leaves[i] = value
         return unflatten(spec, leaves)
 
@@ -294,7 +304,7 @@ class ParallelStrategy(Strategy):
             dist.barrier()
 
     @override
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` (or ``any``) of every process's decision, in one collective; the same on every process."""
         if not dist.is_initialized():
             return bool(decision)
@@ -302,14 +312,14 @@ class ParallelStrategy(Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     @override
-    def save_checkpoint(self, path: _PATH, state: dict[str, Any], filter: Any = None) -> None:  # noqa: A002
+    def save_checkpoint(self, path: _PATH, state: dict[str, Any], filter: Any = None) -> None:
         """Rank 0 writes atomically; then every rank learns the outcome, so a failed write raises on every rank,
         and no rank returns before the file is complete."""
         message: str | None = None
         error: Exception | None = None
         try:
             super().save_checkpoint(path, state, filter)
-        except Exception as err:  # noqa: BLE001 - every rank must still take part in the broadcast below
+        except Exception as err:
             error, message = err, f"{type(err).__name__}: {err}"
         if dist.is_initialized() and self.world_size > 1:
             message = self.broadcast(message, src=0)

@@ -30,22 +30,38 @@ class StrategyEntry:
 STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
     "single_device": StrategyEntry("SingleDeviceStrategy", False, None, "one process on one device"),
     "ddp": StrategyEntry(
-        "DDPStrategy", True, "popen", "DistributedDataParallel; the script is re-run once per extra local rank",
+        "DDPStrategy",
+        True,
+        "popen",
+        "DistributedDataParallel; the script is re-run once per extra local rank",
         {"start_method": "popen"},
     ),
     "ddp_spawn": StrategyEntry(
-        "DDPStrategy", True, "spawn", "DistributedDataParallel; launch(fn) spawns one process per device",
+        "DDPStrategy",
+        True,
+        "spawn",
+        "DistributedDataParallel; launch(fn) spawns one process per device",
         {"start_method": "spawn"},
     ),
     "ddp_fork": StrategyEntry(
-        "DDPStrategy", True, "fork", "DistributedDataParallel; launch(fn) forks one process per device",
+        "DDPStrategy",
+        True,
+        "fork",
+        "DistributedDataParallel; launch(fn) forks one process per device",
         {"start_method": "fork"},
     ),
     "ddp_notebook": StrategyEntry(
-        "DDPStrategy", True, "fork", "alias of ddp_fork, for notebooks", {"start_method": "fork"},
+        "DDPStrategy",
+        True,
+        "fork",
+        "alias of ddp_fork, for notebooks",
+        {"start_method": "fork"},
     ),
     "ddp_find_unused_parameters_true": StrategyEntry(
-        "DDPStrategy", True, "popen", "ddp with find_unused_parameters=True",
+        "DDPStrategy",
+        True,
+        "popen",
+        "ddp with find_unused_parameters=True",
         {"start_method": "popen", "find_unused_parameters": True},
     ),
 }

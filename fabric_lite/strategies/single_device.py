@@ -39,7 +39,9 @@ class SingleDeviceStrategy(Strategy):
         return self._root_device
 
     @override
-    def all_reduce(self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> TReduce:
+    def all_reduce(
+        self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
+    ) -> TReduce:
         """Return ``tensor`` unchanged: with one process, every reduction is the identity."""
         return tensor
 

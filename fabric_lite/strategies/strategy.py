@@ -181,7 +181,9 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ collectives
     @abstractmethod
-    def all_reduce(self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> TReduce:
+    def all_reduce(
+        self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
+    ) -> TReduce:
         """Reduce a tensor, or every tensor in a collection, across processes (see ``Fabric.all_reduce``)."""
 
     @abstractmethod
@@ -196,7 +198,7 @@ class Strategy(ABC):
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process has entered the barrier."""
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` (or ``any`` with ``all=False``) of every process's ``decision``; the same on every process."""
         return bool(decision)
 
@@ -213,7 +215,7 @@ class Strategy(ABC):
         """The optimizer's state dict."""
         return optimizer.state_dict()
 
-    def _convert_state(self, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]]) -> dict[str, Any]:  # noqa: A002
+    def _convert_state(self, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]]) -> dict[str, Any]:
         converted: dict[str, Any] = {}
         for key, obj in state.items():
             if isinstance(obj, Module):
@@ -234,7 +236,7 @@ class Strategy(ABC):
         self,
         path: _PATH,
         state: dict[str, Any],
-        filter: dict[str, Callable[[str, Any], bool]] | None = None,  # noqa: A002
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Save ``state`` to ``path``: modules and optimizers by state dict, stateful objects by ``state_dict()``,
         other values as they are. Global rank 0 writes, atomically."""

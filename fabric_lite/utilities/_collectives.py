@@ -41,13 +41,30 @@ _REDUCE_OP_NAMES: dict[str, Any] = {
 _DTYPES: tuple[torch.dtype, ...] = tuple(
     getattr(torch, name)
     for name in (
-        "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "int8", "int16", "int32",
-        "int64", "uint8", "bool", "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2",
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+        "complex64",
+        "complex128",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float8_e4m3fn",
+        "float8_e5m2",
     )
     if isinstance(getattr(torch, name, None), torch.dtype)
 )
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 _MAX_HEADER_DIMS = 8
+_SHAPE_AT = 4  # header: kind, dtype code, ndim, flags or payload size, then the shape
+_HEADER_SIZE = _SHAPE_AT + _MAX_HEADER_DIMS
 _KIND_OBJECT, _KIND_TENSOR, _KIND_ERROR = 0, 1, 2
 
 
@@ -96,7 +113,7 @@ def _write_back(buffer: Tensor, tensors: Sequence[Tensor]) -> None:
     offset = 0
     for t in tensors:
         n = t.numel()
-        t.data.copy_(buffer[offset:offset + n].view(t.shape))
+        t.data.copy_(buffer[offset : offset + n].view(t.shape))
         offset += n
 
 
@@ -126,8 +143,9 @@ def _all_reduce_mean(buffer: Tensor, group: Any, backend: str, world_size: int) 
     if floating:
         buffer.div_(world_size)
     else:
-        # integers keep their dtype and the quotient is truncated toward zero, as in Lightning Fabric
-        buffer.copy_(buffer / world_size)
+        # integers keep their dtype and the quotient is truncated toward zero, as in Lightning Fabric (which
+        # divides in float32 and so loses precision above 2**24; the integer division here is exact)
+        buffer.copy_(torch.div(buffer, world_size, rounding_mode="trunc"))
 
 
 # On booleans, sum and mean mean "any" and product means "all"; MAX/MIN express them without overflow.
@@ -156,8 +174,11 @@ def _all_gather_flat(output: Tensor, flat: Tensor, group: Any) -> None:
 def _signature(tensors: Sequence[Tensor]) -> list[int]:
     meta = repr([(str(t.dtype), tuple(t.shape)) for t in tensors]).encode()
     digest = hashlib.blake2b(meta, digest_size=16).digest()
-    return [len(tensors), int.from_bytes(digest[:8], "little", signed=True),
-            int.from_bytes(digest[8:], "little", signed=True)]
+    return [
+        len(tensors),
+        int.from_bytes(digest[:8], "little", signed=True),
+        int.from_bytes(digest[8:], "little", signed=True),
+    ]
 
 
 def _check_same_shapes(tensors: Sequence[Tensor], group: Any, device: torch.device, what: str) -> None:
@@ -174,7 +195,8 @@ def _check_same_shapes(tensors: Sequence[Tensor], group: Any, device: torch.devi
         return
     metas: list[Any] = [None] * world_size
     dist.all_gather_object(metas, [(str(t.dtype), tuple(t.shape)) for t in tensors], group=group)
-    table = "\n".join(f"  rank {r}: {m}" for r, m in enumerate(metas))
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(world_size)
+    table = "\n".join(f"  rank {r}: {m}" for r, m in zip(ranks, metas, strict=True))
     raise ValueError(
         f"{what} needs tensors of the same shape and dtype on every rank, but they differ:\n{table}\n"
         "Pad the tensors to a common shape first, or gather tensors of different shapes with"
@@ -182,11 +204,52 @@ def _check_same_shapes(tensors: Sequence[Tensor], group: Any, device: torch.devi
     )
 
 
+def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
+    """Gather tensors with the same number of dimensions but any sizes: one per rank, each with its own shape.
+
+    The shapes are gathered first (with the dtypes, so a mismatch raises on every rank), then every tensor is
+    padded to the largest size in each dimension, gathered in one collective, and trimmed back.
+    """
+    world_size = dist.get_world_size(group)
+    tensor = tensor.contiguous()
+    if tensor.dim() > _MAX_HEADER_DIMS or tensor.dtype not in _DTYPE_CODE:
+        raise ValueError(
+            f"gather_all_tensors supports up to {_MAX_HEADER_DIMS} dimensions and standard dtypes, got a"
+            f" {tensor.dim()}-d tensor of {tensor.dtype}."
+        )
+    meta = torch.zeros(2 + _MAX_HEADER_DIMS, dtype=torch.int64, device=tensor.device)
+    meta[0] = tensor.dim()
+    meta[1] = _DTYPE_CODE[tensor.dtype]
+    meta[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+    metas = torch.empty(world_size * meta.numel(), dtype=torch.int64, device=tensor.device)
+    _all_gather_flat(metas, meta, group)
+    rows = metas.view(world_size, -1).cpu()
+    if bool((rows[:, :2] != rows[0, :2]).any()):
+        ranks = dist.get_process_group_ranks(group) if group is not None else range(world_size)
+        table = "\n".join(
+            f"  rank {r}: {int(row[0])}-d {_DTYPES[int(row[1])]}" for r, row in zip(ranks, rows, strict=True)
+        )
+        raise ValueError(
+            "gather_all_tensors needs tensors with the same number of dimensions and the same dtype on every rank,"
+            f" but they differ:\n{table}\nReshape or cast them to agree first."
+        )
+    ndim = tensor.dim()
+    shapes = [tuple(int(v) for v in row[2 : 2 + ndim]) for row in rows]
+    largest = tuple(max(shape[d] for shape in shapes) for d in range(ndim))
+    padded = torch.zeros(largest, dtype=tensor.dtype, device=tensor.device)
+    padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    numel = padded.numel()
+    out = torch.empty(world_size * numel, dtype=tensor.dtype, device=tensor.device)
+    _all_gather_flat(out, padded.reshape(-1), group)
+    gathered = out.view(world_size, *largest)
+    return [gathered[r][tuple(slice(0, n) for n in shape)] for r, shape in enumerate(shapes)]
+
+
 class _AllGatherGrad(torch.autograd.Function):
     """All-gather whose backward sends every rank the summed gradient of its own slice."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, group: Any) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, tensor: Tensor, group: Any) -> Tensor:
         ctx.group = group
         world_size = dist.get_world_size(group)
         out = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
@@ -194,7 +257,7 @@ class _AllGatherGrad(torch.autograd.Function):
         return out.view(world_size, *tensor.shape)
 
     @staticmethod
-    def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
         grad = grad_output[0].contiguous()
         dist.all_reduce(grad, op=ReduceOp.SUM, group=ctx.group)
         return grad[dist.get_rank(ctx.group)], None
@@ -204,7 +267,7 @@ def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync
     """Gather each tensor from every rank of ``group`` into a new tensor of shape ``(world_size, *shape)``."""
     _check_same_shapes(tensors, group, device, "all_gather")
     if sync_grads:
-        return [_AllGatherGrad.apply(t, group) for t in tensors]
+        return [_AllGatherGrad.apply(t, group) for t in tensors]  # type: ignore[no-untyped-call]
     world_size = dist.get_world_size(group)
     results: list[Tensor | None] = [None] * len(tensors)
     for (dev, dtype), indices in _group_by_device_dtype(tensors).items():
@@ -217,9 +280,9 @@ def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync
             continue
         rows = out.view(world_size, -1)
         offset = 0
-        for i, t in zip(indices, members):
+        for i, t in zip(indices, members, strict=True):
             n = t.numel()
-            results[i] = rows[:, offset:offset + n].reshape(world_size, *t.shape)
+            results[i] = rows[:, offset : offset + n].reshape(world_size, *t.shape)
             offset += n
     return results  # type: ignore[return-value]
 
@@ -227,24 +290,26 @@ def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync
 def broadcast(obj: Any, src: int, group: Any, device: torch.device) -> Any:
     """Send ``obj`` from global rank ``src`` to every rank of ``group`` and return it.
 
-    Tensors travel as tensors (a small fixed-size header, then the data, allocated on ``device`` on the receivers);
-    everything else is pickled. If ``src`` cannot pickle the object, every rank raises instead of waiting.
+    A plain tensor or ``nn.Parameter`` travels as its raw bytes after a small fixed-size header (dtype, shape,
+    ``requires_grad``), so any dtype works on any backend and nothing is pickled; receivers get it on ``device``.
+    Everything else is pickled. If ``src`` cannot pickle the object, every rank raises instead of waiting.
     """
     rank = dist.get_rank()
-    header = torch.zeros(4 + _MAX_HEADER_DIMS, dtype=torch.int64, device=device)
+    header = torch.zeros(_HEADER_SIZE, dtype=torch.int64, device=device)
     payload: Tensor | None = None
     error: BaseException | None = None
     if rank == src:
-        if isinstance(obj, Tensor) and obj.dtype in _DTYPE_CODE and obj.dim() <= _MAX_HEADER_DIMS:
+        if type(obj) in (Tensor, torch.nn.Parameter) and obj.dtype in _DTYPE_CODE and obj.dim() <= _MAX_HEADER_DIMS:
             header[0] = _KIND_TENSOR
             header[1] = _DTYPE_CODE[obj.dtype]
             header[2] = obj.dim()
-            header[4:4 + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
+            header[3] = int(obj.requires_grad) | (int(isinstance(obj, torch.nn.Parameter)) << 1)
+            header[_SHAPE_AT : _SHAPE_AT + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
         else:
             try:
                 data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
                 header[0] = _KIND_OBJECT
-            except Exception as err:  # noqa: BLE001 - any pickling failure must reach the other ranks
+            except Exception as err:
                 error = err
                 data = f"{type(obj).__name__} ({type(err).__name__}: {err})".encode()
                 header[0] = _KIND_ERROR
@@ -254,12 +319,16 @@ def broadcast(obj: Any, src: int, group: Any, device: torch.device) -> Any:
     kind = int(header[0])
     if kind == _KIND_TENSOR:
         if rank == src:
-            dist.broadcast(obj.detach().contiguous().to(device), src=src, group=group)
+            dist.broadcast(_as_bytes(obj.detach().to(device)), src=src, group=group)
             return obj
-        shape = tuple(int(s) for s in header[4:4 + int(header[2])])
-        received = torch.empty(shape, dtype=_DTYPES[int(header[1])], device=device)
-        dist.broadcast(received, src=src, group=group)
-        return received
+        shape = tuple(int(s) for s in header[_SHAPE_AT : _SHAPE_AT + int(header[2])])
+        dtype = _DTYPES[int(header[1])]
+        received = torch.empty(shape, dtype=dtype, device=device)
+        dist.broadcast(_as_bytes(received), src=src, group=group)
+        flags = int(header[3])
+        if flags & 2:
+            return torch.nn.Parameter(received, requires_grad=bool(flags & 1))
+        return received.requires_grad_(bool(flags & 1))
     if payload is None:
         payload = torch.empty(int(header[3]), dtype=torch.uint8, device=device)
     dist.broadcast(payload, src=src, group=group)
@@ -274,7 +343,12 @@ def broadcast(obj: Any, src: int, group: Any, device: torch.device) -> Any:
     return pickle.loads(bytes(payload.cpu().numpy()))
 
 
-def reduce_boolean_decision(decision: bool, all: bool, group: Any, device: torch.device) -> bool:  # noqa: A002
+def _as_bytes(tensor: Tensor) -> Tensor:
+    """A flat uint8 view of ``tensor``'s storage (a copy only if it is not contiguous)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
+def reduce_boolean_decision(decision: bool, all: bool, group: Any, device: torch.device) -> bool:
     """``all(decisions)`` (or ``any`` with ``all=False``) over the ranks, in one collective."""
     count = torch.tensor(int(bool(decision)), dtype=torch.int32, device=device)
     dist.all_reduce(count, op=ReduceOp.SUM, group=group)

@@ -69,31 +69,32 @@ def _build(spec: Spec, it: Any) -> Any:
         return next(it)
     if kind == _DICT:
         _, cls, keys, children, factory = spec
-        items = [(k, _build(c, it)) for k, c in zip(keys, children)]
+        items = [(k, _build(c, it)) for k, c in zip(keys, children, strict=True)]
         if factory is not None or cls is defaultdict:
             return cls(factory, items)
         try:
-            return cls(items)
+            # from a dict, not a list of pairs: Counter and other mappings read a list differently
+            return cls(dict(items))
         except TypeError as err:
             raise TypeError(
                 f"fabric_lite could not rebuild a mapping of type {cls.__qualname__} from its items ({err})."
-                " Use a plain dict, or give the type a constructor that accepts an iterable of (key, value) pairs."
+                " Use a plain dict, or give the type a constructor that accepts a dict."
             ) from err
     if kind == _LIST:
         _, cls, children = spec
-        values = [_build(c, it) for c in children]
-        return values if cls is list else cls(values)
+        items = [_build(c, it) for c in children]
+        return items if cls is list else cls(items)
     if kind == _TUPLE:
         _, cls, children = spec
-        values = tuple(_build(c, it) for c in children)
-        return values if cls is tuple else cls(values)
+        members = tuple(_build(c, it) for c in children)
+        return members if cls is tuple else cls(members)
     if kind == _NAMEDTUPLE:
         _, cls, children = spec
         return cls(*(_build(c, it) for c in children))
     # dataclass: copy the original and write the new field values back
     _, instance, names, children = spec
     new = copy.copy(instance)
-    for name, child in zip(names, children):
+    for name, child in zip(names, children, strict=True):
         object.__setattr__(new, name, _build(child, it))
     return new
 

@@ -15,8 +15,9 @@ from fabric_lite.utilities._tree import flatten, map_leaves, unflatten
 _BLOCKING_DEVICE_TYPES = ("cpu", "mps")
 
 
-def apply_to_collection(data: Any, dtype: type | tuple[type, ...], function: Callable[..., Any], *args: Any,
-                        **kwargs: Any) -> Any:
+def apply_to_collection(
+    data: Any, dtype: type | tuple[type, ...], function: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
     """Apply ``function(leaf, *args, **kwargs)`` to every leaf of ``data`` that is an instance of ``dtype``.
 
     Mappings, lists, tuples, namedtuples and dataclasses are walked and rebuilt with the same types; every other

@@ -38,7 +38,9 @@ def atomic_save(checkpoint: Any, path: _PATH) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: cannot create its folder ({err}).") from err
+        raise CheckpointError(
+            f"Cannot save the checkpoint to {str(target)!r}: cannot create its folder ({err})."
+        ) from err
     tmp_name: str | None = None
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
@@ -116,16 +118,27 @@ def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any =
     try:
         return torch.load(target, map_location=map_location, weights_only=safe)
     except pickle.UnpicklingError as err:
-        if safe and "weights_only" in str(err).lower():
+        # torch names the class it refused ("Unsupported global: GLOBAL os.system ..."); any other unpickling
+        # error means the bytes are not a checkpoint at all
+        if safe and "global" in str(err).lower():
             raise CheckpointError(
                 f"Refused to load {str(target)!r} with weights_only=True: it contains Python objects other than"
                 " tensors and plain values, and unpickling them could run code from the file. If, and only if, you"
                 " trust where the file came from, load it with weights_only=False."
-                f" (torch said: {str(err).splitlines()[0]})"
+                f" (torch said: {_first_line(err)})"
             ) from err
-        raise CheckpointError(f"The checkpoint {str(target)!r} is corrupt or not a checkpoint ({err}).") from err
-    except (EOFError, RuntimeError, ValueError, OSError) as err:
-        detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        raise CheckpointError(
-            f"The checkpoint {str(target)!r} is incomplete or corrupt and cannot be loaded ({detail})."
-        ) from err
+        raise _corrupt(target, err) from err
+    except FileNotFoundError:
+        raise
+    except Exception as err:
+        raise _corrupt(target, err) from err
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return next((line for line in lines if "global" in line.lower()), lines[0] if lines else type(err).__name__)
+
+
+def _corrupt(target: Path, err: BaseException) -> CheckpointError:
+    detail = f"{type(err).__name__}: {_first_line(err)}" if str(err) else type(err).__name__
+    return CheckpointError(f"The checkpoint {str(target)!r} is incomplete or corrupt and cannot be loaded ({detail}).")

@@ -38,7 +38,7 @@ class _SamplerIndices(Sized):
         self.indices: list[Any] = []
 
     def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
+        return len(self.sampler)
 
     def __getitem__(self, i: int) -> Any:
         return self.indices[i]
@@ -78,18 +78,27 @@ def distributed_sampler(dataloader: DataLoader[Any], num_replicas: int, rank: in
     seed = generator.initial_seed() if generator is not None else (global_seed() or 0)
     if isinstance(sampler, (RandomSampler, SequentialSampler)):
         return DistributedSampler(
-            dataloader.dataset,  # type: ignore[arg-type]
+            dataloader.dataset,
             num_replicas=num_replicas,
             rank=rank,
             shuffle=isinstance(sampler, RandomSampler),
             seed=seed,
         )
-    return DistributedSamplerWrapper(sampler, num_replicas=num_replicas, rank=rank, seed=seed)
+    return DistributedSamplerWrapper(sampler, num_replicas=num_replicas, rank=rank, seed=seed)  # type: ignore[arg-type]
 
 
 _LOADER_ARGS = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-    "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
 )
 
 
@@ -108,11 +117,15 @@ def replace_sampler(dataloader: DataLoader[Any], sampler: Sampler[Any]) -> DataL
             " split across processes for you. Pass use_distributed_sampler=False to setup_dataloaders and give the"
             " batch sampler a DistributedSampler yourself."
         )
+    batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
+    if batch_sampler is not None and dataloader.batch_size is None:
+        # built with batch_sampler=BatchSampler(...): torch leaves batch_size=None, the batching lives there
+        batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
     kwargs: dict[str, Any] = {
         "dataset": dataloader.dataset,
-        "batch_size": dataloader.batch_size,
+        "batch_size": batch_size,
         "sampler": sampler,
-        "drop_last": dataloader.drop_last,
+        "drop_last": drop_last,
     }
     accepted = inspect.signature(DataLoader.__init__).parameters
     for name in _LOADER_ARGS:

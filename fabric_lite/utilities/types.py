@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, TypeVar, Union, runtime_checkable
+from typing import Any, Protocol, TypeAlias, TypeVar, Union, runtime_checkable
 
 import torch
-from typing_extensions import TypeAlias
 
 _PATH: TypeAlias = Union[str, "os.PathLike[str]"]
-_DEVICE: TypeAlias = Union[torch.device, str, int]
+_DEVICE: TypeAlias = torch.device | str | int
 ReduceOp = torch.distributed.ReduceOp
 TBroadcast = TypeVar("TBroadcast")
 TReduce = TypeVar("TReduce")

@@ -1,6 +1,6 @@
 """Run a job function on N CPU ranks with fabric_lite's ddp_spawn launcher; pickle every rank's result.
 
-    python -m tests.jobs._runner tests.jobs.module:function NPROCS '{"kwarg": 1}' OUT_PATH
+python -m tests.jobs._runner tests.jobs.module:function NPROCS '{"kwarg": 1}' OUT_PATH
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class Precision:
 
     def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
         """Compute gradients of ``tensor``. A precision with a loss scaler scales ``tensor`` first."""
-        tensor.backward(*args, **kwargs)
+        tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def post_backward(self, tensor: Tensor, module: Module | None) -> Any:
         """Runs after ``backward``."""

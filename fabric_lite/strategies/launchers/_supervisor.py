@@ -3,7 +3,9 @@
 The job ends when its first rank fails, and the report names that rank as the root cause:
 
 * A daemon thread in rank 0 polls the children. A child that exits non-zero or dies by a signal is a failure;
-  its traceback (written by the child at exit, see :func:`record_child_errors`) or its signal is reported.
+  its traceback (written by the child at exit into a pipe inherited from rank 0, see
+  :func:`record_child_errors`; no file is involved, so nothing is left behind even if rank 0 is killed) or its
+  signal is reported.
 * An error that only says a peer went away ("Connection closed by peer", a collective timing out) is
   *secondary*: it is what the survivors of a crash see. A secondary failure is reported only if no primary one
   (a real exception, a signal, a non-zero exit without a traceback) shows up within a short window.
@@ -18,8 +20,8 @@ Children also die with rank 0 even if it is killed with SIGKILL (see ``launcher.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,30 +30,34 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch.distributed as dist
+from fabric_lite.strategies.launchers.launcher import is_secondary
 
-# what an error looks like when it is only the consequence of another rank going away
-_SECONDARY_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "Socket Timeout",
-    "Timed out waiting",
-    "timed out",
-    "NCCL communicator was aborted",
-    "ProcessGroupNCCL is aborted",
-)
+# a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
+_MAX_REPORT = 60_000
 
 
 @dataclass
 class Child:
-    """A process started by the launcher."""
+    """A process started by the launcher, and the read end of the pipe it reports its error into."""
 
     global_rank: int
     local_rank: int
     process: subprocess.Popen[bytes]
+    error_fd: int
+
+    def read_error(self) -> str:
+        """What the child wrote into its error pipe (empty if nothing)."""
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(self.error_fd, 65536)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks).decode(errors="replace")
 
 
 def _stderr(message: str) -> None:
@@ -62,35 +68,21 @@ def _stderr(message: str) -> None:
         pass
 
 
-def error_file(error_dir: str | os.PathLike[str], global_rank: int) -> Path:
-    return Path(error_dir) / f"rank{global_rank}.txt"
-
-
-def is_secondary(error: BaseException | str) -> bool:
-    """Whether an error (or the last line of a traceback) only reports that another rank went away."""
-    if isinstance(error, BaseException):
-        dist_error = getattr(dist, "DistError", None)
-        text = f"{type(error).__name__}: {error}"
-        if dist_error is not None and isinstance(error, dist_error) and "timed out" in text.lower():
-            return True
-    else:
-        lines = [line for line in error.strip().splitlines() if line.strip()]
-        text = lines[-1] if lines else ""
-    return any(marker in text for marker in _SECONDARY_MARKERS)
-
-
-def record_child_errors(error_dir: str, global_rank: int) -> None:
-    """In a child: on exit after an unhandled exception, write its traceback where the launcher will read it."""
+def record_child_errors(error_fd: int) -> None:
+    """In a child: on exit after an unhandled exception, write its traceback into the pipe rank 0 reads."""
+    try:
+        os.set_blocking(error_fd, False)  # never block at exit, whatever happens to the reader
+    except OSError:
+        return
 
     def write() -> None:
         exc = getattr(sys, "last_value", None)
         if exc is None:
             return
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        try:
-            error_file(error_dir, global_rank).write_text(text)
-        except OSError:
-            pass
+        data = text.encode(errors="replace")[-_MAX_REPORT:]
+        with contextlib.suppress(OSError):
+            os.write(error_fd, data)
 
     atexit.register(write)
 
@@ -108,8 +100,7 @@ class ProcessSupervisor:
     """Watches the children of the script launcher and ends the whole job when one fails.
 
     Args:
-        children: the processes to watch.
-        error_dir: where children write their tracebacks; removed when the job ends.
+        children: the processes to watch, with the pipes they report their errors into.
         teardown: releases rank 0's process group; called at a normal exit before waiting for the children, so
             that a child still waiting in a collective for rank 0 fails at once instead of at the timeout.
     """
@@ -117,14 +108,12 @@ class ProcessSupervisor:
     def __init__(
         self,
         children: list[Child],
-        error_dir: str,
         teardown: Callable[[], None],
         poll_interval: float = 0.05,
         grace: float = 3.0,
         secondary_window: float = 1.0,
     ) -> None:
         self.children = children
-        self.error_dir = error_dir
         self.teardown = teardown
         self.poll_interval = poll_interval
         self.grace = grace
@@ -180,9 +169,8 @@ class ProcessSupervisor:
                 name = f"signal {-code}"
             description = f"{who} was killed by {name}."
         else:
-            path = error_file(self.error_dir, child.global_rank)
-            if path.is_file():
-                text = path.read_text().rstrip()
+            text = child.read_error().rstrip()
+            if text:
                 secondary = is_secondary(text)
                 description = f"{who} failed with exit code {code}. Its traceback:\n{text}"
             else:
@@ -215,17 +203,14 @@ class ProcessSupervisor:
         if self._main_exiting.wait(self.grace):
             return
         _stderr(f"fabric_lite: rank 0 did not stop within {self.grace:.0f} s of the failure; exiting.")
-        shutil.rmtree(self.error_dir, ignore_errors=True)
         os._exit(1)
 
     def terminate_children(self, grace: float = 3.0) -> None:
         """SIGTERM every running child, wait up to ``grace`` seconds, then SIGKILL what is left."""
         alive = [c.process for c in self.children if c.process.poll() is None]
         for process in alive:
-            try:
+            with contextlib.suppress(OSError):
                 process.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
         deadline = time.monotonic() + grace
         for process in alive:
             try:
@@ -247,7 +232,9 @@ class ProcessSupervisor:
                 while self.failure is None and self._thread.is_alive() and time.monotonic() < deadline:
                     self._thread.join(0.05)
             if self._claim(f"rank 0 failed: {type(rank0_error).__name__}: {rank0_error} (traceback above)."):
-                _stderr(f"\nfabric_lite: the job failed. Root cause: {self.failure}\nfabric_lite: stopping the other ranks.")
+                _stderr(
+                    f"\nfabric_lite: the job failed. Root cause: {self.failure}\nfabric_lite: stopping the other ranks."
+                )
                 self.terminate_children()
         else:
             self._rank0_finished = True
@@ -257,7 +244,9 @@ class ProcessSupervisor:
         for child in self.children:
             if child.process.poll() is None:
                 child.process.wait()
-        shutil.rmtree(self.error_dir, ignore_errors=True)
+        for child in self.children:
+            with contextlib.suppress(OSError):
+                os.close(child.error_fd)
         if self.failure is not None and rank0_error is None:
             _stderr(f"fabric_lite: exiting with code 1: {self.failure.splitlines()[0]}")
             sys.stdout.flush()

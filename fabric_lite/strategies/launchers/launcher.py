@@ -9,10 +9,24 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+import torch.distributed as dist
+
 # set by fabric_lite's launchers in the environment of the processes they start
 ENV_PARENT_PID = "FABRIC_LITE_PARENT_PID"
-ENV_ERROR_DIR = "FABRIC_LITE_ERROR_DIR"
+ENV_ERROR_FD = "FABRIC_LITE_ERROR_FD"
 _PR_SET_PDEATHSIG = 1
+
+# what an error looks like when it is only the consequence of another rank going away
+_SECONDARY_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "Timed out waiting",
+    "timed out",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL is aborted",
+)
 
 
 class Launcher(ABC):
@@ -53,3 +67,16 @@ CHILD_SHIM = (
     "        os._exit(1)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
+
+
+def is_secondary(error: BaseException | str) -> bool:
+    """Whether an error (or the last line of a traceback) only reports that another rank went away."""
+    if isinstance(error, BaseException):
+        dist_error = getattr(dist, "DistError", None)
+        text = f"{type(error).__name__}: {error}"
+        if dist_error is not None and isinstance(error, dist_error) and "timed out" in text.lower():
+            return True
+    else:
+        lines = [line for line in error.strip().splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    return any(marker in text for marker in _SECONDARY_MARKERS)

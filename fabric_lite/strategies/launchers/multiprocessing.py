@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
-import shutil
-import tempfile
+import signal
+import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from typing_extensions import override
 
-from fabric_lite.strategies.launchers.launcher import Launcher, die_with_parent
+from fabric_lite.strategies.launchers.launcher import Launcher, die_with_parent, is_secondary
 from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
 
 if TYPE_CHECKING:
@@ -50,10 +51,10 @@ class MultiProcessingLauncher(Launcher):
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             raise RuntimeError(
                 "fabric.launch() was called while a new process was importing your script: the code that creates"
-                " Fabric and calls launch() runs at import time. Put it under `if __name__ == \"__main__\":` so"
+                ' Fabric and calls launch() runs at import time. Put it under `if __name__ == "__main__":` so'
                 " that spawned processes can import the script without launching again."
             )
-        if self._start_method == "fork" and torch.cuda.is_initialized():
+        if self._start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             raise RuntimeError(
                 "Cannot fork processes after CUDA has been initialised in this process (CUDA does not survive a"
                 " fork). Use strategy='ddp_spawn', or do not touch CUDA before fabric.launch()."
@@ -66,22 +67,91 @@ class MultiProcessingLauncher(Launcher):
         if strategy.node_rank == 0:
             store = strategy._create_store(is_master=True)  # held here for the whole job
             port = store.port
-        result_dir = tempfile.mkdtemp(prefix="fabric_lite_spawn_")
+        context = mp.get_context(self._start_method)
+        results = context.SimpleQueue()  # rank 0's return value; read while joining, so a large one cannot block
         try:
-            mp.start_processes(
+            processes = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
                 _worker,
-                args=(strategy, function, args, kwargs, environment.main_address, port, result_dir, os.getpid()),
+                args=(strategy, function, args, kwargs, environment.main_address, port, results, os.getpid()),
                 nprocs=strategy.num_processes,
                 start_method=self._start_method,
+                join=False,
             )
-            result_file = Path(result_dir) / "result.pkl"
-            if not result_file.is_file():
+            received: list[Any] = []
+            _supervise(processes, results, received)
+            if not received:
                 return None  # global rank 0 runs on another node
-            with open(result_file, "rb") as f:
-                return pickle.load(f)
+            return pickle.loads(received[0])
         finally:
-            shutil.rmtree(result_dir, ignore_errors=True)
+            results.close()
             del store
+
+
+def _supervise(processes: Any, results: Any, received: list[Any], window: float = 1.0, grace: float = 3.0) -> None:
+    """Wait for the workers, reading rank 0's result as it comes; on a failure, end the job with its root cause.
+
+    ``torch.multiprocessing`` would report whichever failed worker it noticed first, often a rank that only lost
+    its peer ("Connection closed by peer"). Here, as in the script launcher, a failure that only reports a lost peer
+    waits up to ``window`` seconds for the worker that really failed.
+    """
+    workers = processes.processes
+    error_files = processes.error_files
+
+    def drain() -> None:
+        if not received and not results.empty():
+            received.append(results.get())
+
+    def trace(index: int) -> str | None:
+        try:
+            with open(error_files[index], "rb") as f:
+                return str(pickle.load(f))
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+
+    first_failure: float | None = None
+    root: int | None = None
+    try:
+        while True:
+            drain()
+            failed = [i for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+            if failed and first_failure is None:
+                first_failure = time.monotonic()
+            primary = [i for i in failed if not is_secondary(trace(i) or "")]
+            if primary or (failed and time.monotonic() - first_failure >= window):  # type: ignore[operator]
+                root = (primary or failed)[0]
+                break
+            if all(w.exitcode == 0 for w in workers):
+                drain()
+                return
+            multiprocessing.connection.wait([w.sentinel for w in workers if w.exitcode is None] or [], 0.05)
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+        deadline = time.monotonic() + grace
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+        failed_worker = workers[root]
+        text = trace(root)
+        if text is not None:
+            raise mp.ProcessRaisedException(  # type: ignore[attr-defined]
+                f"\n\n-- Process {root} terminated with the following error:\n{text}", root, failed_worker.pid
+            )
+        code = failed_worker.exitcode
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            raise mp.ProcessExitedException(  # type: ignore[attr-defined]
+                f"process {root} terminated with signal {name}", root, failed_worker.pid, code, name
+            )
+        raise mp.ProcessExitedException(  # type: ignore[attr-defined]
+            f"process {root} terminated with exit code {code}", root, failed_worker.pid, code
+        )
+    finally:
+        for path in error_files:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _worker(
@@ -92,7 +162,7 @@ def _worker(
     kwargs: dict[str, Any],
     address: str,
     port: int,
-    result_dir: str,
+    results: Any,
     parent_pid: int,
 ) -> None:
     die_with_parent(parent_pid)
@@ -100,7 +170,7 @@ def _worker(
         torch.set_num_threads(threads_per_process(strategy.num_processes))
     strategy._local_rank = process_index
     strategy._set_world_ranks()
-    strategy._store = dist.TCPStore(
+    strategy._store = dist.TCPStore(  # type: ignore[attr-defined]
         address, port, world_size=strategy.world_size, is_master=False, timeout=strategy.timeout
     )
     try:
@@ -114,6 +184,6 @@ def _worker(
                     f" back to the launching process ({err}). Return something picklable (e.g. numbers, tensors,"
                     " a state dict), or nothing."
                 ) from err
-            (Path(result_dir) / "result.pkl").write_bytes(payload)
+            results.put(payload)
     finally:
         strategy.teardown()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from fabric_lite.strategies.launchers._supervisor import Child, ProcessSupervisor, record_child_errors
-from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_DIR, ENV_PARENT_PID, Launcher
+from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_FD, ENV_PARENT_PID, Launcher
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -62,11 +61,10 @@ class SubprocessScriptLauncher(Launcher):
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         environment = self._strategy.cluster_environment
         if environment.creates_processes_externally:
-            error_dir = os.environ.get(ENV_ERROR_DIR)
-            if error_dir:
-                # a child of this launcher: report an unhandled exception to the parent
-                self._strategy._set_world_ranks()
-                record_child_errors(error_dir, self._strategy.global_rank)
+            error_fd = os.environ.get(ENV_ERROR_FD)
+            if error_fd and error_fd.isdigit():
+                # a child of this launcher: report an unhandled exception to rank 0 through the inherited pipe
+                record_child_errors(int(error_fd))
             return function(*args, **kwargs)
         self._start_children()
         try:
@@ -95,7 +93,6 @@ class SubprocessScriptLauncher(Launcher):
         if "OMP_NUM_THREADS" not in os.environ:
             threads = threads_per_process(num_processes)
             torch.set_num_threads(threads)
-        error_dir = tempfile.mkdtemp(prefix="fabric_lite_errors_")
         command = [sys.executable, "-c", CHILD_SHIM, *script_command()]
         for local_rank in range(1, num_processes):
             env = dict(os.environ)
@@ -106,12 +103,17 @@ class SubprocessScriptLauncher(Launcher):
                 LOCAL_RANK=str(local_rank),
                 WORLD_SIZE=str(strategy.world_size),
             )
-            env[ENV_PARENT_PID] = str(os.getpid())
-            env[ENV_ERROR_DIR] = error_dir
             if threads is not None:
                 env["OMP_NUM_THREADS"] = str(threads)
-            process = subprocess.Popen(command, env=env)
+            read_fd, write_fd = os.pipe()
+            env[ENV_PARENT_PID] = str(os.getpid())
+            env[ENV_ERROR_FD] = str(write_fd)
+            try:
+                process = subprocess.Popen(command, env=env, pass_fds=(write_fd,))
+            finally:
+                os.close(write_fd)
+            os.set_blocking(read_fd, False)
             global_rank = strategy.node_rank * num_processes + local_rank
-            self.children.append(Child(global_rank=global_rank, local_rank=local_rank, process=process))
-        self.supervisor = ProcessSupervisor(self.children, error_dir, teardown=strategy._destroy_process_group)
+            self.children.append(Child(global_rank, local_rank, process, read_fd))
+        self.supervisor = ProcessSupervisor(self.children, teardown=strategy._destroy_process_group)
         self.supervisor.start()

@@ -1,0 +1,96 @@
+"""A script for the launcher tests: every rank runs a few collectives and prints one RESULT line.
+
+python tests/scripts/launch_script.py --strategy ddp --devices 2 [--fail-rank 1 --fail-mode raise]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+
+from fabric_lite import Fabric
+from fabric_lite.strategies import DDPStrategy
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--devices", default="2")
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--fail-mode", default="raise", choices=["raise", "sigkill", "segv", "busy", "sleep"])
+    parser.add_argument("--fail-step", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=30.0)
+    return parser.parse_args()
+
+
+def emit(line: str) -> None:
+    # one write() per line: lines from several processes sharing a pipe never interleave
+    os.write(1, (line + "\n").encode())
+
+
+def fail(mode: str, rank: int) -> None:
+    if mode == "raise":
+        raise ValueError(f"boom on rank {rank}")
+    if mode == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segv":
+        ctypes.string_at(0)
+    if mode in ("busy", "sleep"):
+        time.sleep(600)
+
+
+def work(fabric: Fabric, args: argparse.Namespace) -> dict:
+    emit(f"READY rank={fabric.global_rank} pid={os.getpid()}")
+    total = 0.0
+    for step in range(args.steps):
+        if fabric.global_rank == args.fail_rank and step == args.fail_step:
+            fail(args.fail_mode, fabric.global_rank)
+        total += fabric.all_reduce(torch.tensor(float(fabric.global_rank + 1)), reduce_op="sum").item()
+    gathered = fabric.all_gather(torch.tensor([fabric.global_rank])).flatten().tolist()
+    result = {
+        "rank": fabric.global_rank,
+        "local_rank": fabric.local_rank,
+        "node_rank": fabric.node_rank,
+        "world": fabric.world_size,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "total": total,
+        "gathered": gathered,
+        "env_local_rank": os.environ.get("LOCAL_RANK"),
+        "strategy": type(fabric.strategy).__name__,
+        "device": str(fabric.device),
+    }
+    emit("RESULT " + json.dumps(result))
+    return result
+
+
+def main() -> None:
+    args = parse()
+    devices: int | str = int(args.devices) if args.devices.isdigit() else args.devices
+    if args.strategy in ("ddp", "ddp_spawn", "ddp_fork"):
+        start = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork"}[args.strategy]
+        strategy: object = DDPStrategy(start_method=start, timeout=timedelta(seconds=args.timeout))
+    else:
+        strategy = args.strategy
+    fabric = Fabric(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy)
+    if args.strategy in ("ddp_spawn", "ddp_fork"):
+        result = fabric.launch(work, args)
+        emit("LAUNCHER " + json.dumps(result))
+    else:
+        fabric.launch()
+        work(fabric, args)
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,633 @@
+"""Unit tests for the cluster environments: every getter reads an ``env=`` mapping, never ``os.environ``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fabric_lite.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+from fabric_lite.plugins.environments.slurm import first_host
+
+TORCHRUN = {
+    "TORCHELASTIC_RUN_ID": "run-1",
+    "RANK": "5",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "8",
+    "LOCAL_WORLD_SIZE": "4",
+    "GROUP_RANK": "1",
+    "MASTER_ADDR": "10.1.2.3",
+    "MASTER_PORT": "29400",
+}
+
+SLURM = {
+    "SLURM_NTASKS": "8",
+    "SLURM_PROCID": "6",
+    "SLURM_LOCALID": "2",
+    "SLURM_NODEID": "1",
+    "SLURM_NTASKS_PER_NODE": "4",
+    "SLURM_NNODES": "2",
+    "SLURM_NODELIST": "gpu[007-008]",
+    "SLURM_JOB_ID": "987654321",
+}
+
+
+def getters(environment: ClusterEnvironment) -> dict[str, Any]:
+    return {
+        "external": environment.creates_processes_externally,
+        "world_size": environment.world_size(),
+        "global_rank": environment.global_rank(),
+        "local_rank": environment.local_rank(),
+        "node_rank": environment.node_rank(),
+        "main_address": environment.main_address,
+        "main_port": environment.main_port,
+    }
+
+
+def without(env: dict[str, str], *names: str) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in names}
+
+
+# -------------------------------------------------------------------------------------------------- Lightning
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(
+            {},
+            {
+                "external": False,
+                "world_size": 1,
+                "global_rank": 0,
+                "local_rank": 0,
+                "node_rank": 0,
+                "main_address": "127.0.0.1",
+                "main_port": 0,
+            },
+            id="defaults",
+        ),
+        pytest.param(
+            {"MASTER_ADDR": "node0", "MASTER_PORT": "1234", "NODE_RANK": "2"},
+            {
+                "external": False,
+                "world_size": 1,
+                "global_rank": 0,
+                "local_rank": 0,
+                "node_rank": 2,
+                "main_address": "node0",
+                "main_port": 1234,
+            },
+            id="manual-multi-node",
+        ),
+        pytest.param(
+            {"GROUP_RANK": "3"},
+            {
+                "external": False,
+                "world_size": 1,
+                "global_rank": 0,
+                "local_rank": 0,
+                "node_rank": 3,
+                "main_address": "127.0.0.1",
+                "main_port": 0,
+            },
+            id="GROUP_RANK",
+        ),
+        pytest.param(
+            {"NODE_RANK": "1", "GROUP_RANK": "3"},
+            {
+                "external": False,
+                "world_size": 1,
+                "global_rank": 0,
+                "local_rank": 0,
+                "node_rank": 1,
+                "main_address": "127.0.0.1",
+                "main_port": 0,
+            },
+            id="NODE_RANK-wins-over-GROUP_RANK",
+        ),
+        pytest.param(
+            {"LOCAL_RANK": "3", "WORLD_SIZE": "4", "MASTER_PORT": "5555"},
+            {
+                "external": True,
+                "world_size": 4,
+                "global_rank": 0,
+                "local_rank": 3,
+                "node_rank": 0,
+                "main_address": "127.0.0.1",
+                "main_port": 5555,
+            },
+            id="launcher-child",
+        ),
+    ],
+)
+def test_lightning_getters(env: dict[str, str], expected: dict[str, Any]) -> None:
+    assert getters(LightningEnvironment(env=env)) == expected
+
+
+def test_lightning_setters() -> None:
+    environment = LightningEnvironment(env={"WORLD_SIZE": "2"})
+    environment.set_world_size(6)
+    environment.set_global_rank(5)
+    assert (environment.world_size(), environment.global_rank()) == (6, 5)
+
+
+def test_lightning_detects_always() -> None:
+    assert LightningEnvironment.detect({}) is True
+    assert LightningEnvironment.detect(TORCHRUN) is True
+
+
+@pytest.mark.parametrize(
+    ("env", "getter", "variable"),
+    [
+        pytest.param({"MASTER_PORT": "http"}, lambda e: e.main_port, "MASTER_PORT='http'", id="MASTER_PORT"),
+        pytest.param({"LOCAL_RANK": "first"}, lambda e: e.local_rank(), "LOCAL_RANK='first'", id="LOCAL_RANK"),
+        pytest.param({"NODE_RANK": "1.0"}, lambda e: e.node_rank(), "NODE_RANK='1.0'", id="NODE_RANK"),
+        pytest.param({"GROUP_RANK": ""}, lambda e: e.node_rank(), "GROUP_RANK=''", id="GROUP_RANK-empty"),
+    ],
+)
+def test_lightning_non_integer(env: dict[str, str], getter: Any, variable: str) -> None:
+    environment = LightningEnvironment(env=env)
+    with pytest.raises(ValueError) as excinfo:
+        getter(environment)
+    assert excinfo.type is ValueError
+    assert f"The environment variable {variable} is not an integer." == str(excinfo.value)
+
+
+def test_lightning_non_integer_world_size_fails_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"WORLD_SIZE='2x' is not an integer"):
+        LightningEnvironment(env={"WORLD_SIZE": "2x"})
+
+
+@pytest.mark.parametrize(
+    ("env", "num_devices", "num_nodes"),
+    [
+        pytest.param({}, 4, 3, id="not-a-child"),
+        pytest.param({"WORLD_SIZE": "2"}, 4, 1, id="WORLD_SIZE-without-LOCAL_RANK"),
+        pytest.param({"LOCAL_RANK": "0"}, 4, 1, id="child-without-WORLD_SIZE"),
+        pytest.param({"LOCAL_RANK": "0", "WORLD_SIZE": "4"}, 4, 1, id="child-4x1"),
+        pytest.param({"LOCAL_RANK": "0", "WORLD_SIZE": "4"}, 2, 2, id="child-2x2"),
+    ],
+)
+def test_lightning_validate_settings_accepts(env: dict[str, str], num_devices: int, num_nodes: int) -> None:
+    assert LightningEnvironment(env=env).validate_settings(num_devices=num_devices, num_nodes=num_nodes) is None
+
+
+@pytest.mark.parametrize(
+    ("world_size", "num_devices", "num_nodes"),
+    [pytest.param("4", 2, 1, id="4-vs-2x1"), pytest.param("2", 2, 2, id="2-vs-2x2")],
+)
+def test_lightning_validate_settings_mismatch(world_size: str, num_devices: int, num_nodes: int) -> None:
+    environment = LightningEnvironment(env={"LOCAL_RANK": "1", "WORLD_SIZE": world_size})
+    with pytest.raises(ValueError) as excinfo:
+        environment.validate_settings(num_devices=num_devices, num_nodes=num_nodes)
+    message = str(excinfo.value)
+    assert f"WORLD_SIZE={world_size}" in message
+    assert f"Fabric(devices={num_devices}, num_nodes={num_nodes})" in message
+    assert f"asks for {num_devices * num_nodes} processes" in message
+
+
+# ----------------------------------------------------------------------------------------------- TorchElastic
+
+
+def test_torchelastic_getters() -> None:
+    environment = TorchElasticEnvironment(env=TORCHRUN)
+    assert getters(environment) == {
+        "external": True,
+        "world_size": 8,
+        "global_rank": 5,
+        "local_rank": 1,
+        "node_rank": 1,
+        "main_address": "10.1.2.3",
+        "main_port": 29400,
+    }
+    assert environment.local_world_size() == 4
+
+
+def test_torchelastic_defaults() -> None:
+    environment = TorchElasticEnvironment(env=without(TORCHRUN, "GROUP_RANK", "MASTER_ADDR", "LOCAL_WORLD_SIZE"))
+    assert (environment.node_rank(), environment.main_address, environment.local_world_size()) == (
+        0,
+        "127.0.0.1",
+        None,
+    )
+
+
+def test_torchelastic_setters_change_nothing() -> None:
+    environment = TorchElasticEnvironment(env=TORCHRUN)
+    environment.set_world_size(2)
+    environment.set_global_rank(0)
+    assert (environment.world_size(), environment.global_rank()) == (8, 5)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(TORCHRUN, True, id="torchrun"),
+        pytest.param({"TORCHELASTIC_RUN_ID": ""}, True, id="empty-run-id"),
+        pytest.param(without(TORCHRUN, "TORCHELASTIC_RUN_ID"), False, id="ranks-without-run-id"),
+        pytest.param({}, False, id="empty"),
+        pytest.param(SLURM, False, id="slurm"),
+    ],
+)
+def test_torchelastic_detect(env: dict[str, str], expected: bool) -> None:
+    assert TorchElasticEnvironment.detect(env) is expected
+
+
+@pytest.mark.parametrize(
+    ("missing", "getter"),
+    [
+        pytest.param("MASTER_PORT", lambda e: e.main_port, id="MASTER_PORT"),
+        pytest.param("WORLD_SIZE", lambda e: e.world_size(), id="WORLD_SIZE"),
+        pytest.param("RANK", lambda e: e.global_rank(), id="RANK"),
+        pytest.param("LOCAL_RANK", lambda e: e.local_rank(), id="LOCAL_RANK"),
+    ],
+)
+def test_torchelastic_missing_variable(missing: str, getter: Any) -> None:
+    environment = TorchElasticEnvironment(env=without(TORCHRUN, missing))
+    with pytest.raises(RuntimeError) as excinfo:
+        getter(environment)
+    message = str(excinfo.value)
+    assert f"The environment variable {missing} is not set" in message
+    assert "TorchElasticEnvironment needs it" in message
+    assert f"set {missing} yourself" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "getter"),
+    [
+        pytest.param("MASTER_PORT", lambda e: e.main_port, id="MASTER_PORT"),
+        pytest.param("WORLD_SIZE", lambda e: e.world_size(), id="WORLD_SIZE"),
+        pytest.param("RANK", lambda e: e.global_rank(), id="RANK"),
+        pytest.param("LOCAL_RANK", lambda e: e.local_rank(), id="LOCAL_RANK"),
+        pytest.param("GROUP_RANK", lambda e: e.node_rank(), id="GROUP_RANK"),
+        pytest.param("LOCAL_WORLD_SIZE", lambda e: e.local_world_size(), id="LOCAL_WORLD_SIZE"),
+    ],
+)
+def test_torchelastic_non_integer(name: str, getter: Any) -> None:
+    environment = TorchElasticEnvironment(env={**TORCHRUN, name: "n/a"})
+    with pytest.raises(ValueError) as excinfo:
+        getter(environment)
+    assert str(excinfo.value) == f"The environment variable {name}='n/a' is not an integer."
+
+
+@pytest.mark.parametrize(
+    ("num_devices", "num_nodes"),
+    [pytest.param(4, 2, id="4x2")],
+)
+def test_torchelastic_validate_settings_accepts(num_devices: int, num_nodes: int) -> None:
+    assert TorchElasticEnvironment(env=TORCHRUN).validate_settings(num_devices, num_nodes) is None
+
+
+def test_torchelastic_validate_settings_without_local_world_size() -> None:
+    environment = TorchElasticEnvironment(env=without(TORCHRUN, "LOCAL_WORLD_SIZE"))
+    assert environment.validate_settings(num_devices=2, num_nodes=4) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "num_devices", "num_nodes", "fragments"),
+    [
+        pytest.param(
+            TORCHRUN,
+            2,
+            2,
+            (
+                "Fabric(devices=2)",
+                "--nproc-per-node=4",
+                "LOCAL_WORLD_SIZE",
+                "Set devices=4",
+                "start torchrun with --nproc-per-node=2",
+            ),
+            id="devices-2-vs-LOCAL_WORLD_SIZE-4",
+        ),
+        pytest.param(
+            TORCHRUN,
+            4,
+            1,
+            ("Fabric(devices=4, num_nodes=1)", "asks for 4 processes", "WORLD_SIZE=8", "Set num_nodes=2."),
+            id="num_nodes-1-vs-WORLD_SIZE-8",
+        ),
+        pytest.param(
+            without(TORCHRUN, "LOCAL_WORLD_SIZE"),
+            3,
+            1,
+            ("Fabric(devices=3, num_nodes=1)", "asks for 3 processes", "WORLD_SIZE=8"),
+            id="no-num_nodes-hint-when-it-does-not-divide",
+        ),
+    ],
+)
+def test_torchelastic_validate_settings_mismatch(
+    env: dict[str, str], num_devices: int, num_nodes: int, fragments: tuple[str, ...]
+) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        TorchElasticEnvironment(env=env).validate_settings(num_devices=num_devices, num_nodes=num_nodes)
+    message = str(excinfo.value)
+    for fragment in fragments:
+        assert fragment in message
+    if num_devices == 3:
+        assert "Set num_nodes" not in message
+
+
+# ------------------------------------------------------------------------------------------------------ SLURM
+
+
+def test_slurm_getters() -> None:
+    environment = SLURMEnvironment(env=SLURM)
+    assert getters(environment) == {
+        "external": True,
+        "world_size": 8,
+        "global_rank": 6,
+        "local_rank": 2,
+        "node_rank": 1,
+        "main_address": "gpu007",
+        "main_port": 15000 + 4321,
+    }
+    assert environment.tasks_per_node() == 4
+
+
+def test_slurm_setters_change_nothing() -> None:
+    environment = SLURMEnvironment(env=SLURM)
+    environment.set_world_size(2)
+    environment.set_global_rank(0)
+    assert (environment.world_size(), environment.global_rank()) == (8, 6)
+
+
+def test_slurm_node_rank_defaults_to_zero() -> None:
+    assert SLURMEnvironment(env=without(SLURM, "SLURM_NODEID")).node_rank() == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"MASTER_PORT": "4242", "SLURM_JOB_ID": "1234567"}, 4242, id="MASTER_PORT-wins"),
+        pytest.param({"SLURM_JOB_ID": "1234567"}, 19567, id="last-4-digits"),
+        pytest.param({"SLURM_JOB_ID": "98760000"}, 15000, id="last-4-digits-zero"),
+        pytest.param({"SLURM_JOB_ID": "42"}, 15042, id="short-job-id"),
+        pytest.param({"SLURM_JOB_ID": "9999"}, 24999, id="highest"),
+        pytest.param({}, 12910, id="no-job-id"),
+        pytest.param({"SLURM_JOB_ID": ""}, 12910, id="empty-job-id"),
+    ],
+)
+def test_slurm_main_port(env: dict[str, str], expected: int) -> None:
+    assert SLURMEnvironment(env={**without(SLURM, "SLURM_JOB_ID"), **env}).main_port == expected
+
+
+def test_slurm_main_port_non_integer() -> None:
+    with pytest.raises(ValueError) as excinfo:
+        SLURMEnvironment(env={**SLURM, "MASTER_PORT": "auto"}).main_port  # noqa: B018
+    assert str(excinfo.value) == "The environment variable MASTER_PORT='auto' is not an integer."
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"MASTER_ADDR": "10.0.0.9", "SLURM_NODELIST": "node[3-5]"}, "10.0.0.9", id="MASTER_ADDR-wins"),
+        pytest.param({"SLURM_NODELIST": "node[3-5]"}, "node3", id="SLURM_NODELIST"),
+        pytest.param({"SLURM_JOB_NODELIST": "cn[10-11]"}, "cn10", id="SLURM_JOB_NODELIST-fallback"),
+        pytest.param(
+            {"SLURM_NODELIST": "a1", "SLURM_JOB_NODELIST": "b1"},
+            "a1",
+            id="SLURM_NODELIST-before-JOB_NODELIST",
+        ),
+        pytest.param({}, "127.0.0.1", id="no-node-list"),
+    ],
+)
+def test_slurm_main_address(env: dict[str, str], expected: str) -> None:
+    assert SLURMEnvironment(env={**without(SLURM, "SLURM_NODELIST"), **env}).main_address == expected
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "expected"),
+    [
+        pytest.param("node[3-5,9]", "node3", id="range-and-list"),
+        pytest.param("gpu[007-009],cpu1", "gpu007", id="zero-padded-then-plain"),
+        pytest.param("rack[1-2]-n[4,6]", "rack1-n4", id="two-bracket-groups"),
+        pytest.param("a b", "a", id="space-separated"),
+        pytest.param("a,b", "a", id="comma-separated"),
+        pytest.param("n[5]", "n5", id="single-entry-range"),
+        pytest.param("host0", "host0", id="single-host"),
+        pytest.param("  node1,node2 ", "node1", id="surrounding-spaces"),
+        pytest.param("node[12,3-4]", "node12", id="list-first"),
+        pytest.param("cpu1,gpu[007-009]", "cpu1", id="plain-then-range"),
+        pytest.param("10.0.0.1,10.0.0.2", "10.0.0.1", id="ip-addresses"),
+    ],
+)
+def test_first_host(nodelist: str, expected: str) -> None:
+    assert first_host(nodelist) == expected
+
+
+@pytest.mark.parametrize("nodelist", [pytest.param("", id="empty"), pytest.param("   ", id="blank")])
+def test_first_host_empty(nodelist: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        first_host(nodelist)
+    assert "SLURM_NODELIST is empty" in str(excinfo.value)
+    assert "Set MASTER_ADDR" in str(excinfo.value)
+
+
+def test_slurm_main_address_empty_node_list() -> None:
+    with pytest.raises(ValueError, match="SLURM_NODELIST is empty"):
+        SLURMEnvironment(env={**SLURM, "SLURM_NODELIST": ""}).main_address  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(SLURM, True, id="srun"),
+        pytest.param({"SLURM_NTASKS": "1"}, True, id="only-NTASKS"),
+        pytest.param({**SLURM, "SLURM_JOB_NAME": "train"}, True, id="batch-job-name"),
+        pytest.param({**SLURM, "SLURM_JOB_NAME": "bash"}, False, id="job-name-bash"),
+        pytest.param({**SLURM, "SLURM_JOB_NAME": "interactive"}, False, id="job-name-interactive"),
+        pytest.param({**SLURM, "SLURM_JOB_NAME": "Bash"}, True, id="job-name-Bash-is-a-batch-job"),
+        pytest.param(without(SLURM, "SLURM_NTASKS"), False, id="no-NTASKS"),
+        pytest.param({}, False, id="empty"),
+        pytest.param(TORCHRUN, False, id="torchrun"),
+    ],
+)
+def test_slurm_detect(env: dict[str, str], expected: bool) -> None:
+    assert SLURMEnvironment.detect(env) is expected
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"SLURM_NTASKS_PER_NODE": "4"}, 4, id="NTASKS_PER_NODE"),
+        pytest.param({"SLURM_NTASKS_PER_NODE": "3", "SLURM_TASKS_PER_NODE": "2(x3)"}, 3, id="NTASKS_PER_NODE-wins"),
+        pytest.param({"SLURM_TASKS_PER_NODE": "2(x3)"}, 2, id="2(x3)"),
+        pytest.param({"SLURM_TASKS_PER_NODE": "4"}, 4, id="4"),
+        pytest.param({"SLURM_TASKS_PER_NODE": "12(x2)"}, 12, id="12(x2)"),
+        pytest.param({"SLURM_TASKS_PER_NODE": "2(x2),2"}, 2, id="uniform-2(x2),2"),
+        pytest.param({"SLURM_TASKS_PER_NODE": "2,1"}, None, id="uneven-2,1"),
+        pytest.param({"SLURM_TASKS_PER_NODE": "3(x2),1"}, None, id="uneven-3(x2),1"),
+        pytest.param({"SLURM_TASKS_PER_NODE": ""}, None, id="empty"),
+        pytest.param({}, None, id="absent"),
+    ],
+)
+def test_slurm_tasks_per_node(env: dict[str, str], expected: int | None) -> None:
+    base = without(SLURM, "SLURM_NTASKS_PER_NODE")
+    assert SLURMEnvironment(env={**base, **env}).tasks_per_node() == expected
+
+
+@pytest.mark.parametrize(
+    ("missing", "getter"),
+    [
+        pytest.param("SLURM_NTASKS", lambda e: e.world_size(), id="SLURM_NTASKS"),
+        pytest.param("SLURM_PROCID", lambda e: e.global_rank(), id="SLURM_PROCID"),
+        pytest.param("SLURM_LOCALID", lambda e: e.local_rank(), id="SLURM_LOCALID"),
+    ],
+)
+def test_slurm_missing_variable(missing: str, getter: Any) -> None:
+    environment = SLURMEnvironment(env=without(SLURM, missing))
+    with pytest.raises(RuntimeError) as excinfo:
+        getter(environment)
+    message = str(excinfo.value)
+    assert f"The environment variable {missing} is not set" in message
+    assert "SLURMEnvironment needs it" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "getter"),
+    [
+        pytest.param("SLURM_NTASKS", lambda e: e.world_size(), id="SLURM_NTASKS"),
+        pytest.param("SLURM_PROCID", lambda e: e.global_rank(), id="SLURM_PROCID"),
+        pytest.param("SLURM_LOCALID", lambda e: e.local_rank(), id="SLURM_LOCALID"),
+        pytest.param("SLURM_NODEID", lambda e: e.node_rank(), id="SLURM_NODEID"),
+        pytest.param("SLURM_NTASKS_PER_NODE", lambda e: e.tasks_per_node(), id="SLURM_NTASKS_PER_NODE"),
+        pytest.param("SLURM_NNODES", lambda e: e.validate_settings(4, 2), id="SLURM_NNODES"),
+    ],
+)
+def test_slurm_non_integer(name: str, getter: Any) -> None:
+    environment = SLURMEnvironment(env={**SLURM, name: "4(x2)"})
+    with pytest.raises(ValueError) as excinfo:
+        getter(environment)
+    assert str(excinfo.value) == f"The environment variable {name}='4(x2)' is not an integer."
+
+
+@pytest.mark.parametrize(
+    ("env", "num_devices", "num_nodes"),
+    [
+        pytest.param(SLURM, 4, 2, id="4x2"),
+        pytest.param(without(SLURM, "SLURM_NTASKS_PER_NODE", "SLURM_NNODES"), 8, 1, id="NTASKS-only-8x1"),
+        pytest.param(without(SLURM, "SLURM_NTASKS_PER_NODE", "SLURM_NNODES"), 2, 4, id="NTASKS-only-2x4"),
+        pytest.param(
+            {**without(SLURM, "SLURM_NTASKS_PER_NODE"), "SLURM_TASKS_PER_NODE": "4(x2)"},
+            4,
+            2,
+            id="TASKS_PER_NODE",
+        ),
+    ],
+)
+def test_slurm_validate_settings_accepts(env: dict[str, str], num_devices: int, num_nodes: int) -> None:
+    assert SLURMEnvironment(env=env).validate_settings(num_devices=num_devices, num_nodes=num_nodes) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "num_devices", "num_nodes", "fragments"),
+    [
+        pytest.param(
+            SLURM,
+            2,
+            2,
+            (
+                "Fabric(devices=2)",
+                "SLURM's 4 tasks per node",
+                "--ntasks-per-node=4",
+                "Set devices=4",
+                "ask SLURM for --ntasks-per-node=2",
+            ),
+            id="devices-2-vs-per-node-4",
+        ),
+        pytest.param(
+            SLURM,
+            4,
+            1,
+            ("Fabric(num_nodes=1)", "SLURM's --nodes=2", "SLURM_NNODES", "Set num_nodes=2", "--nodes=1"),
+            id="num_nodes-1-vs-NNODES-2",
+        ),
+        pytest.param(
+            without(SLURM, "SLURM_NTASKS_PER_NODE"),
+            2,
+            2,
+            (
+                "Fabric(devices=2, num_nodes=2)",
+                "asks for 4 processes",
+                "SLURM started 8 tasks",
+                "SLURM_NTASKS",
+                "srun --ntasks-per-node=2 --nodes=2",
+            ),
+            id="processes-4-vs-NTASKS-8",
+        ),
+        pytest.param(
+            {**without(SLURM, "SLURM_NTASKS_PER_NODE"), "SLURM_TASKS_PER_NODE": "4(x2)"},
+            3,
+            2,
+            ("Fabric(devices=3)", "SLURM's 4 tasks per node"),
+            id="devices-3-vs-TASKS_PER_NODE-4(x2)",
+        ),
+    ],
+)
+def test_slurm_validate_settings_mismatch(
+    env: dict[str, str], num_devices: int, num_nodes: int, fragments: tuple[str, ...]
+) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        SLURMEnvironment(env=env).validate_settings(num_devices=num_devices, num_nodes=num_nodes)
+    message = str(excinfo.value)
+    for fragment in fragments:
+        assert fragment in message
+
+
+# -------------------------------------------------------------------------------------------- common contract
+
+
+@pytest.mark.parametrize(
+    "cls", [LightningEnvironment, TorchElasticEnvironment, SLURMEnvironment], ids=lambda c: c.__name__
+)
+def test_env_mapping_is_copied(cls: type[ClusterEnvironment]) -> None:
+    env = {**TORCHRUN, **SLURM}
+    environment = cls(env=env)
+    before = environment.global_rank()
+    env["RANK"] = env["SLURM_PROCID"] = "0"
+    assert environment.global_rank() == before
+
+
+@pytest.mark.parametrize(
+    ("cls", "variable", "getter", "expected"),
+    [
+        pytest.param(LightningEnvironment, "NODE_RANK", lambda e: e.node_rank(), 3, id="Lightning"),
+        pytest.param(TorchElasticEnvironment, "RANK", lambda e: e.global_rank(), 3, id="TorchElastic"),
+        pytest.param(SLURMEnvironment, "SLURM_PROCID", lambda e: e.global_rank(), 3, id="SLURM"),
+    ],
+)
+def test_default_env_is_a_snapshot_of_os_environ(
+    monkeypatch: pytest.MonkeyPatch, cls: type[ClusterEnvironment], variable: str, getter: Any, expected: int
+) -> None:
+    monkeypatch.setenv(variable, str(expected))
+    environment = cls()
+    monkeypatch.setenv(variable, "7")
+    assert getter(environment) == expected
+
+
+@pytest.mark.parametrize(
+    ("cls", "variable"),
+    [
+        pytest.param(TorchElasticEnvironment, "TORCHELASTIC_RUN_ID", id="TorchElastic"),
+        pytest.param(SLURMEnvironment, "SLURM_NTASKS", id="SLURM"),
+    ],
+)
+def test_detect_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch, cls: Any, variable: str) -> None:
+    monkeypatch.delenv("SLURM_JOB_NAME", raising=False)
+    monkeypatch.setenv(variable, "1")
+    assert cls.detect() is True
+    assert cls.detect({}) is False
+    monkeypatch.delenv(variable)
+    assert cls.detect() is False
+
+
+def test_teardown_does_nothing_by_default() -> None:
+    environment = TorchElasticEnvironment(env=TORCHRUN)
+    assert environment.teardown() is None
+    assert environment.world_size() == 8
