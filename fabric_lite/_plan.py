@@ -378,8 +378,24 @@ def resolve_plan(
     if external:
         environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
         start_method = None
+        if parallel and isinstance(environment, LightningEnvironment):
+            missing = [name for name in ("WORLD_SIZE", "MASTER_PORT") if name not in env]
+            if missing:
+                raise ValueError(
+                    f"LOCAL_RANK={env.get('LOCAL_RANK')!r} is set, so this process expects to have been started by a"
+                    f" launcher, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Unset"
+                    " LOCAL_RANK to let fabric_lite start the processes, or use a launcher such as torchrun."
+                )
     elif parallel:
         environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
+        if num_nodes > 1 and isinstance(environment, LightningEnvironment):
+            missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
+            if missing:
+                raise ValueError(
+                    f"Fabric(num_nodes={num_nodes}) without torchrun or SLURM needs {' and '.join(missing)}: start the"
+                    " script on every node with the same MASTER_ADDR (the first node's address) and MASTER_PORT, and"
+                    " NODE_RANK=0, 1, ... (or launch with torchrun or srun)."
+                )
         if start_method == "popen" and machine.interactive:
             raise ValueError(
                 f"strategy={_strategy_label(strategy, strategy_name)!r} re-runs the script once per device, which is"

@@ -92,12 +92,14 @@ def run_python(
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     expect_orphans: bool = False,
+    python: str | None = None,
 ) -> Completed:
     """Run ``python *args`` in a new session; kill the session and fail the test after ``timeout`` seconds.
 
     The processes get a private ``TMPDIR``; anything they leave in it is reported as a leaked temporary file.
+    ``python`` is another interpreter to use (e.g. the Lightning venv's), this one by default.
     """
-    argv = [sys.executable, *args]
+    argv = [python or sys.executable, *args]
     env = dict(env if env is not None else base_env())
     private_tmp = tempfile.mkdtemp(prefix="fabric_lite_test_tmp_")
     env["TMPDIR"] = private_tmp
@@ -172,3 +174,21 @@ def per_rank(job_results: list[dict[str, Any]], check: str) -> list[Any]:
     for rank, result in enumerate(results):
         assert "traceback" not in result, f"rank {rank}:\n{result['traceback']}"
     return results
+
+
+_LIGHTNING_PYTHON: list[str | None] = []
+
+
+def lightning_python() -> str | None:
+    """The Python of a venv with Lightning Fabric (``.venv-lightning``, made by ``.ci/setup``, or
+    ``$LIGHTNING_PYTHON``), for the side-by-side checks; ``None`` when there is none."""
+    if not _LIGHTNING_PYTHON:
+        found = None
+        for candidate in (os.environ.get("LIGHTNING_PYTHON"), str(REPO / ".venv-lightning" / "bin" / "python")):
+            if candidate and Path(candidate).is_file():
+                check = subprocess.run([candidate, "-c", "import lightning_fabric"], capture_output=True, timeout=120)
+                if check.returncode == 0:
+                    found = candidate
+                    break
+        _LIGHTNING_PYTHON.append(found)
+    return _LIGHTNING_PYTHON[0]

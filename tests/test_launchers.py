@@ -52,6 +52,8 @@ def test_script_relaunch_runs_every_rank(world: int) -> None:
     assert all(r["ppid"] == rows[0]["pid"] for r in rows[1:])
     assert [r["env_local_rank"] for r in rows[1:]] == [str(i) for i in range(1, world)]
     assert "terminate called" not in done.stderr
+    # fabric.print prints on local rank 0 only
+    assert [line for line in done.stdout.splitlines() if line.startswith("PRINTED")] == ["PRINTED by rank 0"]
 
 
 def test_script_relaunch_as_module() -> None:
@@ -259,3 +261,14 @@ def test_busy_master_port_fails_at_once_naming_the_port() -> None:
     assert done.returncode != 0
     assert f"127.0.0.1:{port}" in done.stderr, done.output
     assert done.seconds < 20
+
+
+def test_process_group_timeout_ends_a_job_with_a_stuck_rank() -> None:
+    """DDPStrategy(timeout=3 s): rank 1 never reaches its collective; the job ends soon after the timeout."""
+    done = run_python(
+        [SCRIPT, "--devices", "2", "--fail-rank", "1", "--fail-mode", "sleep", "--timeout", "3"], timeout=60
+    )
+    assert done.returncode != 0
+    assert "Timed out" in done.stderr or "timed out" in done.stderr, done.output
+    assert "Root cause:" in done.stderr
+    assert done.seconds < 25, f"took {done.seconds:.1f} s"

@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from fabric_lite import Fabric, seed_everything
 from fabric_lite.utilities.seed import ENV_SEED
+from tests._harness import lightning_python
 
 # What Lightning Fabric 2.6.6 raises for each misuse (None: Lightning accepts the input; fabric_lite is stricter).
 # Checked by test_lightning_raises_the_same_classes against a real Lightning install.
@@ -455,13 +455,14 @@ print("RESULT" + json.dumps(out))
 
 
 def _lightning_python() -> str | None:
-    candidate = os.environ.get("LIGHTNING_PYTHON", "/tmp/lvenv/bin/python")
-    return candidate if Path(candidate).is_file() else None
+    return lightning_python()
 
 
 @pytest.mark.compat
 @pytest.mark.timeout(60)
-@pytest.mark.skipif(_lightning_python() is None, reason="no Lightning venv (set LIGHTNING_PYTHON)")
+@pytest.mark.skipif(
+    _lightning_python() is None, reason="no Lightning Fabric venv: run .ci/setup (or set LIGHTNING_PYTHON)"
+)
 def test_lightning_raises_the_same_classes(tmp_path):
     """The LIGHTNING table above is what Lightning really raises (so _expect compares against real behaviour)."""
     script = _LIGHTNING_SCRIPT.replace("{folder}", str(tmp_path)).replace("{{", "{").replace("}}", "}")

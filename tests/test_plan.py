@@ -33,9 +33,14 @@ CUDA2_MPS = Machine(cuda_devices=2, mps_available=True)
 NOTEBOOK = Machine(interactive=True)
 
 
+# what a manual multi-node launch sets on every node (fabric_lite requires it for num_nodes > 1)
+MAIN = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
+
+
 def plan(**kwargs: Any) -> Plan:
-    """``resolve_plan`` with an empty environment and a CPU-only, non-interactive machine unless told."""
-    kwargs.setdefault("env", {})
+    """``resolve_plan`` with an empty environment (the main address and port when ``num_nodes > 1``) and a
+    CPU-only, non-interactive machine unless told."""
+    kwargs.setdefault("env", dict(MAIN) if str(kwargs.get("num_nodes", 1)).strip() not in ("1", "") else {})
     kwargs.setdefault("machine", CPU)
     return resolve_plan(**kwargs)
 
@@ -986,26 +991,25 @@ def test_custom_cluster_environment() -> None:
 @pytest.mark.parametrize(
     ("env", "kwargs", "world_size"),
     [
-        pytest.param({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, {"devices": 2}, 2, id="child-of-two"),
+        pytest.param({"LOCAL_RANK": "1", "WORLD_SIZE": "2", **MAIN}, {"devices": 2}, 2, id="child-of-two"),
         pytest.param(
-            {"LOCAL_RANK": "0", "WORLD_SIZE": "4", "NODE_RANK": "1"},
+            {"LOCAL_RANK": "0", "WORLD_SIZE": "4", "NODE_RANK": "1", **MAIN},
             {"devices": 2, "num_nodes": 2},
             4,
             id="child-on-second-node",
         ),
         pytest.param(
-            {"LOCAL_RANK": "1", "WORLD_SIZE": "2"},
+            {"LOCAL_RANK": "1", "WORLD_SIZE": "2", **MAIN},
             {"devices": 2, "strategy": "ddp_spawn"},
             2,
             id="spawned-child",
         ),
         pytest.param(
-            {"LOCAL_RANK": "1", "WORLD_SIZE": "2"},
+            {"LOCAL_RANK": "1", "WORLD_SIZE": "2", **MAIN},
             {"devices": 2, "machine": NOTEBOOK, "strategy": "ddp"},
             2,
             id="child-in-interactive-is-not-a-notebook",
         ),
-        pytest.param({"LOCAL_RANK": "1"}, {"devices": 2}, 2, id="no-WORLD_SIZE-no-check"),
     ],
 )
 def test_own_launcher_child(env: dict[str, str], kwargs: dict[str, Any], world_size: int) -> None:
@@ -1133,7 +1137,7 @@ CONFLICTING_ENV = {
 @pytest.mark.parametrize(
     ("env", "environment", "start_method", "world_size"),
     [
-        pytest.param({}, LightningEnvironment, "popen", 4, id="empty-env"),
+        pytest.param(dict(MAIN), LightningEnvironment, "popen", 4, id="main-address-only"),
         pytest.param(torchelastic_env(), TorchElasticEnvironment, None, 4, id="torchelastic-env"),
         pytest.param(slurm_env(), SLURMEnvironment, None, 4, id="slurm-env"),
     ],
@@ -1180,3 +1184,21 @@ def test_plan_and_machine_are_frozen() -> None:
     with pytest.raises(AttributeError):
         CPU.cuda_devices = 2  # type: ignore[misc]
     assert Machine() == Machine(cuda_devices=0, mps_available=False, interactive=False)
+
+
+def test_manual_multi_node_needs_the_main_address_and_port() -> None:
+    with pytest.raises(ValueError, match=r"num_nodes=2.*MASTER_ADDR and MASTER_PORT"):
+        resolve_plan(accelerator="cpu", devices=2, num_nodes=2, env={}, machine=Machine())
+    plan = resolve_plan(
+        accelerator="cpu",
+        devices=2,
+        num_nodes=2,
+        env={"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "NODE_RANK": "1"},
+        machine=Machine(),
+    )
+    assert plan.world_size == 4 and plan.start_method == "popen" and plan.cluster_environment.node_rank() == 1
+
+
+def test_a_stray_local_rank_is_an_error_not_a_hang() -> None:
+    with pytest.raises(ValueError, match=r"LOCAL_RANK='0' is set.*WORLD_SIZE and MASTER_PORT are not set"):
+        resolve_plan(accelerator="cpu", devices=2, env={"LOCAL_RANK": "0"}, machine=Machine())

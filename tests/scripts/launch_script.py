@@ -51,6 +51,7 @@ def fail(mode: str, rank: int) -> None:
 
 def work(fabric: Fabric, args: argparse.Namespace) -> dict:
     emit(f"READY rank={fabric.global_rank} pid={os.getpid()}")
+    fabric.print(f"PRINTED by rank {fabric.global_rank}")
     total = 0.0
     for step in range(args.steps):
         if fabric.global_rank == args.fail_rank and step == args.fail_step:

@@ -1,0 +1,195 @@
+"""Measurements run inside one interpreter: ``python benchmarks/bench_core.py MEASURE IMPL [--quick]``.
+
+Every measurement pairs the implementation with raw PyTorch in the same process, in interleaved rounds, so that
+machine noise hits both alike; it prints one ``RESULT {json}`` line per rank with the per-round times.
+
+MEASURE is ``step`` (single-process training step), ``ddp`` (two-process DDP step and collectives; start it
+with ``torch.distributed.run --nproc-per-node 2``). IMPL is ``fabric_lite``, ``lightning`` or ``accelerate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+MODELS = {
+    "tiny": lambda: nn.Linear(32, 32),
+    "mlp": lambda: nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256)),
+}
+INPUT = {"tiny": 32, "mlp": 256}
+BATCH = 64
+
+
+def emit(payload: dict) -> None:
+    os.write(1, ("RESULT " + json.dumps(payload) + "\n").encode())
+
+
+def timed_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Per-step seconds for each variant, ``rounds`` times, the variants taking turns (paired rounds)."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for fn in variants.values():  # warm-up
+        for _ in range(max(3, steps // 5)):
+            fn()
+    for r in range(rounds):
+        order = list(variants.items())
+        if r % 2:
+            order.reverse()
+        for name, fn in order:
+            start = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            times[name].append((time.perf_counter() - start) / steps)
+    return times
+
+
+def make_impl(impl: str, devices: int = 1, strategy: str = "auto"):
+    if impl == "fabric_lite":
+        from fabric_lite import Fabric
+
+        return Fabric(accelerator="cpu", devices=devices, strategy=strategy)
+    if impl == "lightning":
+        from lightning_fabric import Fabric
+
+        return Fabric(accelerator="cpu", devices=devices, strategy=strategy)
+    if impl == "accelerate":
+        from accelerate import Accelerator
+
+        return Accelerator(cpu=True)
+    raise ValueError(impl)
+
+
+def step_functions(impl: str, model_name: str) -> dict[str, Callable[[], None]]:
+    """A raw PyTorch step and the same step through ``impl``, on identical copies of the model and data."""
+    torch.manual_seed(0)
+    raw_model = MODELS[model_name]()
+    wrapped_model = MODELS[model_name]()
+    wrapped_model.load_state_dict(raw_model.state_dict())
+    raw_opt = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
+    opt = torch.optim.SGD(wrapped_model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH, INPUT[model_name])
+    y = torch.randn(BATCH, raw_model(x).shape[-1])
+    loss_fn = nn.functional.mse_loss
+
+    def raw() -> None:
+        loss = loss_fn(raw_model(x), y)
+        raw_opt.zero_grad()
+        loss.backward()
+        raw_opt.step()
+
+    accel = make_impl(impl)
+    if impl == "accelerate":
+        model, optimizer = accel.prepare(wrapped_model, opt)
+
+        def wrapped() -> None:
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            accel.backward(loss)
+            optimizer.step()
+    else:
+        model, optimizer = accel.setup(wrapped_model, opt)
+
+        def wrapped() -> None:
+            loss = loss_fn(model(x), y)
+            optimizer.zero_grad()
+            accel.backward(loss)
+            optimizer.step()
+
+    return {"raw": raw, impl: wrapped}
+
+
+def measure_step(impl: str, rounds: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    for model_name in MODELS:
+        times = timed_rounds(step_functions(impl, model_name), rounds, steps)
+        emit({"measure": f"step/{model_name}", "impl": impl, "times": times})
+
+
+def measure_ddp(impl: str, rounds: int, steps: int) -> None:
+    """Under torchrun: a DDP step through ``impl`` against raw DistributedDataParallel, and collectives."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    accel = make_impl(impl, devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
+    if impl == "accelerate":
+        raise SystemExit("accelerate is compared single-process only")
+    accel.launch()
+    rank = dist.get_rank()
+    for model_name in MODELS:
+        torch.manual_seed(0)
+        raw_model = DistributedDataParallel(MODELS[model_name]())
+        raw_opt = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
+        plain = MODELS[model_name]()
+        model, optimizer = accel.setup(plain, torch.optim.SGD(plain.parameters(), lr=1e-3))
+        x = torch.randn(BATCH, INPUT[model_name])
+        y = torch.randn(BATCH, INPUT[model_name] if model_name == "mlp" else 32)
+
+        def raw() -> None:
+            loss = nn.functional.mse_loss(raw_model(x), y)
+            raw_opt.zero_grad()
+            loss.backward()
+            raw_opt.step()
+
+        def wrapped() -> None:
+            loss = nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            accel.backward(loss)
+            optimizer.step()
+
+        times = timed_rounds({"raw": raw, impl: wrapped}, rounds, steps)
+        emit({"measure": f"ddp_step/{model_name}", "impl": impl, "rank": rank, "times": times})
+
+    scalars = {f"m{i}": torch.tensor(float(i + rank)) for i in range(64)}
+    flat = torch.arange(64, dtype=torch.float32)
+    one = torch.tensor(1.0)
+
+    def raw_flat() -> None:
+        dist.all_reduce(flat)
+
+    def impl_dict() -> None:
+        accel.all_reduce(scalars, reduce_op="sum")
+
+    def raw_scalar() -> None:
+        dist.all_reduce(one)
+
+    def impl_scalar() -> None:
+        accel.all_reduce(one, reduce_op="sum")
+
+    coll_steps = max(5, steps // 4)
+    times = timed_rounds({"raw": raw_flat, impl: impl_dict}, rounds, coll_steps)
+    emit({"measure": "all_reduce/dict64", "impl": impl, "rank": rank, "times": times})
+    times = timed_rounds({"raw": raw_scalar, impl: impl_scalar}, rounds, coll_steps)
+    emit({"measure": "all_reduce/scalar", "impl": impl, "rank": rank, "times": times})
+    tensor = torch.arange(1024, dtype=torch.float32)
+
+    def raw_broadcast() -> None:
+        dist.broadcast(tensor, src=0)
+
+    def impl_broadcast() -> None:
+        accel.broadcast(tensor, src=0)
+
+    times = timed_rounds({"raw": raw_broadcast, impl: impl_broadcast}, rounds, coll_steps)
+    emit({"measure": "broadcast/tensor1k", "impl": impl, "rank": rank, "times": times})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("measure", choices=["step", "ddp"])
+    parser.add_argument("impl", choices=["fabric_lite", "lightning", "accelerate"])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    rounds, steps = (3, 20) if args.quick else (15, 200)
+    if args.measure == "step":
+        measure_step(args.impl, rounds, steps)
+    else:
+        measure_ddp(args.impl, rounds, steps)
+
+
+if __name__ == "__main__":
+    main()

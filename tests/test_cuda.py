@@ -1,0 +1,70 @@
+"""CUDA paths (marked ``cuda``): run on a machine with a GPU, skipped with a reason elsewhere.
+
+On a CUDA machine with torch installed, from a checkout: ``PYTHONPATH=$PWD python -m pytest -q -m cuda tests``.
+Each check runs in its own process (tests/scripts/cuda_checks.py), so CUDA is never initialised in the test
+process itself. One GPU cannot host two NCCL ranks, so NCCL is checked at world size 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests._harness import run_python
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)"),
+]
+
+
+def check(name: str) -> dict:
+    done = run_python(["tests/scripts/cuda_checks.py", name], timeout=180)
+    assert done.returncode == 0, done.output
+    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(rows) == 1, done.output
+    return rows[0]  # type: ignore[no-any-return]
+
+
+def test_single_device_training_places_everything_on_the_gpu() -> None:
+    r = check("single_device")
+    assert r["device"] == "cuda:0"
+    assert r["param_devices"] == ["cuda:0"] and r["state_devices"] == ["cuda:0"]
+    assert r["batch_devices"] == ["cuda:0"]
+    assert r["init_module"] == "cuda:0" and r["init_tensor"] == "cuda:0" and r["to_device"] == "cuda:0"
+    assert r["loss_went_down"]
+
+
+def test_double_precision_on_the_gpu() -> None:
+    assert check("double_precision") == {"param": "torch.float64", "out": "torch.float32", "device": "cuda:0"}
+
+
+def test_nccl_at_world_size_one() -> None:
+    r = check("nccl_world_size_one")
+    assert r["backend"] == "nccl" and r["world"] == 1 and r["strategy"] == "DDPStrategy"
+    assert r["module"] == "DistributedDataParallel"
+    assert r["reduced"] == [[1.0, 3.0], 3, "torch.int32", "cuda:0"]
+    assert r["flags"] == [[True, False], "torch.bool"]  # bool travels as uint8 over NCCL and comes back as bool
+    assert r["gathered"] == [[3], [0, 1, 2]]  # world size 1: no extra dimension, as Lightning documents
+    assert r["broadcast"] == [[0, 1, 2, 3], "cuda:0", {"k": 1}]
+    assert r["decision"] is True
+    assert r["grad_device"] == "cuda:0"
+
+
+def test_checkpoints_move_between_gpu_and_cpu_with_cuda_rng_state() -> None:
+    r = check("checkpoint_round_trip")
+    assert r["same_on_cpu"] and r["same_on_gpu"] and r["rng_restored"]
+    assert r["step"] == 1 and r["opt_state_device"] == ["cpu"]
+
+
+def test_fork_after_cuda_initialisation_is_refused() -> None:
+    r = check("fork_after_cuda")
+    assert r["raised"] == "RuntimeError" and "ddp_spawn" in r["message"]
+
+
+def test_auto_accelerator_and_every_gpu() -> None:
+    r = check("auto_accelerator")
+    assert r["accelerator"] == "CUDAAccelerator" and r["device"] == "cuda:0"
+    assert r["all_devices"] == r["count"]
