@@ -10,7 +10,7 @@ import torch
 from fabric_lite._plan import Plan
 from fabric_lite.accelerators import ACCELERATORS, Accelerator
 from fabric_lite.plugins.environments import LightningEnvironment
-from fabric_lite.plugins.precision import DoublePrecision, Precision
+from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric_lite.strategies.ddp import DDPStrategy
 from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
 from fabric_lite.strategies.parallel import ParallelStrategy
@@ -22,23 +22,20 @@ _STRATEGY_CLASSES: dict[str, type[Strategy]] = {
     "SingleDeviceStrategy": SingleDeviceStrategy,
     "DDPStrategy": DDPStrategy,
 }
-_PRECISION_CLASSES: dict[str, type[Precision]] = {
-    "32-true": Precision,
-    "64-true": DoublePrecision,
-}
 
 
 def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
     for plugin in plugins:
         if isinstance(plugin, Precision):
             return plugin
-    cls = _PRECISION_CLASSES.get(plan.precision)
-    if cls is None:
-        raise NotImplementedError(
-            f"precision={plan.precision!r} is not available in this release of fabric_lite: it supports"
-            f" {sorted(_PRECISION_CLASSES)}. Use precision='32-true', or pass your own Precision subclass in plugins."
-        )
-    return cls()
+    name = plan.precision
+    if name in ("16-mixed", "bf16-mixed"):
+        return MixedPrecision(name, device=plan.accelerator)  # type: ignore[arg-type]
+    if name in ("16-true", "bf16-true"):
+        return HalfPrecision(name)  # type: ignore[arg-type]
+    if name == "64-true":
+        return DoublePrecision()
+    return Precision()
 
 
 def _devices(plan: Plan) -> list[torch.device]:

@@ -406,10 +406,10 @@ def resolve_plan(
         if start_method == "fork" and sys.platform == "win32":
             raise ValueError(f"strategy={strategy_name!r} needs fork, which Windows does not have. Use 'ddp_spawn'.")
 
-    if precision_name == "16-mixed" and accelerator_name == "cpu":
+    if precision_name == "16-mixed" and accelerator_name == "cpu" and not precision_plugins:
         warnings.append(
-            "precision='16-mixed' is not supported on the CPU (no float16 autocast there);"
-            " using precision='bf16-mixed' instead, as Lightning Fabric does."
+            "precision='16-mixed' on the CPU runs as precision='bf16-mixed', as in Lightning Fabric (so that results"
+            " match). For float16 with a loss scaler on the CPU, pass plugins=[MixedPrecision('16-mixed', 'cpu')]."
         )
         precision_name = "bf16-mixed"
 

@@ -15,8 +15,9 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
 
 
 class _FabricModule(nn.Module):
@@ -51,7 +52,10 @@ class _FabricModule(nn.Module):
         args, kwargs = precision.convert_input((args, kwargs))
         with precision.forward_context():
             output = self._call(*args, **kwargs)
-        return precision.convert_output(output)
+        output = precision.convert_output(output)
+        if precision.requires_fabric_backward():
+            apply_to_collection(output, torch.Tensor, _guard_backward, precision)
+        return output
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._original_module.state_dict(*args, **kwargs)
@@ -238,6 +242,23 @@ class _FabricDataLoader:
         if name.startswith("__") or name in ("_dataloader", "_device", "_num_iter_calls"):
             raise AttributeError(name)
         return getattr(self._dataloader, name)
+
+
+def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
+    """Make a plain ``loss.backward()`` through ``tensor`` fail with a clear message where the precision needs
+    ``fabric.backward(loss)`` (a loss scaler: the gradients would silently be wrong)."""
+    if not tensor.requires_grad:
+        return tensor
+
+    def check(grad: torch.Tensor) -> None:
+        if not precision._in_fabric_backward:
+            raise RuntimeError(
+                f"precision={precision.precision!r} needs `fabric.backward(loss)` instead of `loss.backward()`:"
+                " the loss must be scaled before its backward. Replace loss.backward() with fabric.backward(loss)."
+            )
+
+    tensor.register_hook(check)  # type: ignore[no-untyped-call]
+    return tensor
 
 
 def _set_sampler_epoch(dataloader: Any, epoch: int) -> None:

@@ -31,11 +31,11 @@ CASES = {
 }
 
 
-def observe(impl: str, case: str) -> dict[int, dict]:
+def observe(impl: str, case: str, extra: list[str] | None = None) -> dict[int, dict]:
     python = lightning_python() if impl == "lightning" else None
     args = CASES[case]
     args = [*args, SCRIPT, "--strategy", "ddp", "--devices", "2"] if case == "torchrun" else [SCRIPT, *args]
-    done = run_python(args, timeout=180, env=base_env({"COMPAT_IMPL": impl}), python=python)
+    done = run_python([*args, *(extra or [])], timeout=180, env=base_env({"COMPAT_IMPL": impl}), python=python)
     rows = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("OBS ")]
     expected_ranks = 1 if case == "single_device" else 2
     if impl == "lightning" and done.returncode != 0:
@@ -51,8 +51,27 @@ def observe(impl: str, case: str) -> dict[int, dict]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_same_results_as_lightning(case: str) -> None:
-    ours = observe("fabric_lite", case)
-    theirs = observe("lightning", case)
+    compare(observe("fabric_lite", case), observe("lightning", case), case)
+
+
+@pytest.mark.parametrize(
+    ("precision", "case"),
+    [
+        ("64-true", "single_device"),
+        ("bf16-mixed", "single_device"),
+        ("16-mixed", "single_device"),  # bf16 on the CPU in both, with a warning
+        ("16-true", "single_device"),
+        ("bf16-true", "single_device"),
+        ("bf16-mixed", "ddp_spawn"),
+        ("16-true", "ddp_spawn"),
+    ],
+)
+def test_same_training_as_lightning_in_every_precision(precision: str, case: str) -> None:
+    extra = ["--precision", precision, "--only-training"]
+    compare(observe("fabric_lite", case, extra), observe("lightning", case, extra), case)
+
+
+def compare(ours: dict[int, dict], theirs: dict[int, dict], case: str) -> None:
     assert sorted(ours) == sorted(theirs) == list(range(1 if case == "single_device" else 2))
     for rank in ours:
         for section in ("props", "training"):

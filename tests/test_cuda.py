@@ -68,3 +68,27 @@ def test_auto_accelerator_and_every_gpu() -> None:
     r = check("auto_accelerator")
     assert r["accelerator"] == "CUDAAccelerator" and r["device"] == "cuda:0"
     assert r["all_devices"] == r["count"]
+
+
+GPU_DTYPES = {
+    # precision: (parameters, gradients, inside the forward, output)
+    "32-true": ("torch.float32", "torch.float32", "torch.float32", "torch.float32"),
+    "64-true": ("torch.float64", "torch.float64", "torch.float64", "torch.float32"),
+    "16-mixed": ("torch.float32", "torch.float32", "torch.float16", "torch.float32"),
+    "bf16-mixed": ("torch.float32", "torch.float32", "torch.bfloat16", "torch.float32"),
+    "16-true": ("torch.float16", "torch.float16", "torch.float16", "torch.float32"),
+    "bf16-true": ("torch.bfloat16", "torch.bfloat16", "torch.bfloat16", "torch.float32"),
+}
+
+
+def test_every_precision_on_one_gpu_single_device_and_nccl() -> None:
+    results = check("every_precision")
+    for strategy in ("single_device", "ddp"):
+        for precision, expected in GPU_DTYPES.items():
+            r = results[f"{strategy}/{precision}"]
+            assert (r["param"], r["grad"], r["inner"], r["output"]) == expected, f"{strategy} {precision}"
+            assert r["finite"] and r["scaler"] is (precision == "16-mixed"), f"{strategy} {precision}"
+
+
+def test_16_mixed_scaler_on_cuda() -> None:
+    assert check("scaler_on_cuda") == {"device": "cuda", "skipped": True, "halved": True, "restored": True}

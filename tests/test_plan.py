@@ -561,8 +561,15 @@ def test_precision_16_mixed_on_cpu_becomes_bf16(precision: Any, expected: str, n
     assert result.precision == expected
     assert len(result.warnings) == n_warnings
     if n_warnings:
-        assert "precision='16-mixed' is not supported on the CPU" in result.warnings[-1]
-        assert "precision='bf16-mixed'" in result.warnings[-1]
+        assert "precision='16-mixed' on the CPU runs as precision='bf16-mixed'" in result.warnings[-1]
+        assert "plugins=[MixedPrecision('16-mixed', 'cpu')]" in result.warnings[-1]
+
+
+def test_a_16_mixed_plugin_on_cpu_is_used_as_given() -> None:
+    from fabric_lite.plugins.precision import MixedPrecision
+
+    result = plan(accelerator="cpu", plugins=[MixedPrecision("16-mixed", "cpu")])
+    assert (result.precision, result.warnings) == ("16-mixed", ())
 
 
 def test_precision_16_mixed_stays_on_mps() -> None:

@@ -6,12 +6,14 @@ from fabric_lite.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
-from fabric_lite.plugins.precision import DoublePrecision, Precision
+from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 
 __all__ = [
     "ClusterEnvironment",
     "DoublePrecision",
+    "HalfPrecision",
     "LightningEnvironment",
+    "MixedPrecision",
     "Precision",
     "SLURMEnvironment",
     "TorchElasticEnvironment",

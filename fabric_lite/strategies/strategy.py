@@ -22,6 +22,9 @@ from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _S
 if TYPE_CHECKING:
     from fabric_lite.strategies.launchers.launcher import Launcher
 
+#: where ``save_checkpoint`` keeps the precision's state (a loss scaler's); ``load_checkpoint`` restores it
+PRECISION_KEY = "fabric_lite:precision"
+
 
 class Strategy(ABC):
     """Base class of every strategy.
@@ -147,9 +150,13 @@ class Strategy(ABC):
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Back-propagate ``tensor`` through the precision's hooks."""
         precision = self.precision
-        precision.pre_backward(tensor, module)
-        precision.backward(tensor, module, *args, **kwargs)
-        precision.post_backward(tensor, module)
+        precision._in_fabric_backward += 1  # lets the module wrapper tell fabric.backward from loss.backward()
+        try:
+            precision.pre_backward(tensor, module)
+            precision.backward(tensor, module, *args, **kwargs)
+            precision.post_backward(tensor, module)
+        finally:
+            precision._in_fabric_backward -= 1
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Step ``optimizer`` through the precision (which may skip the step, e.g. on inf gradients)."""
@@ -167,11 +174,19 @@ class Strategy(ABC):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
-        """Scale gradients so that their total ``norm_type``-norm is at most ``max_norm``; return the norm before."""
-        self.precision.unscale_gradients(optimizer)
-        parameters = list(self.precision.main_params(optimizer))
+        """Scale gradients so that their total ``norm_type``-norm is at most ``max_norm``; return the norm before.
+
+        With a loss scaler the gradients are unscaled first (once per step), and inf/NaN gradients do not raise:
+        they are the scaler's to handle, by skipping the step.
+        """
+        precision = self.precision
+        precision.unscale_gradients(optimizer)
+        parameters = list(precision.main_params(optimizer))
         return torch.nn.utils.clip_grad_norm_(
-            parameters, max_norm=max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+            parameters,
+            max_norm=max_norm,
+            norm_type=norm_type,
+            error_if_nonfinite=error_if_nonfinite and not precision.skips_nonfinite_steps(),
         )
 
     def clip_gradients_value(self, module: Module, optimizer: Optimizer, clip_val: float) -> None:
@@ -239,8 +254,12 @@ class Strategy(ABC):
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Save ``state`` to ``path``: modules and optimizers by state dict, stateful objects by ``state_dict()``,
-        other values as they are. Global rank 0 writes, atomically."""
+        other values as they are. The precision's own state (a loss scaler's) is saved with them, under
+        ``PRECISION_KEY``. Global rank 0 writes, atomically."""
         checkpoint = self._convert_state(state, filter or {})
+        precision_state = self.precision.state_dict()
+        if precision_state:
+            checkpoint.setdefault(PRECISION_KEY, precision_state)
         if self.is_global_zero:
             atomic_save(checkpoint, path)
 
@@ -253,6 +272,8 @@ class Strategy(ABC):
     ) -> dict[str, Any]:
         """Restore ``state`` in place from ``path`` and return what was not restored.
 
+        The precision's saved state (a loss scaler's) is always restored into the precision and never returned.
+
         * ``state`` is ``None`` or empty: the whole checkpoint is returned.
         * ``state`` is a module or optimizer: the file holds its raw state dict.
         * ``state`` is a dict: modules, optimizers and stateful objects are restored in place, plain values are
@@ -260,6 +281,9 @@ class Strategy(ABC):
           of ``state`` that the checkpoint lacks raises ``KeyError`` naming every missing key.
         """
         checkpoint = safe_load(path, weights_only=weights_only)
+        if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
+            # the loss scaler's state (saved by save_checkpoint) goes back into the precision, not to the caller
+            self.precision.load_state_dict(checkpoint.pop(PRECISION_KEY))
         if not state:
             return checkpoint  # type: ignore[no-any-return]
         if isinstance(state, Module):

@@ -100,9 +100,14 @@ def collectives(fabric) -> dict:
 
 
 def training(fabric) -> dict:
+    true_half = fabric.strategy.precision.precision in ("16-true", "bf16-true")
     seed_everything(7)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    if true_half:
+        # Adam's eps=1e-8 is 0 in float16: true half precision wants a plain optimizer
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    else:
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model, optimizer = fabric.setup(model, optimizer)
     g = torch.Generator().manual_seed(3)
     data = TensorDataset(torch.randn(64, 8, generator=g), torch.randint(0, 2, (64,), generator=g))
@@ -113,11 +118,16 @@ def training(fabric) -> dict:
             loss = nn.functional.cross_entropy(model(x), y)
             optimizer.zero_grad()
             fabric.backward(loss)
-            fabric.clip_gradients(model, optimizer, max_norm=1.0)
+            if true_half:  # a float16 gradient norm overflows easily (in Lightning too): clip by value
+                fabric.clip_gradients(model, optimizer, clip_val=1.0)
+            else:
+                fabric.clip_gradients(model, optimizer, max_norm=1.0)
             optimizer.step()
             losses.append(loss.item())
     state = model.state_dict()
+    probe = model(torch.randn(2, 8, generator=g))
     return {
+        "dtypes": [str(next(model.parameters()).dtype), str(probe.dtype), str(next(model.parameters()).grad.dtype)],
         "losses": losses,
         "state_keys": list(state),
         "params": [round(v, 7) for p in state.values() for v in p.flatten().tolist()][:40],
@@ -136,7 +146,7 @@ def run(fabric) -> dict:
             fabric.is_global_zero,
             str(fabric.device),
         ],
-        "collectives": collectives(fabric),
+        "collectives": {} if os.environ.get("COMPAT_ONLY_TRAINING") == "1" else collectives(fabric),
         "training": training(fabric),
     }
     os.write(1, ("OBS " + json.dumps({"rank": fabric.global_rank, "obs": obs}) + "\n").encode())
@@ -147,9 +157,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--devices", default="1")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--only-training", action="store_true")
     args = parser.parse_args()
     devices = int(args.devices) if args.devices.isdigit() else args.devices
-    fabric = Fabric(accelerator="cpu", devices=devices, strategy=args.strategy)
+    fabric = Fabric(accelerator="cpu", devices=devices, strategy=args.strategy, precision=args.precision)
+    # spawned workers re-import this module, so the choice travels in the environment
+    os.environ["COMPAT_ONLY_TRAINING"] = "1" if args.only_training else "0"
     if args.strategy == "ddp_spawn":
         result = fabric.launch(run)
         os.write(1, ("LAUNCHED " + json.dumps(result) + "\n").encode())

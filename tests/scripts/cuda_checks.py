@@ -151,6 +151,65 @@ def auto_accelerator() -> dict:
     }
 
 
+def every_precision() -> dict:
+    """Each precision on one GPU, single device and DDP at world size 1 over NCCL."""
+    out = {}
+    for strategy in ("single_device", "ddp"):
+        for precision in ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"):
+            fabric = Fabric(accelerator="cuda", devices=1, strategy=strategy, precision=precision)
+            fabric.launch()
+            torch.manual_seed(0)
+            net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+            model, optimizer = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.01))
+            seen = {}
+            net[0].register_forward_hook(lambda module, inputs, output: seen.update(inner=str(output.dtype)))
+            losses = []
+            for _ in range(5):
+                output = model(torch.randn(4, 8, device=fabric.device))
+                loss = output.float().pow(2).mean()
+                optimizer.zero_grad()
+                fabric.backward(loss)
+                optimizer.step()
+                losses.append(loss.item())
+            scaler = getattr(fabric.strategy.precision, "scaler", None)
+            out[f"{strategy}/{precision}"] = {
+                "param": str(next(net.parameters()).dtype),
+                "grad": str(next(net.parameters()).grad.dtype),
+                "inner": seen["inner"],
+                "output": str(output.dtype),
+                "finite": all(torch.isfinite(torch.tensor(losses)).tolist()),
+                "scaler": scaler is not None,
+            }
+            fabric.strategy.teardown()
+    return out
+
+
+def scaler_on_cuda() -> dict:
+    """16-mixed on CUDA: a step with an inf gradient is skipped and the scale halved; the state round-trips."""
+    fabric = Fabric(accelerator="cuda", devices=1, precision="16-mixed")
+    net = nn.Linear(4, 2)
+    model, optimizer = fabric.setup(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    scaler = fabric.strategy.precision.scaler
+    fabric.backward(model(torch.randn(3, 4, device=fabric.device)).sum())
+    start = scaler.get_scale()
+    net.weight.grad[0, 0] = float("inf")
+    before = net.weight.detach().clone()
+    optimizer.step()
+    skipped = torch.equal(before, net.weight)
+    halved = scaler.get_scale() == start / 2
+    folder = tempfile.mkdtemp()
+    fabric.save(os.path.join(folder, "s.ckpt"), {"model": model})
+    other = Fabric(accelerator="cuda", devices=1, precision="16-mixed")
+    other_model = other.setup(nn.Linear(4, 2))
+    other.load(os.path.join(folder, "s.ckpt"), {"model": other_model})
+    return {
+        "device": scaler._device,
+        "skipped": skipped,
+        "halved": halved,
+        "restored": other.strategy.precision.scaler.state_dict() == scaler.state_dict(),
+    }
+
+
 CHECKS = {
     f.__name__: f
     for f in (
@@ -160,6 +219,8 @@ CHECKS = {
         checkpoint_round_trip,
         fork_after_cuda,
         auto_accelerator,
+        every_precision,
+        scaler_on_cuda,
     )
 }
 

@@ -16,6 +16,8 @@ from torch import Tensor
 from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
+from fabric_lite.utilities.apply_func import apply_to_collection
+
 
 class Precision:
     """Full precision (``"32-true"``) and the base class of every precision plugin.
@@ -25,6 +27,8 @@ class Precision:
 
     #: the name of this precision, as accepted by ``Fabric(precision=...)``
     precision: str = "32-true"
+    #: > 0 while ``fabric.backward`` runs (set by the strategy)
+    _in_fabric_backward: int = 0
 
     def convert_module(self, module: Module) -> Module:
         """Convert the module's parameters and buffers when it is set up (e.g. to float64). Identity here."""
@@ -82,6 +86,16 @@ class Precision:
     def teardown(self) -> None:
         """Release what the precision holds."""
 
+    def requires_fabric_backward(self) -> bool:
+        """Whether ``loss.backward()`` would be wrong and ``fabric.backward(loss)`` is required (e.g. with a loss
+        scaler). The module wrapper then catches a plain ``loss.backward()`` with an error that says so."""
+        return False
+
+    def skips_nonfinite_steps(self) -> bool:
+        """Whether inf/NaN gradients are expected and handled by skipping the step (a loss scaler); gradient
+        clipping then does not raise on them."""
+        return False
+
     def changes_forward(self) -> bool:
         """Whether any forward hook is overridden; when not, the module wrapper calls the module directly."""
         cls = type(self)
@@ -98,6 +112,13 @@ def _convert_fp_tensor(tensor: Tensor, dtype: torch.dtype) -> Tensor:
     return tensor.to(dtype) if torch.is_floating_point(tensor) else tensor
 
 
+def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    """Every floating tensor in ``data`` (a tensor or a collection) cast to ``dtype``; everything else as it is."""
+    if isinstance(data, Tensor):
+        return _convert_fp_tensor(data, dtype)
+    return apply_to_collection(data, Tensor, _convert_fp_tensor, dtype)
+
+
 class _DtypeContext:
     """Set the default floating dtype inside the block and restore it afterwards, also on error."""
 
@@ -111,3 +132,28 @@ class _DtypeContext:
 
     def __exit__(self, *exc: object) -> None:
         torch.set_default_dtype(self._previous.pop())
+
+
+class _TrueDtypePrecision(Precision):
+    """Everything in one floating dtype: the module, floating inputs, tensors created under ``init_module()``/
+    ``init_tensor()`` and inside the forward. Floating outputs come back in the default dtype, as in Lightning."""
+
+    _dtype: torch.dtype = torch.float32
+
+    def convert_module(self, module: Module) -> Module:
+        return module.to(dtype=self._dtype)
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        return _DtypeContext(self._dtype)
+
+    def module_init_context(self) -> AbstractContextManager[Any]:
+        return _DtypeContext(self._dtype)
+
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return _DtypeContext(self._dtype)
+
+    def convert_input(self, data: Any) -> Any:
+        return _cast_floating(data, self._dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        return _cast_floating(data, torch.get_default_dtype())

@@ -1,0 +1,121 @@
+"""Mixed precision: ``"16-mixed"`` and ``"bf16-mixed"`` with ``torch.autocast`` (and a loss scaler for float16)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import LBFGS, Optimizer
+from typing_extensions import override
+
+from fabric_lite.plugins.precision.precision import Precision, _cast_floating
+
+_MIXED = ("16-mixed", "bf16-mixed")
+
+
+class MixedPrecision(Precision):
+    """Automatic mixed precision: the forward runs under ``torch.autocast`` in float16 or bfloat16.
+
+    Parameters stay in float32. Floating inputs are cast to the half dtype before the forward and floating outputs
+    come back in the default dtype, as in Lightning Fabric. With ``"16-mixed"`` a ``torch.amp.GradScaler`` scales
+    the loss in ``fabric.backward``, unscales the gradients once before clipping, and steps the optimizer
+    through the scaler, which skips a step whose gradients hold inf/NaN and lowers the scale. The scaler's state is
+    saved by ``fabric.save`` and restored by ``fabric.load``.
+
+    Args:
+        precision: ``"16-mixed"`` or ``"bf16-mixed"``.
+        device: the device type for autocast and the scaler: ``"cuda"``, ``"cpu"`` or ``"mps"``.
+        scaler: a ``torch.amp.GradScaler`` to use with ``"16-mixed"`` (one is created when not given).
+
+    Example::
+
+        Fabric(precision="bf16-mixed")
+        Fabric(plugins=[MixedPrecision("16-mixed", "cpu")])  # real float16 on the CPU, with a scaler
+    """
+
+    def __init__(
+        self,
+        precision: Literal["16-mixed", "bf16-mixed"],
+        device: str,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        if precision not in _MIXED:
+            raise ValueError(f"MixedPrecision(precision={precision!r}): precision must be one of {_MIXED}.")
+        if scaler is not None and precision == "bf16-mixed":
+            raise ValueError(f"precision='bf16-mixed' does not use a loss scaler, but got scaler={scaler!r}.")
+        if scaler is None and precision == "16-mixed":
+            scaler = torch.amp.GradScaler(device=device)
+        self.precision = precision
+        self.device = device
+        self.scaler = scaler
+        self._dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
+        # optimizers whose gradients were unscaled since their last step (clip_gradients may be called twice)
+        self._unscaled: set[int] = set()
+
+    @override
+    def forward_context(self) -> AbstractContextManager[Any]:
+        return torch.autocast(self.device, dtype=self._dtype)
+
+    @override
+    def convert_input(self, data: Any) -> Any:
+        return _cast_floating(data, self._dtype)
+
+    @override
+    def convert_output(self, data: Any) -> Any:
+        return _cast_floating(data, torch.get_default_dtype())
+
+    @override
+    def requires_fabric_backward(self) -> bool:
+        return self.scaler is not None
+
+    @override
+    def skips_nonfinite_steps(self) -> bool:
+        return self.scaler is not None
+
+    @override
+    def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
+        if self.scaler is not None:
+            tensor = self.scaler.scale(tensor)
+        super().backward(tensor, model, *args, **kwargs)
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        if self.scaler is None:
+            return super().optimizer_step(optimizer, **kwargs)
+        if isinstance(optimizer, LBFGS):
+            raise TypeError(
+                "precision='16-mixed' steps through a GradScaler, which cannot drive LBFGS (it needs a closure)."
+                " Use precision='bf16-mixed' or '32-true' with LBFGS."
+            )
+        # the scaler skips optimizer.step() when the gradients hold inf/NaN, and lowers the scale
+        output = self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        self._unscaled.discard(id(optimizer))
+        return output
+
+    @override
+    def unscale_gradients(self, optimizer: Optimizer) -> None:
+        if self.scaler is None or id(optimizer) in self._unscaled:
+            return
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise NotImplementedError(
+                f"{type(optimizer).__name__} unscales its gradients inside step(), so they cannot be clipped before"
+                " it. Clip without fabric.clip_gradients, or use an optimizer without fused AMP support."
+            )
+        self.scaler.unscale_(optimizer)
+        self._unscaled.add(id(optimizer))
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.scaler is not None and state_dict:
+            self.scaler.load_state_dict(state_dict)
+
+    def __repr__(self) -> str:
+        return f"MixedPrecision(precision={self.precision!r}, device={self.device!r}, scaler={self.scaler is not None})"
