@@ -12,7 +12,6 @@ from fabric_lite.accelerators import ACCELERATORS, Accelerator
 from fabric_lite.plugins.environments import LightningEnvironment
 from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric_lite.strategies.ddp import DDPStrategy
-from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
@@ -71,6 +70,9 @@ def build_strategy(
             instance.cluster_environment = plan.cluster_environment
         instance.num_nodes = plan.num_nodes
         instance._set_world_ranks()
+        # imported here: a single-device run never needs the launchers (or multiprocessing, subprocess, ...)
+        from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
+
         environment = instance.cluster_environment
         started_by_us = isinstance(environment, LightningEnvironment) and environment.creates_processes_externally
         if plan.start_method == "popen" or started_by_us:

@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from fabric_lite._build import build_strategy
 from fabric_lite._plan import Machine, resolve_plan
 from fabric_lite.accelerators import Accelerator
-from fabric_lite.strategies.launchers import MultiProcessingLauncher
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities.apply_func import convert_to_tensors, move_data_to_device
+from fabric_lite.utilities._tree import flatten, unflatten
+from fabric_lite.utilities.apply_func import convert_leaves, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.data import (
     add_worker_init_fn,
     distributed_sampler,
@@ -192,7 +192,7 @@ class Fabric:
                     f"Fabric.launch(function={getattr(function, '__name__', function)}) must take at least one"
                     " argument: the launcher passes it the Fabric object. Example: def train(fabric): ..."
                 )
-        elif isinstance(self._strategy.launcher, MultiProcessingLauncher):
+        elif self._strategy.launcher is not None and self._strategy.launcher.requires_function:
             raise TypeError(
                 f"To spawn processes with the {type(self._strategy).__name__} (start method spawn/fork),"
                 " .launch() needs a function that holds the code to run in them: fabric.launch(train)."
@@ -476,8 +476,17 @@ class Fabric:
             fabric.all_gather(data)  # every rank: tensor([[1, 2], [3, 4]])
         """
         self._validate_launched()
-        data = convert_to_tensors(data, device=self.device)
-        return self._strategy.all_gather(data, group=group, sync_grads=sync_grads)
+        if isinstance(data, Tensor):
+            return self._strategy.all_gather(convert_to_tensors(data, self.device), group=group, sync_grads=sync_grads)
+        # walk the collection once: convert its numbers, gather its tensors as one flat list, put the results back
+        leaves, spec = flatten(data)
+        converted = convert_leaves(leaves, self.device)
+        positions = [i for i, leaf in enumerate(converted) if isinstance(leaf, Tensor)]
+        gathered = self._strategy.all_gather([converted[i] for i in positions], group, sync_grads)
+        results = list(converted)
+        for i, value in zip(positions, gathered, strict=True):
+            results[i] = value
+        return unflatten(spec, results)
 
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> Any:
         """Reduce a tensor, a number, or every tensor/number in a (nested) collection across all processes.
@@ -494,8 +503,13 @@ class Fabric:
             fabric.all_reduce({"loss": loss, "n": n})  # every rank: {"loss": tensor(2.), "n": tensor(4, dtype=int32)}
         """
         self._validate_launched()
-        data = convert_to_tensors(data, device=self.device)
-        return self._strategy.all_reduce(data, group=group, reduce_op=reduce_op)
+        if isinstance(data, Tensor):
+            return self._strategy.all_reduce(convert_to_tensors(data, self.device), group=group, reduce_op=reduce_op)
+        # walk the collection once: convert its numbers, then reduce its tensors (in place) as one flat list
+        leaves, spec = flatten(data)
+        converted = convert_leaves(leaves, self.device)
+        self._strategy.all_reduce([leaf for leaf in converted if isinstance(leaf, Tensor)], group, reduce_op)
+        return unflatten(spec, converted)  # a new collection holding the (reduced in place) tensors, as in Lightning
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective.

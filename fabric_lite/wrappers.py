@@ -133,6 +133,8 @@ class _FabricOptimizer(Optimizer):
         self.__dict__["_optimizer"] = optimizer
         self.__dict__["_strategy"] = strategy
         self.__dict__["_callbacks"] = callbacks or []
+        # zero_grad needs nothing from the strategy: bind the optimizer's own, saving a call on every step
+        self.__dict__["zero_grad"] = optimizer.zero_grad
 
     @property
     def optimizer(self) -> Optimizer:
@@ -163,13 +165,17 @@ class _FabricOptimizer(Optimizer):
         self.optimizer.defaults = value
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        kwargs = {"closure": closure} if closure is not None else {}
-        strategy: Strategy = self.__dict__["_strategy"]
-        output = strategy.optimizer_step(self.optimizer, **kwargs)
-        for callback in self.__dict__["_callbacks"]:
+        state = self.__dict__
+        strategy: Strategy = state["_strategy"]
+        optimizer = state["_optimizer"]
+        if closure is None:
+            output = strategy.optimizer_step(optimizer)
+        else:
+            output = strategy.optimizer_step(optimizer, closure=closure)
+        for callback in state["_callbacks"]:
             hook = getattr(callback, "on_after_optimizer_step", None)
             if callable(hook):
-                hook(strategy=strategy, optimizer=self.optimizer)
+                hook(strategy=strategy, optimizer=optimizer)
         return output
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -150,6 +150,9 @@ class Strategy(ABC):
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         """Back-propagate ``tensor`` through the precision's hooks."""
         precision = self.precision
+        if precision._plain_backward:
+            tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]  # no-op hooks: skip them
+            return
         precision._in_fabric_backward += 1  # lets the module wrapper tell fabric.backward from loss.backward()
         try:
             precision.pre_backward(tensor, module)
@@ -160,7 +163,10 @@ class Strategy(ABC):
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Step ``optimizer`` through the precision (which may skip the step, e.g. on inf gradients)."""
-        return self.precision.optimizer_step(optimizer, **kwargs)
+        precision = self.precision
+        if precision._plain_optimizer_step:
+            return optimizer.step(**kwargs)
+        return precision.optimizer_step(optimizer, **kwargs)
 
     def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """A context in which backward does not synchronise gradients. A no-op for strategies without sync."""

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import struct
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 
@@ -63,8 +65,15 @@ _DTYPES: tuple[torch.dtype, ...] = tuple(
 )
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(_DTYPES)}
 _MAX_HEADER_DIMS = 8
-_SHAPE_AT = 4  # header: kind, dtype code, ndim, flags or payload size, then the shape
-_HEADER_SIZE = _SHAPE_AT + _MAX_HEADER_DIMS
+# broadcast's header, in int64 words: kind, dtype code, ndim, flags, payload bytes, then the shape; padded to
+# 16 words (128 bytes) so that the payload after it is aligned for every dtype
+_NBYTES_AT = 4
+_SHAPE_AT = 5
+_HEADER_WORDS = 16
+_HEADER_BYTES = _HEADER_WORDS * 8
+_HEADER_FORMAT = f"<{_HEADER_WORDS}q"
+# payloads up to this size travel inside the header message (one collective instead of two)
+_INLINE_BYTES = 16 * 1024
 _KIND_OBJECT, _KIND_TENSOR, _KIND_ERROR = 0, 1, 2
 
 
@@ -92,29 +101,47 @@ def resolve_reduce_op(reduce_op: str | Any | None) -> Any:
     )
 
 
-def _group_by_device_dtype(tensors: Sequence[Tensor]) -> dict[tuple[torch.device, torch.dtype], list[int]]:
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i)
-    return groups
-
-
-def _flat_buffer(tensors: Sequence[Tensor]) -> Tensor:
-    """A contiguous buffer holding all ``tensors``; the tensor's own storage when there is just one."""
-    if len(tensors) == 1 and tensors[0].is_contiguous():
-        # ``.data`` mutates the storage without autograd tracking, like ``dist.all_reduce`` itself does
-        return tensors[0].data
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
-
-
-def _write_back(buffer: Tensor, tensors: Sequence[Tensor]) -> None:
-    if len(tensors) == 1 and buffer.data_ptr() == tensors[0].data_ptr() and tensors[0].is_contiguous():
-        return
-    offset = 0
+def _group_by_device_dtype(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
+    """The tensors split into groups that share a device and a dtype, in order (usually one group)."""
+    first = tensors[0]
+    dtype, device = first.dtype, first.device
+    if all(t.dtype is dtype for t in tensors) and all(t.device == device for t in tensors[1:]):
+        return [list(tensors)]
+    groups: dict[tuple[torch.device, torch.dtype], list[Tensor]] = {}
     for t in tensors:
-        n = t.numel()
-        t.data.copy_(buffer[offset : offset + n].view(t.shape))
-        offset += n
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return list(groups.values())
+
+
+def _alias(t: Tensor) -> Tensor:
+    # ``.data`` changes the storage without autograd tracking (no version bump), as ``dist.all_reduce`` does
+    return t.data if t.requires_grad else t
+
+
+def _same_shape(tensors: Sequence[Tensor]) -> bool:
+    shape = tensors[0].shape
+    return all(t.shape == shape for t in tensors)
+
+
+def _flat_buffer(aliases: Sequence[Tensor]) -> Tensor:
+    """A contiguous buffer holding all tensors (given as :func:`_alias`es); the tensor's own storage for one."""
+    if len(aliases) == 1 and aliases[0].is_contiguous():
+        return aliases[0]
+    if _same_shape(aliases):
+        return torch.stack(list(aliases)).reshape(-1)  # one C++ call; the common case (e.g. a dict of scalars)
+    flat: Tensor = _flatten_dense_tensors(aliases)  # type: ignore[no-untyped-call]
+    return flat
+
+
+def _write_back(buffer: Tensor, aliases: Sequence[Tensor]) -> None:
+    if len(aliases) == 1 and aliases[0].is_contiguous() and buffer.data_ptr() == aliases[0].data_ptr():
+        return
+    # one C++ call for the views and one for the copies: slicing per tensor in Python costs microseconds each
+    if _same_shape(aliases):
+        sources: Sequence[Tensor] = buffer.view(len(aliases), *aliases[0].shape).unbind()
+    else:
+        sources = _unflatten_dense_tensors(buffer, aliases)  # type: ignore[no-untyped-call]
+    torch._foreach_copy_(list(aliases), list(sources))
 
 
 def all_reduce_(tensors: Sequence[Tensor], reduce_op: Any, group: Any, backend: str) -> None:
@@ -122,16 +149,16 @@ def all_reduce_(tensors: Sequence[Tensor], reduce_op: Any, group: Any, backend: 
     if not tensors:
         return
     world_size = dist.get_world_size(group)
-    for (_, dtype), indices in _group_by_device_dtype(tensors).items():
-        members = [tensors[i] for i in indices]
-        buffer = _flat_buffer(members)
-        if dtype == torch.bool:
+    for members in _group_by_device_dtype(tensors):
+        aliases = [_alias(t) for t in members]
+        buffer = _flat_buffer(aliases)
+        if buffer.dtype == torch.bool:
             _all_reduce_bool(buffer, reduce_op, group, backend)
         elif reduce_op == _MEAN:
             _all_reduce_mean(buffer, group, backend, world_size)
         else:
             dist.all_reduce(buffer, op=reduce_op, group=group)
-        _write_back(buffer, members)
+        _write_back(buffer, aliases)
 
 
 def _all_reduce_mean(buffer: Tensor, group: Any, backend: str, world_size: int) -> None:
@@ -268,79 +295,102 @@ def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync
     _check_same_shapes(tensors, group, device, "all_gather")
     if sync_grads:
         return [_AllGatherGrad.apply(t, group) for t in tensors]  # type: ignore[no-untyped-call]
+    if not tensors:
+        return []
     world_size = dist.get_world_size(group)
-    results: list[Tensor | None] = [None] * len(tensors)
-    for (dev, dtype), indices in _group_by_device_dtype(tensors).items():
-        members = [tensors[i] for i in indices]
-        flat = members[0].detach().contiguous().reshape(-1) if len(members) == 1 else _flat_buffer(members)
-        out = torch.empty(world_size * flat.numel(), dtype=dtype, device=dev)
+    results: dict[int, Tensor] = {}
+    for members in _group_by_device_dtype(tensors):
+        if len(members) == 1:
+            flat = members[0].detach().contiguous().reshape(-1)
+        else:
+            flat = _flat_buffer([t.detach() for t in members])
+        out = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
         _all_gather_flat(out, flat, group)
         if len(members) == 1:
-            results[indices[0]] = out.view(world_size, *members[0].shape)
+            results[id(members[0])] = out.view(world_size, *members[0].shape)
             continue
         rows = out.view(world_size, -1)
         offset = 0
-        for i, t in zip(indices, members, strict=True):
+        for t in members:
             n = t.numel()
-            results[i] = rows[:, offset : offset + n].reshape(world_size, *t.shape)
+            results[id(t)] = rows[:, offset : offset + n].reshape(world_size, *t.shape)
             offset += n
-    return results  # type: ignore[return-value]
+    return [results[id(t)] for t in tensors]
 
 
 def broadcast(obj: Any, src: int, group: Any, device: torch.device) -> Any:
     """Send ``obj`` from global rank ``src`` to every rank of ``group`` and return it.
 
-    A plain tensor or ``nn.Parameter`` travels as its raw bytes after a small fixed-size header (dtype, shape,
-    ``requires_grad``), so any dtype works on any backend and nothing is pickled; receivers get it on ``device``.
-    Everything else is pickled. If ``src`` cannot pickle the object, every rank raises instead of waiting.
+    One fixed-size message carries a header (what follows: a tensor's dtype, shape and ``requires_grad``, or a
+    pickled object's length) and, when it fits, the payload itself. A broadcast of a small tensor or object is
+    therefore one collective, as cheap as a raw ``dist.broadcast`` (a message of a few KiB costs the same as a
+    few bytes: latency dominates); a larger payload follows in a second broadcast, where bandwidth dominates.
+    Tensors (and ``nn.Parameter``) travel as raw bytes, so any dtype works on any backend and nothing is pickled;
+    receivers get them on ``device``. If ``src`` cannot pickle the object, every rank raises instead of waiting.
     """
-    rank = dist.get_rank()
-    header = torch.zeros(_HEADER_SIZE, dtype=torch.int64, device=device)
-    payload: Tensor | None = None
-    error: BaseException | None = None
-    if rank == src:
-        if type(obj) in (Tensor, torch.nn.Parameter) and obj.dtype in _DTYPE_CODE and obj.dim() <= _MAX_HEADER_DIMS:
-            header[0] = _KIND_TENSOR
-            header[1] = _DTYPE_CODE[obj.dtype]
-            header[2] = obj.dim()
-            header[3] = int(obj.requires_grad) | (int(isinstance(obj, torch.nn.Parameter)) << 1)
-            header[_SHAPE_AT : _SHAPE_AT + obj.dim()] = torch.tensor(obj.shape, dtype=torch.int64)
-        else:
-            try:
-                data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-                header[0] = _KIND_OBJECT
-            except Exception as err:
-                error = err
-                data = f"{type(obj).__name__} ({type(err).__name__}: {err})".encode()
-                header[0] = _KIND_ERROR
-            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
-            header[3] = payload.numel()
-    dist.broadcast(header, src=src, group=group)
-    kind = int(header[0])
-    if kind == _KIND_TENSOR:
-        if rank == src:
-            dist.broadcast(_as_bytes(obj.detach().to(device)), src=src, group=group)
-            return obj
-        shape = tuple(int(s) for s in header[_SHAPE_AT : _SHAPE_AT + int(header[2])])
-        dtype = _DTYPES[int(header[1])]
-        received = torch.empty(shape, dtype=dtype, device=device)
-        dist.broadcast(_as_bytes(received), src=src, group=group)
-        flags = int(header[3])
-        if flags & 2:
-            return torch.nn.Parameter(received, requires_grad=bool(flags & 1))
-        return received.requires_grad_(bool(flags & 1))
-    if payload is None:
-        payload = torch.empty(int(header[3]), dtype=torch.uint8, device=device)
-    dist.broadcast(payload, src=src, group=group)
+    if dist.get_rank() == src:
+        return _broadcast_send(obj, src, group, device)
+    message = torch.empty(_HEADER_BYTES + _INLINE_BYTES, dtype=torch.uint8, device=device)
+    dist.broadcast(message, src=src, group=group)
+    host = message if message.device.type == "cpu" else message.narrow(0, 0, _HEADER_BYTES).cpu()
+    header = struct.unpack(_HEADER_FORMAT, host.narrow(0, 0, _HEADER_BYTES).numpy().tobytes())
+    kind, nbytes = header[0], header[_NBYTES_AT]
+    if nbytes <= _INLINE_BYTES:
+        data = message.narrow(0, _HEADER_BYTES, nbytes)
+    else:  # too large for the header message: a second broadcast, sized from the header
+        data = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dist.broadcast(data, src=src, group=group)
+    if kind == _KIND_OBJECT:
+        return pickle.loads(data.cpu().numpy().tobytes())
     if kind == _KIND_ERROR:
-        message = bytes(payload.cpu().numpy()).decode(errors="replace")
-        raise TypeError(
-            f"broadcast(src={src}) failed: rank {src} could not pickle the object, a {message}. Broadcast a"
-            " tensor or a picklable object (plain Python values, tensors, and collections of them)."
-        ) from error
-    if rank == src:
-        return obj
-    return pickle.loads(bytes(payload.cpu().numpy()))
+        _raise_unpicklable(src, data.cpu().numpy().tobytes().decode(errors="replace"), None)
+    received = data.view(_DTYPES[header[1]]).reshape(header[_SHAPE_AT : _SHAPE_AT + header[2]]).clone()
+    flags = header[3]
+    if flags & 2:
+        return torch.nn.Parameter(received, requires_grad=bool(flags & 1))
+    return received.requires_grad_(bool(flags & 1))
+
+
+def _broadcast_send(obj: Any, src: int, group: Any, device: torch.device) -> Any:
+    header = [0] * _HEADER_WORDS
+    error: BaseException | None = None
+    if type(obj) in (Tensor, torch.nn.Parameter) and obj.dtype in _DTYPE_CODE and obj.dim() <= _MAX_HEADER_DIMS:
+        payload = _as_bytes(obj.detach())
+        header[0] = _KIND_TENSOR
+        header[1] = _DTYPE_CODE[obj.dtype]
+        header[2] = obj.dim()
+        header[3] = int(obj.requires_grad) | (int(isinstance(obj, torch.nn.Parameter)) << 1)
+        header[_SHAPE_AT : _SHAPE_AT + obj.dim()] = obj.shape
+    else:
+        try:
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            header[0] = _KIND_OBJECT
+        except Exception as err:
+            error = err
+            data = f"{type(obj).__name__} ({type(err).__name__}: {err})".encode()
+            header[0] = _KIND_ERROR
+        payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    nbytes = header[_NBYTES_AT] = payload.numel()
+    # the message is built on the host: the header packed with struct (far cheaper than writing a tensor
+    # element by element), the payload copied in with one copy_
+    raw = bytearray(_HEADER_BYTES + _INLINE_BYTES)
+    struct.pack_into(_HEADER_FORMAT, raw, 0, *header)
+    message = torch.frombuffer(raw, dtype=torch.uint8)
+    if nbytes <= _INLINE_BYTES:
+        message.narrow(0, _HEADER_BYTES, nbytes).copy_(payload)
+    dist.broadcast(message.to(device), src=src, group=group)
+    if nbytes > _INLINE_BYTES:
+        dist.broadcast(payload.to(device), src=src, group=group)
+    if error is not None:
+        _raise_unpicklable(src, bytes(raw[_HEADER_BYTES : _HEADER_BYTES + nbytes]).decode(errors="replace"), error)
+    return obj
+
+
+def _raise_unpicklable(src: int, what: str, cause: BaseException | None) -> None:
+    raise TypeError(
+        f"broadcast(src={src}) failed: rank {src} could not pickle the object, a {what}. Broadcast a"
+        " tensor or a picklable object (plain Python values, tensors, and collections of them)."
+    ) from cause
 
 
 def _as_bytes(tensor: Tensor) -> Tensor:

@@ -20,7 +20,8 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from torch import Size
+from torch import Size, Tensor
+from torch.nn import Parameter
 
 # A spec is a tuple whose first item says what the node is. Tuples are cheap to build and to walk.
 _LEAF = 0
@@ -35,29 +36,46 @@ _LEAF_SPEC = (_LEAF,)
 Spec = tuple[Any, ...]
 
 
+# Types that are always leaves, checked first by exact type: the walk costs a dict lookup per tensor or number.
+_ATOMS = frozenset({Tensor, Parameter, int, float, bool, str, bytes, type(None), complex})
+
+
 def _flatten_into(obj: Any, leaves: list[Any]) -> Spec:
     cls = type(obj)
-    if cls is dict or (isinstance(obj, Mapping) and not isinstance(obj, Size)):
-        keys = list(obj.keys())
-        children = tuple(_flatten_into(obj[k], leaves) for k in keys)
-        factory = obj.default_factory if isinstance(obj, defaultdict) else None
-        return (_DICT, cls, keys, children, factory)
-    if cls is list or (isinstance(obj, list)):
-        return (_LIST, cls, tuple(_flatten_into(x, leaves) for x in obj))
+    if cls in _ATOMS:
+        leaves.append(obj)
+        return _LEAF_SPEC
+    if cls is dict:
+        keys = list(obj)
+        return (_DICT, cls, keys, [_flatten_into(obj[k], leaves) for k in keys], None)
+    if cls is list:
+        return (_LIST, cls, [_flatten_into(x, leaves) for x in obj])
     if cls is tuple:
-        return (_TUPLE, cls, tuple(_flatten_into(x, leaves) for x in obj))
-    if isinstance(obj, tuple) and not isinstance(obj, Size):
+        return (_TUPLE, cls, [_flatten_into(x, leaves) for x in obj])
+    if isinstance(obj, (Tensor, Size)):
+        leaves.append(obj)
+        return _LEAF_SPEC
+    if isinstance(obj, Mapping):
+        keys = list(obj.keys())
+        factory = obj.default_factory if isinstance(obj, defaultdict) else None
+        return (_DICT, cls, keys, [_flatten_into(obj[k], leaves) for k in keys], factory)
+    if isinstance(obj, list):
+        return (_LIST, cls, [_flatten_into(x, leaves) for x in obj])
+    if isinstance(obj, tuple):
         kind = _NAMEDTUPLE if hasattr(obj, "_fields") else _TUPLE
-        return (kind, cls, tuple(_flatten_into(x, leaves) for x in obj))
+        return (kind, cls, [_flatten_into(x, leaves) for x in obj])
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         names = tuple(f.name for f in dataclasses.fields(obj))
-        return (_DATACLASS, obj, names, tuple(_flatten_into(getattr(obj, n), leaves) for n in names))
+        return (_DATACLASS, obj, names, [_flatten_into(getattr(obj, n), leaves) for n in names])
     leaves.append(obj)
     return _LEAF_SPEC
 
 
 def flatten(obj: Any) -> tuple[list[Any], Spec]:
     """Return the leaves of ``obj`` in a stable depth-first order and a spec to rebuild it."""
+    if type(obj) is list and all(type(x) in _ATOMS for x in obj):
+        # a flat list of tensors or numbers (what Fabric hands its strategy): no recursion needed
+        return list(obj), (_LIST, list, [_LEAF_SPEC] * len(obj))
     leaves: list[Any] = []
     spec = _flatten_into(obj, leaves)
     return leaves, spec

@@ -93,4 +93,18 @@ def convert_to_tensors(data: Any, device: torch.device | str | int) -> Any:
     if isinstance(data, Tensor):
         return _move(data, device, non_blocking)
     leaves, spec = flatten(data)
-    return unflatten(spec, [_to_tensor(leaf, device, non_blocking) for leaf in leaves])
+    converted = convert_leaves(leaves, device)
+    return data if converted is leaves else unflatten(spec, converted)
+
+
+def convert_leaves(leaves: list[Any], device: torch.device) -> list[Any]:
+    """:func:`convert_to_tensors` for a flat list of leaves; the same list object when nothing changes."""
+    non_blocking = device.type not in _BLOCKING_DEVICE_TYPES
+    # the common leaf, a tensor already on the device, is decided inline (no call per leaf)
+    converted = [
+        leaf if type(leaf) is Tensor and leaf.device == device else _to_tensor(leaf, device, non_blocking)
+        for leaf in leaves
+    ]
+    if all(new is old for new, old in zip(converted, leaves, strict=True)):
+        return leaves  # nothing to convert or move: no need to rebuild anything
+    return converted

@@ -29,6 +29,18 @@ class Precision:
     precision: str = "32-true"
     #: > 0 while ``fabric.backward`` runs (set by the strategy)
     _in_fabric_backward: int = 0
+    #: set per class: the backward hooks and ``optimizer_step`` are the no-op defaults, so the strategy may call
+    #: ``tensor.backward()`` and ``optimizer.step()`` directly (decided once per class, not on every step)
+    _plain_backward: bool = True
+    _plain_optimizer_step: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_backward = all(
+            getattr(cls, hook) is getattr(Precision, hook)
+            for hook in ("pre_backward", "backward", "post_backward", "requires_fabric_backward")
+        )
+        cls._plain_optimizer_step = cls.optimizer_step is Precision.optimizer_step
 
     def convert_module(self, module: Module) -> Module:
         """Convert the module's parameters and buffers when it is set up (e.g. to float64). Identity here."""

@@ -32,6 +32,9 @@ _SECONDARY_MARKERS = (
 class Launcher(ABC):
     """Starts the processes a strategy needs and runs a function in them."""
 
+    #: whether ``fabric.launch()`` needs a function (the processes it starts run only that function)
+    requires_function: bool = False
+
     @abstractmethod
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Start the processes (if any) and run ``function(*args, **kwargs)``; return its result (see subclasses)."""

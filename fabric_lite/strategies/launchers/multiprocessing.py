@@ -37,6 +37,8 @@ class MultiProcessingLauncher(Launcher):
             script must guard its top level with ``if __name__ == "__main__":``), ``"fork"`` or ``"forkserver"``.
     """
 
+    requires_function = True
+
     def __init__(self, strategy: ParallelStrategy, start_method: str = "spawn") -> None:
         self._strategy = strategy
         self._start_method = start_method
