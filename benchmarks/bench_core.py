@@ -1,7 +1,9 @@
 """Measurements run inside one interpreter: ``python benchmarks/bench_core.py MEASURE IMPL [--quick]``.
 
 Every measurement pairs the implementation with raw PyTorch in the same process, in interleaved rounds, so that
-machine noise hits both alike; it prints one ``RESULT {json}`` line per rank with the per-round times.
+machine noise hits both alike; it prints one ``RESULT {json}`` line per rank with the per-round times. In the
+two-process measurements the ranks meet in a ``barrier`` right before every timed block: ranks that drift apart
+time each other's stragglers instead of the code (without it the figures swung by ±30 %).
 
 MEASURE is ``step`` (single-process training step), ``ddp`` (two-process DDP step and collectives; start it
 with ``torch.distributed.run --nproc-per-node 2``). IMPL is ``fabric_lite``, ``lightning`` or ``accelerate``.
@@ -14,6 +16,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -24,14 +27,20 @@ MODELS = {
 }
 INPUT = {"tiny": 32, "mlp": 256}
 BATCH = 64
+ROUND_SECONDS = 0.25  # the longest a round of one collective variant should last
 
 
 def emit(payload: dict) -> None:
     os.write(1, ("RESULT " + json.dumps(payload) + "\n").encode())
 
 
-def timed_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: int) -> dict[str, list[float]]:
-    """Per-step seconds for each variant, ``rounds`` times, the variants taking turns (paired rounds)."""
+def timed_rounds(
+    variants: dict[str, Callable[[], object]], rounds: int, steps: int, sync: Callable[[], object] | None = None
+) -> dict[str, list[float]]:
+    """Per-step seconds for each variant, ``rounds`` times, the variants taking turns (paired rounds).
+
+    ``sync`` runs, untimed, right before every timed block (``dist.barrier`` for the multi-process measurements).
+    """
     times: dict[str, list[float]] = {name: [] for name in variants}
     for fn in variants.values():  # warm-up
         for _ in range(max(3, steps // 5)):
@@ -41,6 +50,8 @@ def timed_rounds(variants: dict[str, Callable[[], None]], rounds: int, steps: in
         if r % 2:
             order.reverse()
         for name, fn in order:
+            if sync is not None:
+                sync()
             start = time.perf_counter()
             for _ in range(steps):
                 fn()
@@ -110,15 +121,33 @@ def measure_step(impl: str, rounds: int, steps: int) -> None:
         emit({"measure": f"step/{model_name}", "impl": impl, "times": times})
 
 
-def measure_ddp(impl: str, rounds: int, steps: int) -> None:
+def calls_per_round(variants: list[Callable[[], object]], limit: int) -> int:
+    """``limit`` calls a round, or fewer (at least 5) for a collective whose slower variant would make a round last
+    longer than ``ROUND_SECONDS`` (Lightning Fabric's dict all_reduce takes ~50 ms a call). Every rank must call it;
+    every rank gets the same answer."""
+    import torch.distributed as dist
+
+    slowest = 0.0
+    for fn in variants:
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(3):
+            fn()
+        slowest = max(slowest, (time.perf_counter() - start) / 3)
+    agreed = torch.tensor(slowest, dtype=torch.float64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return max(5, min(limit, int(ROUND_SECONDS / agreed.item())))
+
+
+def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls: int) -> None:
     """Under torchrun: a DDP step through ``impl`` against raw DistributedDataParallel, and collectives."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
-    accel = make_impl(impl, devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
     if impl == "accelerate":
         raise SystemExit("accelerate is compared single-process only")
+    accel = make_impl(impl, devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
     accel.launch()
     rank = dist.get_rank()
     for model_name in MODELS:
@@ -142,40 +171,33 @@ def measure_ddp(impl: str, rounds: int, steps: int) -> None:
             accel.backward(loss)
             optimizer.step()
 
-        times = timed_rounds({"raw": raw, impl: wrapped}, rounds, steps)
+        times = timed_rounds({"raw": raw, impl: wrapped}, rounds, steps, sync=dist.barrier)
         emit({"measure": f"ddp_step/{model_name}", "impl": impl, "rank": rank, "times": times})
 
     scalars = {f"m{i}": torch.tensor(float(i + rank)) for i in range(64)}
     flat = torch.arange(64, dtype=torch.float32)
     one = torch.tensor(1.0)
-
-    def raw_flat() -> None:
-        dist.all_reduce(flat)
-
-    def impl_dict() -> None:
-        accel.all_reduce(scalars, reduce_op="sum")
-
-    def raw_scalar() -> None:
-        dist.all_reduce(one)
-
-    def impl_scalar() -> None:
-        accel.all_reduce(one, reduce_op="sum")
-
-    coll_steps = max(5, steps // 4)
-    times = timed_rounds({"raw": raw_flat, impl: impl_dict}, rounds, coll_steps)
-    emit({"measure": "all_reduce/dict64", "impl": impl, "rank": rank, "times": times})
-    times = timed_rounds({"raw": raw_scalar, impl: impl_scalar}, rounds, coll_steps)
-    emit({"measure": "all_reduce/scalar", "impl": impl, "rank": rank, "times": times})
-    tensor = torch.arange(1024, dtype=torch.float32)
-
-    def raw_broadcast() -> None:
-        dist.broadcast(tensor, src=0)
-
-    def impl_broadcast() -> None:
-        accel.broadcast(tensor, src=0)
-
-    times = timed_rounds({"raw": raw_broadcast, impl: impl_broadcast}, rounds, coll_steps)
-    emit({"measure": "broadcast/tensor1k", "impl": impl, "rank": rank, "times": times})
+    collectives: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        # a dict of 64 scalars through the implementation, against one flat all_reduce of the same 64 values
+        "all_reduce/dict64": (lambda: dist.all_reduce(flat), lambda: accel.all_reduce(scalars, reduce_op="sum")),
+        "all_reduce/scalar": (lambda: dist.all_reduce(one), lambda: accel.all_reduce(one, reduce_op="sum")),
+    }
+    for name, numel in (("tensor1k", 1024), ("tensor4M", 1 << 20)):  # 1M floats are 4 MB
+        tensor = torch.arange(numel, dtype=torch.float32)
+        collectives[f"broadcast/{name}"] = (
+            partial(dist.broadcast, tensor, src=0),
+            partial(accel.broadcast, tensor, src=0),
+        )
+    for measure, (raw_call, impl_call) in collectives.items():
+        calls = calls_per_round([raw_call, impl_call], coll_calls)
+        times = timed_rounds({"raw": raw_call, impl: impl_call}, coll_rounds, calls, sync=dist.barrier)
+        emit({"measure": measure, "impl": impl, "rank": rank, "calls": calls, "times": times})
+    # Leave together, and give gloo's worker threads a moment to release their last work objects: a thread still
+    # holding one when the interpreter finalises aborts the process ("terminate called without an active
+    # exception"), which happened to Lightning Fabric's run here, whose process group is never destroyed.
+    dist.barrier()
+    dist.destroy_process_group()
+    time.sleep(0.05)
 
 
 def main() -> None:
@@ -184,11 +206,13 @@ def main() -> None:
     parser.add_argument("impl", choices=["fabric_lite", "lightning", "accelerate"])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    # (rounds, steps per round) for training steps; (rounds, calls per round) for collectives
     rounds, steps = (3, 20) if args.quick else (15, 200)
+    coll_rounds, coll_calls = (3, 5) if args.quick else (30, 100)
     if args.measure == "step":
         measure_step(args.impl, rounds, steps)
     else:
-        measure_ddp(args.impl, rounds, steps)
+        measure_ddp(args.impl, rounds, steps, coll_rounds, coll_calls)
 
 
 if __name__ == "__main__":

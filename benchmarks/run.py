@@ -1,13 +1,24 @@
-"""Run every benchmark and print one table of side-by-side ratios.
+"""Run every benchmark and print one table of medians, spreads and ratios to raw PyTorch.
 
-    .venv/bin/python benchmarks/run.py            # full run (a few minutes on 2 cores)
-    .venv/bin/python benchmarks/run.py --quick    # smoke run: the benchmarks work; the figures mean little
+    .venv/bin/python benchmarks/run.py            # full run (several minutes on 2 cores)
+    .venv/bin/python benchmarks/run.py --quick    # smoke run (CI): the benchmarks work; the figures mean little
 
-fabric_lite runs from this interpreter; Lightning Fabric and Accelerate run from ``.venv-lightning`` (made by
-``.ci/setup``) when it exists, and are skipped with a note when not. Each figure is a ratio to raw PyTorch
-measured in the same process in paired, interleaved rounds: ``ratio`` is the median over rounds of
-(implementation time / raw time), ``spread`` the interquartile range of those per-round ratios. The results,
-with the machine, the torch version and the date, are also written to ``benchmarks/out/results.json``.
+fabric_lite runs from this interpreter; Lightning Fabric and Accelerate run from ``$LIGHTNING_PYTHON`` or
+``.venv-lightning`` (made by ``.ci/setup``) when it has both, and are skipped with a note when not. A quick run
+takes two measurements at a time to stay short; a full run never overlaps two. Each figure is a ratio to raw PyTorch
+measured in paired, interleaved rounds, so that machine noise hits every variant alike: ``ratio`` is the median
+over rounds of (implementation / raw), ``spread`` the interquartile range of those per-round ratios (for import
+time, which has no raw counterpart, the interquartile range in seconds). The figures:
+
+* ``import``: seconds that ``import fabric_lite`` (``lightning_fabric``, ``accelerate``) adds to ``import torch``.
+* ``step/*``: a single-process training step (``bench_core.py step``).
+* ``ddp_step/*``, ``all_reduce/*``, ``broadcast/*``: two ranks under torchrun, gloo (``bench_core.py ddp``).
+* ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
+  first ``all_reduce`` (``bench_startup.py``).
+* ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).
+
+The results, with the machine, the torch version and the date, are written as JSON (``--out``, by default
+``benchmarks/out/results.json``), and their ratios as a chart next to it (the same name, ``.png``).
 """
 
 from __future__ import annotations
@@ -16,37 +27,23 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
-import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import bench_memory
+import bench_startup
+import torch
+from _chart import write_chart
+from _common import IMPORTS, REPO, child_env, compared_impls, print_table, python_for, quartiles, summarise
+
 CORE = str(REPO / "benchmarks" / "bench_core.py")
-LIGHTNING_PYTHON = REPO / ".venv-lightning" / "bin" / "python"
-IMPORTS = {"fabric_lite": "fabric_lite", "lightning": "lightning_fabric", "accelerate": "accelerate"}
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _python(impl: str) -> str | None:
-    if impl == "fabric_lite":
-        return sys.executable
-    return str(LIGHTNING_PYTHON) if LIGHTNING_PYTHON.is_file() else None
-
-
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    if len(values) < 2:
-        return values[0], values[0], values[0]
-    q = statistics.quantiles(values, n=4)
-    return q[0], statistics.median(values), q[2]
+#: the order of the table: by the part of a figure's name before the "/"
+FIGURES = ["import", "startup", "step", "ddp_step", "all_reduce", "broadcast", "memory"]
 
 
 def import_times(impls: list[str], runs: int) -> list[dict]:
@@ -56,25 +53,20 @@ def import_times(impls: list[str], runs: int) -> list[dict]:
     for _ in range(runs):
         for impl in impls:
             out = subprocess.run(
-                [_python(impl), "-c", code.format(module=IMPORTS[impl])],  # type: ignore[list-item]
+                [python_for(impl), "-c", code.format(module=IMPORTS[impl])],  # type: ignore[list-item]
                 capture_output=True,
                 text=True,
-                env=_env(),
+                env=child_env(),
                 timeout=120,
                 check=True,
             )
             samples[impl].append(float(out.stdout.strip().splitlines()[-1]))
-    return [
-        {
-            "measure": "import (s over torch)",
-            "impl": impl,
-            "median": statistics.median(s),
-            "raw": None,
-            "ratio": None,
-            "spread": _quartiles(s)[2] - _quartiles(s)[0],
-        }
-        for impl, s in samples.items()
-    ]
+    table = []
+    for impl, s in samples.items():
+        low, median, high = quartiles(s)
+        row = {"measure": "import", "impl": impl, "unit": "s", "median": median, "raw": None, "ratio": None}
+        table.append({**row, "low": None, "high": None, "spread": high - low})
+    return table
 
 
 def _core(python: str, args: list[str], torchrun: bool) -> list[dict]:
@@ -83,73 +75,66 @@ def _core(python: str, args: list[str], torchrun: bool) -> list[dict]:
         if torchrun
         else [python, CORE]
     )
-    done = subprocess.run([*command, *args], capture_output=True, text=True, env=_env(), timeout=1800)
+    done = subprocess.run([*command, *args], capture_output=True, text=True, env=child_env(), timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command + args)} failed:\n{done.stdout}\n{done.stderr}")
     return [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    """One line per (measure, impl): medians and the distribution of per-round ratios (rank 0 for DDP)."""
-    table = []
-    for row in rows:
-        if row.get("rank", 0) != 0:
-            continue
-        impl = row["impl"]
-        raw, mine = row["times"]["raw"], row["times"][impl]
-        ratios = [m / r for m, r in zip(mine, raw, strict=True)]
-        low, ratio, high = _quartiles(ratios)
-        table.append(
-            {
-                "measure": row["measure"],
-                "impl": impl,
-                "median": statistics.median(mine),
-                "raw": statistics.median(raw),
-                "ratio": ratio,
-                "spread": high - low,
-            }
-        )
-    return table
+def _core_table(impl: str, args: list[str], torchrun: bool) -> list[dict]:
+    return summarise(_core(python_for(impl), args, torchrun))  # type: ignore[arg-type]
 
 
-def print_table(table: list[dict]) -> None:
-    print(f"{'measure':<24}{'implementation':<16}{'median':>12}{'raw PyTorch':>14}{'ratio':>9}{'spread':>9}")
-    for row in table:
-        unit = 1.0 if row["measure"].startswith("import") else 1e6
-        suffix = " s" if unit == 1.0 else " us"
-        median = f"{row['median'] * unit:.3f}{suffix}" if unit == 1.0 else f"{row['median'] * unit:.1f}{suffix}"
-        raw = "" if row["raw"] is None else f"{row['raw'] * unit:.1f}{suffix}"
-        ratio = "" if row["ratio"] is None else f"{row['ratio']:.3f}x"
-        print(f"{row['measure']:<24}{row['impl']:<16}{median:>12}{raw:>14}{ratio:>9}{row['spread']:>9.3f}")
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def sections(impls: list[str], quick: bool) -> list[Callable[[], list[dict]]]:
+    """The measurements, each a function that returns its table lines; the longest first."""
+    flag = ["--quick"] if quick else []
+    memory = {"rounds": 1, "size": "quick", "steps": 2} if quick else {"rounds": 3, "size": "full", "steps": 5}
+    found: list[Callable[[], list[dict]]] = [
+        lambda: summarise(bench_startup.measure(impls, runs=2 if quick else 7)),
+        lambda: summarise(bench_memory.measure(impls, **memory)),  # type: ignore[arg-type]
+    ]
+    for impl in [i for i in impls if i != "accelerate"]:  # Accelerate is compared single-process only
+        found.append(partial(_core_table, impl, ["ddp", impl, *flag], torchrun=True))
+    for impl in impls:
+        found.append(partial(_core_table, impl, ["step", impl, *flag], torchrun=False))
+    found.append(partial(import_times, impls, 1 if quick else 15))
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "results.json"))
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "out" / "results.json"), help="the JSON file")
     args = parser.parse_args()
-    quick = ["--quick"] if args.quick else []
-    impls = ["fabric_lite"] + (["lightning", "accelerate"] if LIGHTNING_PYTHON.is_file() else [])
+    impls = compared_impls()
     if len(impls) == 1:
-        print("note: .venv-lightning is missing (run .ci/setup): Lightning Fabric and Accelerate are skipped")
+        print(
+            "note: Lightning Fabric and Accelerate are skipped: no .venv-lightning with both (run .ci/setup) and no"
+            " $LIGHTNING_PYTHON"
+        )
     started = time.time()
-    table = import_times(impls, 3 if args.quick else 15)
-    for impl in impls:
-        table += summarise(_core(_python(impl), ["step", impl, *quick], torchrun=False))  # type: ignore[arg-type]
-    for impl in [i for i in impls if i != "accelerate"]:
-        table += summarise(_core(_python(impl), ["ddp", impl, *quick], torchrun=True))  # type: ignore[arg-type]
-    table.sort(key=lambda row: (row["measure"], row["impl"] != "fabric_lite", row["impl"]))
+    # A quick run asserts nothing about speed, so two measurements at a time keep it short; a full run never
+    # overlaps two measurements.
+    with ThreadPoolExecutor(max_workers=2 if args.quick else 1) as pool:
+        table = [row for rows in pool.map(lambda measure: measure(), sections(impls, args.quick)) for row in rows]
+    impl_order = list(IMPORTS)
+    table.sort(
+        key=lambda row: (FIGURES.index(row["measure"].split("/")[0]), row["measure"], impl_order.index(row["impl"]))
+    )
     print_table(table)
-    import torch
 
     record = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-        },
+        "machine": machine(),
         "torch": torch.__version__,
         "quick": args.quick,
         "seconds": round(time.time() - started, 1),
@@ -158,7 +143,20 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2))
-    print(f"\nwritten to {out} ({record['seconds']} s, torch {torch.__version__}, {record['machine']['cpus']} CPUs)")
+    chart = out.with_suffix(".png")
+    m = record["machine"]
+    drawn_by = write_chart(
+        chart,
+        table,
+        "fabric_lite" + (", Lightning Fabric and Accelerate" if len(impls) > 1 else "") + " against raw PyTorch",
+        [
+            f"{m['processor']}, {m['cpus']} CPUs, {m['platform']}",
+            f"torch {torch.__version__}, Python {m['python']}, {record['date']}"
+            + (" (a quick run: the figures mean little)" if args.quick else ""),
+        ],
+    )
+    print(f"\nwritten to {out} and {chart} (drawn with {drawn_by})")
+    print(f"{record['seconds']} s, torch {torch.__version__}, {m['cpus']} CPUs, Python {m['python']}")
 
 
 if __name__ == "__main__":

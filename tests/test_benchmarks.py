@@ -1,0 +1,89 @@
+"""The benchmarks work: their quick modes run, print every figure and write what they promise.
+
+Smoke tests only: nothing about speed or memory is asserted (the figures of a quick run on a shared CI machine mean
+little). Lightning Fabric and Accelerate are part of the run when ``.venv-lightning`` (or ``$LIGHTNING_PYTHON``)
+has them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests._harness import lightning_python, run_python
+
+pytestmark = pytest.mark.benchmark
+
+FIGURES = [
+    "import",
+    "startup/first_all_reduce",
+    "step/tiny",
+    "step/mlp",
+    "ddp_step/tiny",
+    "ddp_step/mlp",
+    "all_reduce/dict64",
+    "all_reduce/scalar",
+    "broadcast/tensor1k",
+    "broadcast/tensor4M",
+    "memory/tensor_peak",
+    "memory/rss_peak",
+]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_SIGNATURE, data[:16]
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])  # type: ignore[return-value]
+
+
+@pytest.mark.timeout(300)
+def test_run_quick_prints_every_figure_and_writes_json_and_chart(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    done = run_python(["benchmarks/run.py", "--quick", "--out", str(out)], timeout=240)
+    assert done.returncode == 0, done.output
+    for figure in FIGURES:
+        assert f"\n{figure} " in done.stdout, f"{figure} missing from the table\n{done.output}"
+
+    record = json.loads(out.read_text())
+    assert record["quick"] is True
+    assert record["torch"] == torch.__version__
+    assert datetime.fromisoformat(record["date"]).tzinfo is not None
+    assert {"platform", "processor", "cpus", "python"} <= set(record["machine"])
+    impls = ["fabric_lite"] + (["lightning", "accelerate"] if lightning_python() else [])
+    found = {(row["measure"], row["impl"]) for row in record["results"]}
+    for figure in FIGURES:
+        assert (figure, "fabric_lite") in found, figure
+    for impl in impls:
+        assert ("step/tiny", impl) in found and ("memory/tensor_peak", impl) in found, impl
+    for row in record["results"]:
+        assert row["median"] > 0, row
+        if row["measure"] != "import":
+            assert row["raw"] > 0 and row["ratio"] > 0 and row["low"] <= row["ratio"] <= row["high"], row
+
+    png = out.with_suffix(".png").read_bytes()
+    width, height = _png_size(png)
+    rows_with_ratio = sum(1 for row in record["results"] if row["ratio"] is not None)
+    assert 600 <= width <= 4000 and 10 * rows_with_ratio <= height <= 6000, (width, height)
+    assert len(png) > 2000  # bars and text, not an empty image
+
+
+@pytest.mark.timeout(120)
+def test_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    done = run_python(["benchmarks/bench_gpu.py", "--device", "cpu", "--quick", "--out", str(out)], timeout=90)
+    assert done.returncode == 0, done.output
+    assert "device: CPU" in done.stdout, done.output
+    record = json.loads(out.read_text())
+    assert {"raw", "fabric_lite", "raw_ddp", "fabric_lite_ddp"} <= set(record["variants"])
+    for name, runs in record["variants"].items():
+        assert len(runs) == 1 and runs[0]["step_s"] > 0, name
+        # same seed, same batch, same precision: every variant trains the same model to the same loss
+        assert runs[0]["loss"] == pytest.approx(record["variants"]["raw"][0]["loss"], rel=1e-2), name
+    assert {row["measure"] for row in record["results"]} == {"gpu_step/1_device", "gpu_step/ddp_ws1"}
+    _png_size(out.with_suffix(".png").read_bytes())
