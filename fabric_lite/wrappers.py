@@ -234,6 +234,20 @@ class _FabricDataLoader:
     def __len__(self) -> int:
         return len(self._dataloader)
 
+    def state_dict(self) -> dict[str, Any]:
+        """How many epochs have started (so a resumed run reshuffles as the original did), and the loader's own
+        state when it has one (e.g. ``torchdata``'s ``StatefulDataLoader``, which also resumes mid-epoch)."""
+        state: dict[str, Any] = {"epoch": self._num_iter_calls}
+        inner = getattr(self._dataloader, "state_dict", None)
+        if callable(inner):
+            state["loader"] = inner()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._num_iter_calls = int(state_dict["epoch"])
+        if "loader" in state_dict:
+            self._dataloader.load_state_dict(state_dict["loader"])  # type: ignore[attr-defined]
+
     def __iter__(self) -> Iterator[Any]:
         _set_sampler_epoch(self._dataloader, self._num_iter_calls)
         self._num_iter_calls += 1
@@ -283,16 +297,14 @@ def _set_sampler_epoch(dataloader: Any, epoch: int) -> None:
 
 
 def _unwrap_objects(collection: Any) -> Any:
-    """Replace fabric_lite wrappers in a (flat or nested) collection by what they wrap."""
+    """Replace fabric_lite's module and optimizer wrappers in a (flat) collection by what they wrap."""
 
     def unwrap(obj: Any) -> Any:
         if isinstance(obj, _FabricModule):
             return obj._forward_module
         if isinstance(obj, _FabricOptimizer):
             return obj.optimizer
-        if isinstance(obj, _FabricDataLoader):
-            return obj._dataloader
-        return obj
+        return obj  # a dataloader wrapper stays: its state_dict is what a checkpoint needs
 
     if isinstance(collection, dict):
         return {key: unwrap(value) for key, value in collection.items()}

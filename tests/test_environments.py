@@ -631,3 +631,26 @@ def test_teardown_does_nothing_by_default() -> None:
     environment = TorchElasticEnvironment(env=TORCHRUN)
     assert environment.teardown() is None
     assert environment.world_size() == 8
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "hosts", "prefix"),
+    [
+        pytest.param({"TORCHELASTIC_USE_AGENT_STORE": "True"}, 0, False, "fabric_lite/attempt_0", id="agent-store"),
+        pytest.param({"TORCHELASTIC_USE_AGENT_STORE": "False"}, 0, True, "fabric_lite/attempt_0", id="rank0-hosts"),
+        pytest.param({}, 1, False, "fabric_lite/attempt_0", id="rank1-never-hosts"),
+        pytest.param({"TORCHELASTIC_RESTART_COUNT": "2"}, 0, True, "fabric_lite/attempt_2", id="third-attempt"),
+    ],
+)
+def test_torchelastic_store_host_and_attempt_prefix(env: dict, rank: int, hosts: bool, prefix: str) -> None:
+    """A restarted torchrun attempt must not read the keys of the attempt that died (stale gloo addresses)."""
+    environment = TorchElasticEnvironment({"TORCHELASTIC_RUN_ID": "x", **env})
+    assert environment.hosts_store(rank) is hosts
+    assert environment.store_prefix() == prefix
+
+
+@pytest.mark.parametrize("cls", [LightningEnvironment, SLURMEnvironment])
+def test_other_environments_host_on_rank_zero_without_prefix(cls: type) -> None:
+    environment = cls({})
+    assert environment.hosts_store(0) is True and environment.hosts_store(1) is False
+    assert environment.store_prefix() == ""

@@ -14,7 +14,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
-from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment, TorchElasticEnvironment
+from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _collectives
@@ -179,12 +179,14 @@ class ParallelStrategy(Strategy):
         }
         if self.root_device.type == "cuda":
             kwargs["device_id"] = self.root_device
-        if self._store is not None:
-            kwargs["store"] = self._store
-        elif isinstance(self.cluster_environment, TorchElasticEnvironment):
-            kwargs["init_method"] = "env://"  # torchrun's agent already hosts the store on MASTER_PORT
-        else:
-            kwargs["store"] = self._create_store(is_master=self.global_rank == 0 and not self._store_is_external)
+        environment = self.cluster_environment
+        store = self._store
+        if store is None:
+            store = self._create_store(
+                is_master=environment.hosts_store(self.global_rank) and not self._store_is_external
+            )
+        prefix = environment.store_prefix()
+        kwargs["store"] = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
         log.debug("initialising the process group: rank %d of %d", self.global_rank, self.world_size)
         dist.init_process_group(**kwargs)
         self._owns_process_group = True

@@ -3,11 +3,12 @@
 from fabric_lite.utilities.apply_func import apply_to_collection, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.exceptions import MisconfigurationException
-from fabric_lite.utilities.seed import seed_everything
+from fabric_lite.utilities.seed import RandomState, seed_everything
 
 __all__ = [
     "CheckpointError",
     "MisconfigurationException",
+    "RandomState",
     "apply_to_collection",
     "convert_to_tensors",
     "move_data_to_device",

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import random
+from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
@@ -92,3 +94,63 @@ def worker_init_function(worker_id: int, rank: int = 0) -> None:
     torch.manual_seed(torch_seed)
     random.seed(random_seed)
     np.random.seed(np.array(numpy_state, dtype=np.uint64).view(np.uint32) if numpy_state else 0)
+
+
+def _capture() -> dict[str, Any]:
+    """This process's generator states, as plain values that ``torch.load(weights_only=True)`` accepts."""
+    version, words, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "python": [version, list(words), gauss],
+        "numpy": [name, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore(state: dict[str, Any]) -> None:
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RandomState:
+    """The random generators of every process (Python, NumPy, torch, CUDA), as an object to save and load.
+
+    Put it in the state passed to ``fabric.save``/``fabric.load`` and a resumed run draws the same random numbers
+    as one that never stopped (dropout, shuffling, augmentation). Each process's own states are gathered when
+    saving (every process must call ``fabric.save``, as always) and each process gets its own back when loading.
+    The values are plain tensors and numbers, so the checkpoint loads with ``weights_only=True``.
+
+    Example::
+
+        state = {"model": model, "optimizer": optimizer, "rng": RandomState(), "loader": loader}
+        fabric.save("last.ckpt", state)
+        ...
+        fabric.load("last.ckpt", state)  # the generators of every process are restored in place
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        mine = _capture()
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return {"per_rank": [mine]}
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        return {"per_rank": everyone}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        per_rank = state_dict["per_rank"]
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        if rank >= len(per_rank):
+            raise ValueError(
+                f"The checkpoint holds random states for {len(per_rank)} process(es), but this is rank {rank}: it was"
+                " saved with a different world size. Resume with the same number of processes, or leave the"
+                " RandomState out of the state you load (and re-seed with seed_everything)."
+            )
+        _restore(per_rank[rank])

@@ -65,6 +65,14 @@ class ClusterEnvironment(ABC):
     def node_rank(self) -> int:
         """The index of this process's node."""
 
+    def hosts_store(self, global_rank: int) -> bool:
+        """Whether this process hosts the rendezvous store (rank 0, unless the launcher hosts it)."""
+        return global_rank == 0
+
+    def store_prefix(self) -> str:
+        """A prefix for every rendezvous key, so that a restarted attempt never reads a dead attempt's keys."""
+        return ""
+
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Raise ``ValueError`` naming both sides when ``devices``/``num_nodes`` disagree with the environment."""
 

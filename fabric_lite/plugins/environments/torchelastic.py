@@ -62,6 +62,17 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def node_rank(self) -> int:
         return self._int("GROUP_RANK", 0)
 
+    @override
+    def hosts_store(self, global_rank: int) -> bool:
+        # torchrun's agent hosts the store on MASTER_PORT for its workers (TORCHELASTIC_USE_AGENT_STORE)
+        return self._env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and global_rank == 0
+
+    @override
+    def store_prefix(self) -> str:
+        # torchrun keeps its agent's store across restarts: without a prefix a restarted worker can read the gloo
+        # addresses of the attempt that died and fail to connect ("Connection refused"), as seen with torch 2.13
+        return f"fabric_lite/attempt_{self._int('TORCHELASTIC_RESTART_COUNT', 0)}"
+
     def local_world_size(self) -> int | None:
         """``LOCAL_WORLD_SIZE``: the processes torchrun started on this node (``--nproc-per-node``)."""
         return self._int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in self._env else None
