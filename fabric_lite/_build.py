@@ -12,6 +12,9 @@ from fabric_lite.accelerators import ACCELERATORS, Accelerator
 from fabric_lite.plugins.environments import LightningEnvironment
 from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric_lite.strategies.ddp import DDPStrategy
+from fabric_lite.strategies.dp import DataParallelStrategy
+from fabric_lite.strategies.fsdp import FSDPStrategy
+from fabric_lite.strategies.horovod import HorovodStrategy
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
@@ -20,6 +23,9 @@ from fabric_lite.strategies.strategy import Strategy
 _STRATEGY_CLASSES: dict[str, type[Strategy]] = {
     "SingleDeviceStrategy": SingleDeviceStrategy,
     "DDPStrategy": DDPStrategy,
+    "DataParallelStrategy": DataParallelStrategy,
+    "FSDPStrategy": FSDPStrategy,
+    "HorovodStrategy": HorovodStrategy,
 }
 
 
@@ -63,6 +69,10 @@ def build_strategy(
             instance = SingleDeviceStrategy(device=devices[0], accelerator=accelerator_obj, precision=precision)
         else:
             instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
+    if isinstance(instance, (DataParallelStrategy, HorovodStrategy)) and instance.parallel_devices is None:
+        instance.parallel_devices = devices
+    if isinstance(instance, HorovodStrategy) and instance._cluster_environment is None:
+        instance.cluster_environment = plan.cluster_environment
     if isinstance(instance, ParallelStrategy):
         if instance.parallel_devices is None:
             instance.parallel_devices = devices

@@ -21,7 +21,11 @@ from fabric_lite.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
+from fabric_lite.plugins.environments.horovod import HorovodEnvironment
+from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies.dp import DataParallelStrategy
+from fabric_lite.strategies.horovod import HorovodStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.exceptions import MisconfigurationException
@@ -29,7 +33,7 @@ from fabric_lite.utilities.exceptions import MisconfigurationException
 AcceleratorName = Literal["cpu", "cuda", "mps"]
 _ACCELERATOR_CHOICES = ("auto", "cpu", "cuda", "gpu", "mps")
 
-#: canonical precision names; the first two work in this release of fabric_lite
+#: canonical precision names
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 _LEGACY_PRECISIONS: dict[Any, str] = {
     32: "32-true",
@@ -268,9 +272,11 @@ def _external_local_count(environment: ClusterEnvironment) -> int | None:
         return environment.local_world_size()
     if isinstance(environment, SLURMEnvironment):
         per_node = environment.tasks_per_node()
-        if per_node is None and "SLURM_NNODES" not in environment._env:
+        if per_node is None and environment.num_nodes() is None:
             return environment.world_size()
         return per_node
+    if isinstance(environment, HorovodEnvironment):
+        return environment.local_world_size()
     return None
 
 
@@ -290,6 +296,68 @@ def _strategy_label(strategy: Any, name: str) -> str:
     return type(strategy).__name__ if name == "instance" else name
 
 
+#: how ``fabric-lite run`` hands its flags to ``Fabric(...)`` in the script: argument name -> environment variable
+CLI_ENV_VARS = {
+    "accelerator": "FABRIC_LITE_ACCELERATOR",
+    "strategy": "FABRIC_LITE_STRATEGY",
+    "devices": "FABRIC_LITE_DEVICES",
+    "num_nodes": "FABRIC_LITE_NUM_NODES",
+    "precision": "FABRIC_LITE_PRECISION",
+}
+
+
+def _same_setting(name: str, given: Any, from_cli: str) -> bool:
+    """Whether ``Fabric(name=given)`` says the same as the CLI's ``from_cli`` (spellings differ: 2 and "2")."""
+    cli = from_cli.strip()
+    if name == "accelerator":
+        label = type(given).name if isinstance(given, Accelerator) else str(given).lower()
+        return label == cli.lower() or (cli.lower() == "gpu" and label in ("cuda", "mps"))
+    if name == "strategy":
+        return isinstance(given, str) and given == cli
+    if name == "devices":
+        if isinstance(given, (list, tuple)):
+            given = ",".join(str(v) for v in given)
+        return str(given).replace(" ", "") == cli.replace(" ", "")
+    if name == "precision":
+        try:
+            return _canonical_precision(given)[0] == _canonical_precision(cli)[0]
+        except ValueError:
+            return str(given) == cli
+    return str(given).strip() == cli
+
+
+def _is_default(name: str, given: Any) -> bool:
+    if name == "precision":
+        return given is None or (isinstance(given, (str, int)) and given in ("32-true", "32", 32))
+    if name == "num_nodes":
+        return type(given) is int and given == 1
+    return isinstance(given, str) and given == "auto"
+
+
+def _with_cli_settings(env: Mapping[str, str], **given: Any) -> dict[str, Any]:
+    """``Fabric(...)``'s arguments with the values ``fabric-lite run`` put in ``env`` filled in.
+
+    A CLI value replaces an argument left at its default; an argument given in the script that disagrees with it
+    is an error naming both, because silently preferring either would run a different job than one of them says.
+    """
+    settings = dict(given)
+    for name, variable in CLI_ENV_VARS.items():
+        from_cli = env.get(variable)
+        if from_cli is None:
+            continue
+        current = given[name]
+        if _is_default(name, current):
+            settings[name] = from_cli
+        elif not _same_setting(name, current, from_cli):
+            shown = f"{type(current).__name__}(...)" if isinstance(current, (Strategy, Accelerator)) else repr(current)
+            raise ValueError(
+                f"Fabric({name}={shown}) in the script conflicts with `fabric-lite run --{name.replace('_', '-')}"
+                f" {from_cli}` ({variable}={from_cli!r} in the environment). Give the value in one place only:"
+                f" remove {name}= from Fabric(...), or change the command-line flag to agree with it."
+            )
+    return settings
+
+
 def resolve_plan(
     *,
     accelerator: str | Accelerator = "auto",
@@ -303,12 +371,20 @@ def resolve_plan(
 ) -> Plan:
     """Validate ``Fabric(...)``'s arguments against the environment and the machine and decide how to run.
 
+    The flags of ``fabric-lite run`` arrive through ``env`` (:data:`CLI_ENV_VARS`): each fills an argument left at
+    its default, and one that disagrees with an argument given in the script is an error naming both.
+
     Raises:
         ValueError, TypeError: a value that is not accepted, with the value, the choices and a fix.
         RuntimeError: an accelerator this machine does not have.
         MisconfigurationException: devices that do not exist on this machine.
     """
     warnings: list[str] = []
+    cli = _with_cli_settings(
+        env, accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, precision=precision
+    )
+    accelerator, strategy, devices = cli["accelerator"], cli["strategy"], cli["devices"]
+    num_nodes, precision = cli["num_nodes"], cli["precision"]
     num_nodes = _parse_num_nodes(num_nodes)
     strategy_name = _strategy_choice(strategy)
     precision_name, precision_warnings = _canonical_precision(precision)
@@ -337,7 +413,21 @@ def resolve_plan(
         precision_name = plugin.precision
 
     accelerator_name = _resolve_accelerator(_accelerator_name(accelerator), machine)
-    environment = _detect_environment(env, plugins)
+    if strategy_name == "dp" and accelerator_name == "cpu":
+        # DataParallel needs CUDA devices; Lightning Fabric runs the same devices as processes instead, and so do we
+        warnings.append(
+            "strategy='dp' is not supported on CPUs, hence setting `strategy='ddp'` (as Lightning Fabric does)."
+            " DataParallel replicates the module on CUDA devices; on the CPU, devices= is a number of processes."
+        )
+        strategy_name = "ddp"
+    if strategy_name == "dp" and accelerator_name == "mps":
+        raise ValueError(
+            "strategy='dp' replicates the module on CUDA devices (torch.nn.DataParallel), but accelerator='mps' was"
+            " selected. Use strategy='auto' on MPS, or accelerator='cuda' on a machine with GPUs."
+        )
+    # horovodrun (not fabric_lite, torchrun or SLURM) started the processes of a Horovod job: its variables count
+    horovod = strategy_name == "horovod" or isinstance(strategy, HorovodStrategy)
+    environment = HorovodEnvironment(env) if horovod and not environment_plugins else _detect_environment(env, plugins)
     external = environment.creates_processes_externally
 
     local = _external_local_count(environment) if external else None
@@ -365,11 +455,17 @@ def resolve_plan(
     if strategy_name == "instance":
         parallel = bool(getattr(strategy, "is_parallel", False))
         start_method = getattr(strategy, "start_method", None) if parallel else None
+        multi_device = isinstance(strategy, DataParallelStrategy) and accelerator_name != "cpu"
     else:
         entry = STRATEGY_REGISTRY[strategy_name]
-        parallel, start_method = entry.parallel, entry.start_method
+        parallel, start_method, multi_device = entry.parallel, entry.start_method, entry.multi_device
 
-    if not parallel and (len(device_indices) > 1 or num_nodes > 1):
+    if multi_device and num_nodes > 1:
+        raise ValueError(
+            f"strategy={_strategy_label(strategy, strategy_name)!r} runs one process on one machine, but"
+            f" num_nodes={num_nodes}. Use strategy='ddp' to train on several nodes."
+        )
+    if not parallel and not multi_device and (len(device_indices) > 1 or num_nodes > 1):
         raise ValueError(
             f"strategy={_strategy_label(strategy, strategy_name)!r} runs one"
             f" process on one device, but devices={devices!r} and num_nodes={num_nodes} ask for"
@@ -406,6 +502,11 @@ def resolve_plan(
         if start_method == "fork" and sys.platform == "win32":
             raise ValueError(f"strategy={strategy_name!r} needs fork, which Windows does not have. Use 'ddp_spawn'.")
 
+    if not external:  # inside a SLURM job but not one of its srun tasks: say that fabric_lite starts the processes
+        slurm_note = _note_not_started_by_srun(env, len(device_indices) if parallel else 1)
+        if slurm_note:
+            warnings.append(slurm_note)
+
     if precision_name == "16-mixed" and accelerator_name == "cpu" and not precision_plugins:
         warnings.append(
             "precision='16-mixed' on the CPU runs as precision='bf16-mixed', as in Lightning Fabric (so that results"
@@ -424,4 +525,30 @@ def resolve_plan(
         precision=precision_name,
         backend="nccl" if accelerator_name == "cuda" else "gloo",
         warnings=tuple(warnings),
+    )
+
+
+ENV_DEBUG = "FABRIC_LITE_DEBUG"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def resolve_debug(debug: bool | None, env: Mapping[str, str]) -> bool:
+    """``Fabric(debug=...)``, or ``FABRIC_LITE_DEBUG`` in the environment when it is ``None``.
+
+    Raises:
+        TypeError: ``debug`` is not a bool or None.
+        ValueError: the environment variable holds something other than a yes/no value.
+    """
+    if debug is not None:
+        if not isinstance(debug, bool):
+            raise TypeError(f"Fabric(debug={debug!r}) must be True, False or None (None reads ${ENV_DEBUG}).")
+        return debug
+    value = env.get(ENV_DEBUG, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(
+        f"{ENV_DEBUG}={env[ENV_DEBUG]!r} is not understood: set it to 1 (check every collective across ranks) or 0."
     )

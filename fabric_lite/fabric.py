@@ -18,9 +18,14 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_lite._build import build_strategy
-from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
+from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
+from fabric_lite.loggers._folder import _agree_on_versions, _attach_rank
+from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
+from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities._metrics_gather import LoaderRegistry, gather_for_metrics
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import convert_leaves, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.data import (
@@ -51,14 +56,22 @@ class Fabric:
         accelerator: ``"cpu"``, ``"cuda"``, ``"gpu"``, ``"mps"`` or ``"auto"`` (the best available), or an
             ``Accelerator`` instance.
         strategy: ``"auto"``, ``"single_device"``, ``"ddp"`` (re-runs the script once per extra device),
-            ``"ddp_spawn"``, ``"ddp_fork"``, or a ``Strategy`` instance such as ``DDPStrategy(...)``.
+            ``"ddp_spawn"``, ``"ddp_fork"``, ``"dp"`` (``torch.nn.DataParallel`` in one process; ``"ddp"`` with a
+            warning on a machine without CUDA), ``"horovod"`` (optional; under ``horovodrun``), ``"fsdp"``
+            (parameters, gradients and optimizer state sharded with ``fully_shard``; see ``FSDPStrategy``), or a
+            ``Strategy`` instance such as ``DDPStrategy(...)``.
         devices: devices per node: a count (``2``), ``-1`` for every GPU, GPU indices (``[0, 1]`` or ``"0,1"``),
             or ``"auto"``. On the CPU, the number of processes.
         num_nodes: how many machines take part.
-        precision: ``"32-true"`` (default) or ``"64-true"``; ``32``/``64`` are accepted as legacy spellings.
+        precision: ``"32-true"`` (default), ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or
+            ``"bf16-true"``; Lightning's legacy ``32``, ``64``, ``16`` and ``"bf16"`` are accepted too.
         plugins: a ``Precision`` or ``ClusterEnvironment`` instance, or a list of them.
         callbacks: objects whose methods :meth:`call` invokes by name.
         loggers: objects with a ``log_metrics(metrics, step)`` method, used by :meth:`log` and :meth:`log_dict`.
+        debug: check every collective across ranks before running it (``all_reduce`` and ``all_gather`` are always
+            checked): ranks that call different collectives, or pass tensors of different shapes or dtypes, raise
+            on every rank with a per-rank table instead of hanging until the timeout. Costs one small collective
+            per call. ``None`` (default) reads the ``FABRIC_LITE_DEBUG`` environment variable (``1`` or ``0``).
 
     Raises:
         ValueError, TypeError: an argument that is not accepted; the message names the value and the fix.
@@ -88,6 +101,7 @@ class Fabric:
         plugins: Any | list[Any] | None = None,
         callbacks: Any | list[Any] | None = None,
         loggers: Any | list[Any] | None = None,
+        debug: bool | None = None,
     ) -> None:
         plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         plan = resolve_plan(
@@ -102,11 +116,15 @@ class Fabric:
         )
         self._plan = plan
         self._strategy: Strategy = build_strategy(plan, strategy, accelerator, plugin_list)
-        self._callbacks = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list) else [callbacks]
-        self._loggers = [] if loggers is None else list(loggers) if isinstance(loggers, list) else [loggers]
+        if resolve_debug(debug, os.environ) and isinstance(self._strategy, ParallelStrategy):
+            self._strategy.debug_collectives = True
+        self._callbacks = configure_callbacks(callbacks)
+        self._loggers = configure_loggers(loggers)
+        _attach_rank(self._loggers, self.global_rank)
         self._models_setup = 0
         self._launched = False
         self._environment_ready = False
+        self._dataloaders = LoaderRegistry()  # for gather_for_metrics
         if self.global_rank == 0:
             for message in plan.warnings:
                 warnings.warn(message, UserWarning, stacklevel=2)
@@ -114,11 +132,13 @@ class Fabric:
     # ------------------------------------------------------------------ properties
     @property
     def accelerator(self) -> Accelerator:
+        """The accelerator (the kind of device) this Fabric runs on, e.g. ``CPUAccelerator``."""
         assert self._strategy.accelerator is not None  # always filled in by the build step
         return self._strategy.accelerator
 
     @property
     def strategy(self) -> Strategy:
+        """The strategy that runs the loop across devices and processes, e.g. ``DDPStrategy``."""
         return self._strategy
 
     @property
@@ -153,6 +173,7 @@ class Fabric:
 
     @property
     def loggers(self) -> list[Any]:
+        """The loggers given as ``Fabric(loggers=...)``, as a list (empty without loggers)."""
         return self._loggers
 
     @property
@@ -180,6 +201,19 @@ class Fabric:
         Raises:
             TypeError: ``function`` is not callable (e.g. ``launch(train())`` instead of ``launch(train)``), takes no
                 argument, or is missing for a spawn/fork strategy.
+
+        Example::
+
+            fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+            fabric.launch()  # near the top of the script: two processes run the rest of it
+
+            def train(fabric):
+                ...
+                return fabric.global_rank
+
+            if __name__ == "__main__":
+                fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+                result = fabric.launch(train)  # runs train(fabric) in 2 new processes; rank 0's result: 0
         """
         if function is not None:
             if not callable(function):
@@ -210,7 +244,26 @@ class Fabric:
         if not self._environment_ready:
             self._strategy.setup_environment()
             self._environment_ready = True
-        return function(self, *args, **kwargs)
+            self._prepare_loggers()
+        if function is _do_nothing:
+            return None
+        # the end of the launched function is the end of the run: write what the loggers buffered (under
+        # ddp_fork the process then ends with os._exit, which skips the loggers' exit hooks)
+        try:
+            result = function(self, *args, **kwargs)
+        except BaseException:
+            if self.is_global_zero:
+                finalize_loggers(self._loggers, "failed")
+            raise
+        if self.is_global_zero:
+            finalize_loggers(self._loggers, "success")
+        return result
+
+    def _prepare_loggers(self) -> None:
+        # now that the ranks are known: only rank 0 writes, and every rank uses the version folder rank 0 chose
+        _attach_rank(self._loggers, self.global_rank)
+        if self.world_size > 1:
+            _agree_on_versions(self._loggers, self.global_rank, partial(self._strategy.broadcast, src=0))
 
     def _validate_launched(self) -> None:
         if self._strategy.is_parallel and not self._launched:
@@ -233,6 +286,13 @@ class Fabric:
         Raises:
             ValueError: the module or an optimizer was set up already, or an optimizer updates parameters that
                 are not the module's.
+
+        Example::
+
+            model = torch.nn.Linear(4, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            model, optimizer = fabric.setup(model, optimizer)  # use these from now on
+            model.module  # your Linear, without the DistributedDataParallel around it
         """
         self._validate_launched()
         if isinstance(module, _FabricModule):
@@ -257,7 +317,13 @@ class Fabric:
         return (fabric_module, *fabric_optimizers) if fabric_optimizers else fabric_module
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True) -> _FabricModule:
-        """Set up a module alone (create its optimizer afterwards and pass it to :meth:`setup_optimizers`)."""
+        """Set up a module alone (create its optimizer afterwards and pass it to :meth:`setup_optimizers`).
+
+        Example::
+
+            model = fabric.setup_module(MyModel())
+            optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
+        """
         self._validate_launched()
         if isinstance(module, _FabricModule):
             raise ValueError("A model should be passed only once to the `setup_module` method. It is already set up.")
@@ -270,7 +336,13 @@ class Fabric:
         return fabric_module
 
     def setup_optimizers(self, *optimizers: Optimizer) -> _FabricOptimizer | tuple[_FabricOptimizer, ...]:
-        """Set up one or more optimizers; returns one wrapped optimizer, or a tuple for several."""
+        """Set up one or more optimizers; returns one wrapped optimizer, or a tuple for several.
+
+        Example::
+
+            optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
+            opt_g, opt_d = fabric.setup_optimizers(opt_g, opt_d)  # several: a tuple, in the same order
+        """
         self._validate_launched()
         if not optimizers:
             raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
@@ -296,6 +368,13 @@ class Fabric:
 
         Returns:
             One wrapped loader, or a list for several.
+
+        Example::
+
+            train_loader, val_loader = fabric.setup_dataloaders(train_loader, val_loader)
+            for epoch in range(3):
+                for x, y in train_loader:  # this process's share of the samples, already on fabric.device
+                    ...
         """
         self._validate_launched()
         if not dataloaders:
@@ -316,7 +395,30 @@ class Fabric:
                 dl = replace_sampler(dl, distributed_sampler(dl, **sampler_kwargs))
             add_worker_init_fn(dl, self.global_rank)
             wrapped.append(_FabricDataLoader(dl, device=self.device if move_to_device else None))
+        if sampler_kwargs is not None and self.world_size > 1 and dist.is_initialized():
+            self._check_even_batches([w._dataloader for w in wrapped])
+        self._dataloaders.add(wrapped)
         return wrapped[0] if len(wrapped) == 1 else wrapped
+
+    def _check_even_batches(self, loaders: list[DataLoader[Any]]) -> None:
+        """Raise on every rank when loaders whose sampler is not a ``DistributedSampler`` give the ranks different
+        numbers of batches: the rank with more batches would wait at epoch end, in a collective no other rank
+        joins, until the timeout. (A ``DistributedSampler`` pads, so its ranks always agree.)"""
+        unchecked = [dl for dl in loaders if not isinstance(dl.sampler, DistributedSampler) and _sized(dl)]
+        if not unchecked:
+            return
+        counts = torch.tensor([len(dl) for dl in unchecked], dtype=torch.int64)
+        gathered = self._strategy.all_gather(counts)
+        if bool((gathered == gathered[0]).all()):
+            return
+        table = "\n".join(f"  rank {r}: {row.tolist()} batches" for r, row in enumerate(gathered))
+        raise ValueError(
+            "The dataloaders give the ranks different numbers of batches:\n"
+            f"{table}\nThe ranks with more batches would wait at the end of the epoch for a collective the others"
+            " never join. Let fabric.setup_dataloaders install a DistributedSampler (use_distributed_sampler=True,"
+            " the default, with the loader's default sampler), or make your sampler give every rank the same"
+            " number of samples (e.g. DistributedSampler(..., drop_last=True))."
+        )
 
     # ------------------------------------------------------------------ training helpers
     def backward(self, tensor: Tensor, *args: Any, model: _FabricModule | None = None, **kwargs: Any) -> None:
@@ -324,6 +426,13 @@ class Fabric:
 
         Raises:
             RuntimeError: no model was set up yet (the gradients would not be synchronised).
+
+        Example::
+
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            fabric.backward(loss)  # instead of loss.backward()
+            optimizer.step()
         """
         if self._models_setup == 0:
             raise RuntimeError(
@@ -346,6 +455,13 @@ class Fabric:
 
         Returns:
             The total norm of the gradients before clipping with ``max_norm``, else ``None``.
+
+        Example::
+
+            fabric.backward(loss)
+            norm = fabric.clip_gradients(model, optimizer, max_norm=1.0)  # the total norm before clipping
+            # or: fabric.clip_gradients(model, optimizer, clip_val=0.5)  # clamp every value; returns None
+            optimizer.step()
         """
         if clip_val is not None and max_norm is not None:
             raise ValueError(
@@ -370,18 +486,37 @@ class Fabric:
         )
 
     def autocast(self) -> AbstractContextManager[Any]:
-        """The precision's forward context, for code outside the module's forward (a no-op in full precision)."""
+        """The precision's forward context, for code outside the module's forward (a no-op in full precision).
+
+        Example::
+
+            fabric = Fabric(precision="bf16-mixed")
+            ...
+            with fabric.autocast():  # e.g. a loss computed outside the model's forward
+                loss = criterion(outputs, targets)
+        """
         return self._strategy.precision.forward_context()
 
     def to_device(self, obj: Any) -> Any:
-        """Move a module (in place) or a tensor or collection of tensors to :attr:`device`."""
+        """Move a module (in place) or a tensor or collection of tensors to :attr:`device`.
+
+        Example::
+
+            batch = fabric.to_device({"x": torch.zeros(2, 3), "ids": [torch.arange(2)]})  # every tensor moved
+            fabric.to_device(model)  # a module moves in place and is returned
+        """
         if isinstance(obj, nn.Module):
             self._strategy.module_to_device(obj)
             return obj
         return move_data_to_device(obj, self.device)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the process with local rank 0 of each node only."""
+        """``print`` on the process with local rank 0 of each node only.
+
+        Example::
+
+            fabric.print(f"epoch {epoch}: loss {loss.item():.4f}")  # once per node, not once per process
+        """
         if self.local_rank == 0:
             print(*args, **kwargs)
 
@@ -393,6 +528,17 @@ class Fabric:
 
         Raises:
             TypeError: the module was not set up with Fabric.
+
+        Example::
+
+            for i, (x, y) in enumerate(loader):
+                accumulating = (i + 1) % 4 != 0
+                with fabric.no_backward_sync(model, enabled=accumulating):
+                    loss = loss_fn(model(x), y)
+                    fabric.backward(loss)  # no all-reduce while accumulating
+                if not accumulating:
+                    optimizer.step()  # the gradients of 4 batches, synchronised by the last backward
+                    optimizer.zero_grad()
         """
         if not isinstance(module, _FabricModule):
             raise TypeError(
@@ -402,7 +548,14 @@ class Fabric:
         return self._strategy.no_backward_sync(module._forward_module, enabled)
 
     def init_tensor(self) -> AbstractContextManager[Any]:
-        """Tensors created inside are created on :attr:`device`, in the precision's dtype."""
+        """Tensors created inside are created on :attr:`device`, in the precision's dtype.
+
+        Example::
+
+            fabric = Fabric(precision="bf16-true")
+            with fabric.init_tensor():
+                mask = torch.ones(4, 4)  # on fabric.device, dtype torch.bfloat16
+        """
         return self._strategy.tensor_init_context()
 
     def init_module(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
@@ -410,6 +563,14 @@ class Fabric:
 
         Args:
             empty_init: skip the parameters' initialisation (for weights about to be loaded from a checkpoint).
+
+        Example::
+
+            with fabric.init_module():
+                model = GPT(config)  # parameters created on fabric.device, in the precision's dtype
+            with fabric.init_module(empty_init=True):
+                model = GPT(config)  # not initialised: the weights are loaded next
+            fabric.load_raw("gpt.pt", model)
         """
         self._validate_launched()
         return self._strategy.module_init_context(empty_init=empty_init)
@@ -422,10 +583,23 @@ class Fabric:
 
         Args:
             local: let local rank 0 of every node go first instead of global rank 0.
+
+        Example::
+
+            with fabric.rank_zero_first(local=True):  # one download per node; the others then read the files
+                dataset = torchvision.datasets.MNIST("data", download=True)
         """
         rank = self.local_rank if local else self.global_rank
-        if not (dist.is_available() and dist.is_initialized()) or self.world_size == 1:
+        if self.world_size == 1:
             yield
+            return
+        if not (dist.is_available() and dist.is_initialized()):
+            # processes without a torch.distributed group (Horovod): the strategy's own barrier orders them
+            if rank > 0:
+                self._strategy.barrier("rank_zero_first")
+            yield
+            if rank == 0:
+                self._strategy.barrier("rank_zero_first")
             return
         group = dist.new_group(backend="gloo", timeout=timedelta(days=10000))
         try:
@@ -439,7 +613,14 @@ class Fabric:
 
     # ------------------------------------------------------------------ collectives
     def barrier(self, name: str | None = None) -> None:
-        """Wait until every process has entered the barrier. Every process must call it; a no-op on one device."""
+        """Wait until every process has entered the barrier. Every process must call it; a no-op on one device.
+
+        Example::
+
+            if fabric.global_rank == 0:
+                prepare_data("data/")  # one process writes the files
+            fabric.barrier()  # the others wait here until it is done
+        """
         self._validate_launched()
         self._strategy.barrier(name=name)
 
@@ -488,6 +669,38 @@ class Fabric:
             results[i] = value
         return unflatten(spec, results)
 
+    def gather_for_metrics(self, data: Any, dataloader: Any | None = None) -> Any:
+        """Gather per-sample results (e.g. predictions and targets) from every process, for a metric over exactly
+        the dataset: the samples that ``DistributedSampler`` repeats to give every process as many are dropped.
+
+        Call it for each batch inside the loop over a loader from :meth:`setup_dataloaders` (the batch being
+        processed is known), or once after the loop with the per-sample results of the whole epoch, concatenated in
+        order. Every tensor of ``data`` (a tensor or a nested collection) must have the batch as its first dimension
+        and the same other dimensions on every process; other leaves are returned as they are. The result holds every
+        process's rows in the sampler's order: the dataset's order unless the loader shuffles. A loader whose sampler
+        is not a ``DistributedSampler`` (``use_distributed_sampler=False``, iterable datasets) pads nothing that
+        Fabric knows of: its rows are concatenated rank after rank. With one process ``data`` is returned as is.
+        Every process must call it.
+
+        Args:
+            data: a tensor, or a collection of tensors, with one row per sample of the batch (or of the epoch).
+            dataloader: the loader the data comes from; by default the one set up by this Fabric that is being
+                iterated.
+
+        Raises:
+            ValueError: the loader cannot be told, a tensor has no batch dimension, or the rows do not match the
+                batch being processed; the message says what to pass.
+
+        Example::
+
+            # 5 samples on 2 processes, batch_size=2: rank 0 sees samples [0, 2], [4]; rank 1 sees [1, 3], [0]
+            for x, y in val_loader:
+                preds, targets = fabric.gather_for_metrics((model(x).argmax(-1), y))
+                metric.update(preds, targets)  # every rank: samples 0, 1, 2, 3, then 4 (not 0 again)
+        """
+        self._validate_launched()
+        return gather_for_metrics(data, self._strategy, dataloader, self._dataloaders)
+
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> Any:
         """Reduce a tensor, a number, or every tensor/number in a (nested) collection across all processes.
 
@@ -495,7 +708,9 @@ class Fabric:
         int32/float32/uint8 tensors first, as in Lightning). ``reduce_op`` is ``"mean"`` (default; ``"avg"``),
         ``"sum"``, ``"max"``, ``"min"``, ``"product"`` or a ``torch.distributed.ReduceOp``; an integer ``mean``
         stays an integer, truncated toward zero. A collection is reduced with one collective per dtype. Every
-        process must call it with the same shapes, dtypes and order. With one process the data comes back as is.
+        process must call it with the same shapes, dtypes and order. With one process the data comes back as is,
+        except with ``strategy="dp"``, which reduces the elements of each tensor (the values ``DataParallel``
+        gathered from its replicas) into a new 0-dim tensor.
 
         Example::
 
@@ -508,13 +723,21 @@ class Fabric:
         # walk the collection once: convert its numbers, then reduce its tensors (in place) as one flat list
         leaves, spec = flatten(data)
         converted = convert_leaves(leaves, self.device)
-        self._strategy.all_reduce([leaf for leaf in converted if isinstance(leaf, Tensor)], group, reduce_op)
-        return unflatten(spec, converted)  # a new collection holding the (reduced in place) tensors, as in Lightning
+        # the strategy returns the list it was given, reduced in place, or (DataParallel) a list of new tensors
+        reduced = iter(self._strategy.all_reduce([x for x in converted if isinstance(x, Tensor)], group, reduce_op))
+        results = [next(reduced) if isinstance(leaf, Tensor) else leaf for leaf in converted]
+        return unflatten(spec, results)  # a new collection holding the reduced tensors, as in Lightning
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective.
 
         Every process must call it; every process gets the same answer.
+
+        Example::
+
+            # rank 0: stop = True   rank 1: stop = False
+            fabric.reduce_boolean_decision(stop)  # every rank: False (all of them)
+            fabric.reduce_boolean_decision(stop, all=False)  # every rank: True (any of them)
         """
         self._validate_launched()
         return self._strategy.reduce_boolean_decision(decision, all=all)
@@ -533,6 +756,12 @@ class Fabric:
         Args:
             filter: per key of ``state``, a function ``(name, value) -> bool`` choosing the entries of its state
                 dict to keep.
+
+        Example::
+
+            fabric.save("checkpoints/last.ckpt", {"model": model, "optimizer": optimizer, "step": step})
+            # only the weights, not the biases:
+            fabric.save("weights.ckpt", {"model": model}, filter={"model": lambda name, value: "weight" in name})
         """
         if not isinstance(state, Mapping):
             raise TypeError(f"Fabric.save(state=...) expects a dict, got {type(state).__name__}: {{'model': model}}.")
@@ -562,6 +791,13 @@ class Fabric:
             strict: a key of ``state`` missing from the checkpoint raises ``KeyError`` naming it.
             weights_only: ``None``/``True`` (default) refuses files that would run code when unpickled; pass
                 ``False`` only for files you trust. fabric_lite never falls back to ``False`` by itself.
+
+        Example::
+
+            state = {"model": model, "optimizer": optimizer, "step": 0}
+            remainder = fabric.load("checkpoints/last.ckpt", state)  # model and optimizer restored in place
+            step = state["step"]  # plain values are written back into state
+            checkpoint = fabric.load("checkpoints/last.ckpt")  # no state: the whole checkpoint, as a dict
         """
         unwrapped = _unwrap_objects(state) if state is not None else None
         remainder = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
@@ -574,48 +810,80 @@ class Fabric:
     def load_raw(
         self, path: _PATH, obj: nn.Module | Optimizer, strict: bool = True, *, weights_only: bool | None = None
     ) -> None:
-        """Load a raw state dict (e.g. from ``torch.save(model.state_dict())``) into a module or optimizer."""
+        """Load a raw state dict (e.g. from ``torch.save(model.state_dict())``) into a module or optimizer.
+
+        Example::
+
+            torch.save(model.state_dict(), "weights.pt")  # a plain state dict, saved without Fabric
+            fabric.load_raw("weights.pt", model)  # into a module (set up or not) or an optimizer
+        """
         self._strategy.load_checkpoint(path, _unwrap_objects(obj), strict=strict, weights_only=weights_only)
 
     # ------------------------------------------------------------------ callbacks and loggers
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
-        """Call ``hook_name(*args, **kwargs)`` on every callback that has it, passing only the keyword arguments
-        each method accepts."""
-        for callback in self._callbacks:
-            method = getattr(callback, hook_name, None)
-            if method is None:
-                continue
-            if not callable(method):
-                warnings.warn(
-                    f"Skipping the callback `{type(callback).__name__}.{hook_name}`: it is not callable.", stacklevel=2
-                )
-                continue
-            method(*args, **_accepted_kwargs(method, kwargs))
+        """Call the method ``hook_name`` of every callback that has one (``Fabric(callbacks=...)``, in order).
+
+        Each method gets ``*args`` and, of ``**kwargs``, only the names its signature takes (all of them if it has
+        ``**kwargs``), so callbacks can declare just what they use. Callbacks without the method are skipped; one
+        whose attribute is not callable is skipped with a warning (on rank 0). Runs on every process that calls it.
+
+        Raises:
+            TypeError: a method cannot take the positional arguments or misses a required one; the message names
+                the callback and its signature.
+
+        Example::
+
+            class PrintLoss:
+                def on_train_epoch_end(self, loss):
+                    print(loss)
+
+            fabric = Fabric(callbacks=[PrintLoss()])
+            fabric.call("on_train_epoch_end", loss=0.5, epoch=3)  # PrintLoss gets loss=0.5 only
+        """
+        call_hook(self._callbacks, hook_name, args, kwargs, warn=self.is_global_zero)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
-        """Log one scalar to every logger (one-element tensors become numbers)."""
+        """Log one scalar to every logger: ``log_dict({name: value}, step)``.
+
+        Example::
+
+            fabric.log("train/loss", loss, step=global_step)
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"fabric.log(name, value) expects a str name, got {name!r} ({type(name).__name__}).")
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Log several scalars to every logger (one-element tensors become numbers)."""
-        converted = {k: (v.item() if isinstance(v, Tensor) else v) for k, v in metrics.items()}
+        """Log several scalars to every logger (``logger.log_metrics(metrics, step)``), from global rank 0 only.
+
+        One-element tensors become numbers (nested dicts too, for loggers that group scalars). Every process may
+        call it; on the others it only checks the values, so a wrong value fails on every rank alike.
+
+        Raises:
+            TypeError: ``metrics`` is not a dict of names to values.
+            ValueError: a tensor with more than one element; the message names the metric and its shape.
+
+        Example::
+
+            fabric = Fabric(loggers=CSVLogger("logs"))
+            fabric.log_dict({"loss": loss, "acc": 0.75}, step=10)  # rank 0 writes logs/lightning_logs/version_0
+        """
+        _check_metrics(metrics, "fabric.log_dict")
+        if not self._loggers or not self.is_global_zero:
+            return
+        converted = _to_scalars(metrics)
         for logger in self._loggers:
             logger.log_metrics(metrics=converted, step=step)
 
     @staticmethod
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
-        """:func:`fabric_lite.seed_everything`, with ``workers=True`` unless told otherwise (as in Lightning)."""
+        """:func:`fabric_lite.seed_everything`, with ``workers=True`` unless told otherwise (as in Lightning).
+
+        Example::
+
+            fabric.seed_everything(42)  # random, NumPy and torch, and every dataloader worker set up afterwards
+        """
         return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
-
-
-def _accepted_kwargs(method: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
-    try:
-        parameters = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return kwargs
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return kwargs
-    return {k: v for k, v in kwargs.items() if k in parameters}
 
 
 def _unwrap_compiled(module: nn.Module) -> nn.Module:
@@ -637,3 +905,11 @@ def _check_optimizers_own_parameters(module: nn.Module, optimizers: Sequence[Opt
                 f" parameters of the {type(module).__name__} passed to setup. Create the optimizer from this"
                 " module's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.1)."
             )
+
+
+def _sized(loader: DataLoader[Any]) -> bool:
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True

@@ -226,6 +226,8 @@ class _FabricDataLoader:
         self._dataloader = dataloader
         self._device = device
         self._num_iter_calls = 0
+        # the index of the batch being processed, while an iteration is under way (for fabric.gather_for_metrics)
+        self._batch_index: int | None = None
 
     @property
     def device(self) -> torch.device | None:
@@ -251,15 +253,21 @@ class _FabricDataLoader:
     def __iter__(self) -> Iterator[Any]:
         _set_sampler_epoch(self._dataloader, self._num_iter_calls)
         self._num_iter_calls += 1
-        if self._device is None:
-            yield from self._dataloader
-            return
+        iteration = self._num_iter_calls
         device = self._device
-        for batch in self._dataloader:
-            yield move_data_to_device(batch, device)
+        index = -1
+        try:
+            for batch in self._dataloader:
+                index += 1
+                self._batch_index = index
+                yield batch if device is None else move_data_to_device(batch, device)
+        finally:
+            # an abandoned iteration finishes when it is garbage collected: it must not end a newer one
+            if self._num_iter_calls == iteration:
+                self._batch_index = None
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_dataloader", "_device", "_num_iter_calls"):
+        if name.startswith("__") or name in ("_dataloader", "_device", "_num_iter_calls", "_batch_index"):
             raise AttributeError(name)
         return getattr(self._dataloader, name)
 

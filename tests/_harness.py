@@ -34,6 +34,8 @@ class Completed:
     stdout: str
     stderr: str
     seconds: float
+    #: wall-clock time (``time.time()``) when the process had exited, to compare with timestamps it printed
+    ended_at: float = 0.0
 
     @property
     def output(self) -> str:
@@ -131,14 +133,17 @@ def _run_bounded(
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as err:  # the bound, or the test's own time bound (conftest) interrupting the wait
         _kill_session(process.pid)
         stdout, stderr = process.communicate()
+        if not isinstance(err, subprocess.TimeoutExpired):
+            raise
         pytest.fail(
             f"`{' '.join(argv[:4])} ...` did not finish within {timeout} s (killed).\n"
             f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
         )
     elapsed = time.monotonic() - start
+    ended_at = time.time()
     # give exiting grandchildren a moment, then treat whatever is left in the session as an orphan
     deadline = time.monotonic() + 2.0
     while _session_members(process.pid) and time.monotonic() < deadline:
@@ -151,7 +156,7 @@ def _run_bounded(
                 f"processes {leftovers} outlived `{' '.join(argv[:4])} ...` (orphans).\n"
                 f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
             )
-    return Completed(argv, process.returncode, stdout, stderr, elapsed)
+    return Completed(argv, process.returncode, stdout, stderr, elapsed, ended_at)
 
 
 def spawn_job(target: str, nprocs: int, timeout: float = 90, **kwargs: Any) -> list[Any]:

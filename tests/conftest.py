@@ -46,3 +46,70 @@ def _restore_environment():  # type: ignore[no-untyped-def]
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail("the test left a torch.distributed process group initialised")
+
+
+# ------------------------------------------------------------------ the reliability tier and its report
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--reliability-report",
+        action="store_true",
+        help="after the run, print one row per RELIABILITY.md case: result, longest test, time to fail",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.reliability_cases import cases_of
+
+    for item in items:
+        cases = cases_of(item.nodeid)
+        if cases:
+            item.add_marker(pytest.mark.reliability(*cases))
+
+
+_RELIABILITY_RUNS: dict[str, dict[str, object]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    from tests.reliability_cases import cases_of
+
+    if not cases_of(report.nodeid):
+        return
+    run = _RELIABILITY_RUNS.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0, "properties": {}})
+    rank = ("passed", "skipped", "failed")
+    if rank.index(report.outcome) > rank.index(str(run["outcome"])):
+        run["outcome"] = report.outcome
+    if report.when == "call":
+        run["seconds"] = report.duration
+    run["properties"] = {**run["properties"], **dict(report.user_properties)}  # type: ignore[dict-item]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    if not config.getoption("--reliability-report"):
+        return
+    from tests.reliability_cases import CASES, cases_of
+
+    write = terminalreporter.write_line
+    write("")
+    write(
+        "RELIABILITY.md cases (CPU, gloo, 2 cores). time to fail: the slowest recorded, from the start of the failing"
+        " job (or the signal) to its exit; '-' where the case has no failing job to time"
+    )
+    write(f"{'case':>4}  {'result':<22}  {'tests':>5}  {'longest':>8}  {'time to fail':>12}  what")
+    for case, (what, _) in CASES.items():
+        runs = [run for nodeid, run in _RELIABILITY_RUNS.items() if case in cases_of(nodeid)]
+        outcomes = [str(run["outcome"]) for run in runs]
+        if not runs:
+            result = "not run"
+        elif all(o == "passed" for o in outcomes):
+            result = "pass"
+        else:
+            result = ", ".join(f"{outcomes.count(o)} {o}" for o in ("failed", "skipped", "passed") if o in outcomes)
+        longest = max((float(run["seconds"]) for run in runs), default=0.0)  # type: ignore[arg-type]
+        fails = [
+            float(v)
+            for run in runs
+            for k, v in run["properties"].items()  # type: ignore[attr-defined]
+            if k == "time_to_fail_s"
+        ]
+        ttf = f"{max(fails):.2f} s" if fails else "-"
+        write(f"{case:>4}  {result:<22}  {len(runs):>5}  {longest:>7.1f}s  {ttf:>12}  {what}")

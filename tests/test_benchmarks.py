@@ -87,3 +87,21 @@ def test_gpu_benchmark_runs_on_cpu(tmp_path: Path) -> None:
         assert runs[0]["loss"] == pytest.approx(record["variants"]["raw"][0]["loss"], rel=1e-2), name
     assert {row["measure"] for row in record["results"]} == {"gpu_step/1_device", "gpu_step/ddp_ws1"}
     _png_size(out.with_suffix(".png").read_bytes())
+
+
+@pytest.mark.timeout(180)
+def test_fsdp_benchmark_quick(tmp_path: Path) -> None:
+    out = tmp_path / "fsdp.json"
+    done = run_python(["benchmarks/bench_fsdp.py", "--quick", "--out", str(out)], timeout=150)
+    assert done.returncode == 0, done.output
+    assert "fsdp/ddp" in done.stdout and "rss_peak" in done.stdout, done.output
+    record = json.loads(out.read_text())
+    assert {(row["figure"], row["rank"]) for row in record["cpu"]} == {
+        (figure, rank) for figure in ("rss_peak", "step") for rank in (0, 1)
+    }
+    for row in record["cpu"]:
+        assert all(value > 0 for value in row["medians"].values()), row
+    ddp, fsdp = record["cpu_runs"]["ddp"][0], record["cpu_runs"]["fsdp"][0]
+    # same seed: the meta-device model is initialised as the eager one, so both train to the same loss
+    for rank in (0, 1):
+        assert fsdp[rank]["loss"] == pytest.approx(ddp[rank]["loss"], rel=1e-4)

@@ -10,15 +10,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import errno
 import json
 import os
 import random
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -378,6 +382,71 @@ def test_interrupted_save_leaves_the_previous_checkpoint(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         fabric.save(path, {"model": fmodel, "step": 2, "bad": Interrupting()})
     _assert_previous_intact(path, before, fabric)
+
+
+_KILLED_WRITER = """
+import sys, torch
+from fabric_lite.utilities.checkpoint import atomic_save
+state = {"weights": torch.ones(96 * 2**20), "step": 2}  # 384 MiB: the write takes long enough to be caught
+print("WRITING", flush=True)
+atomic_save(state, sys.argv[1])
+print("DONE", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_mid_write_leaves_the_previous_checkpoint(tmp_path):
+    """RELIABILITY 15: the writer is killed with SIGKILL while the file is being written; the previous
+    checkpoint is intact and loadable, and the next save removes the dead writer's temporary file."""
+    fabric, fmodel, path, before = _previous_checkpoint(tmp_path)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "WRITING"
+        deadline = time.monotonic() + 60
+        temps: list[Path] = []
+        while time.monotonic() < deadline:
+            temps = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            if temps and temps[0].stat().st_size > 8 * 2**20:
+                break
+            assert writer.poll() is None, "the writer finished before it could be killed"
+            time.sleep(0.005)
+        assert temps, "the writer never started writing"
+        os.killpg(writer.pid, signal.SIGKILL)
+        assert writer.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(writer.pid, signal.SIGKILL)
+        writer.wait(timeout=30)
+    assert path.read_bytes() == before
+    assert fabric.load(path)["step"] == 1
+    (leftover,) = temps
+    assert leftover.exists() and leftover.stat().st_size < 96 * 2**22, "expected a partial temporary file"
+    assert f".{os.getpid()}." not in leftover.name and f".{writer.pid}." in leftover.name
+    # the next save (any process) removes what the dead writer left, and writes the new checkpoint
+    fabric.save(path, {"model": fmodel, "step": 3})
+    assert fabric.load(path)["step"] == 3
+    assert _only(tmp_path) == [path.name], "the dead writer's temporary file was not removed"
+
+
+def test_a_live_writers_temporary_file_is_left_alone(tmp_path):
+    """Only files of processes that no longer exist are removed: a concurrent writer's file is not touched."""
+    fabric, fmodel, path, _ = _previous_checkpoint(tmp_path)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        host = socket.gethostname().replace(".", "-")
+        live = tmp_path / f".{path.name}.{host}.{sleeper.pid}.abc123.tmp"
+        other_host = tmp_path / f".{path.name}.another-host.1.abc123.tmp"
+        live.write_bytes(b"partial")
+        other_host.write_bytes(b"partial")
+        fabric.save(path, {"model": fmodel, "step": 2})
+        assert live.exists() and other_host.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=30)
+    fabric.save(path, {"model": fmodel, "step": 3})
+    assert not live.exists() and other_host.exists()
 
 
 def test_first_failed_save_leaves_nothing(tmp_path):

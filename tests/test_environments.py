@@ -6,13 +6,14 @@ from typing import Any
 
 import pytest
 
+from fabric_lite._plan import Machine, resolve_plan
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
     LightningEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
-from fabric_lite.plugins.environments.slurm import first_host
+from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun, first_host
 
 TORCHRUN = {
     "TORCHELASTIC_RUN_ID": "run-1",
@@ -438,7 +439,9 @@ def test_slurm_main_address_empty_node_list() -> None:
     ("env", "expected"),
     [
         pytest.param(SLURM, True, id="srun"),
-        pytest.param({"SLURM_NTASKS": "1"}, True, id="only-NTASKS"),
+        # SLURM sets SLURM_PROCID for every task: without it this is an salloc shell, not a task
+        pytest.param({"SLURM_NTASKS": "1"}, False, id="only-NTASKS-is-not-a-task"),
+        pytest.param({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, True, id="NTASKS-and-PROCID"),
         pytest.param({**SLURM, "SLURM_JOB_NAME": "train"}, True, id="batch-job-name"),
         pytest.param({**SLURM, "SLURM_JOB_NAME": "bash"}, False, id="job-name-bash"),
         pytest.param({**SLURM, "SLURM_JOB_NAME": "interactive"}, False, id="job-name-interactive"),
@@ -535,7 +538,7 @@ def test_slurm_validate_settings_accepts(env: dict[str, str], num_devices: int, 
             (
                 "Fabric(devices=2)",
                 "SLURM's 4 tasks per node",
-                "--ntasks-per-node=4",
+                "SLURM_NTASKS_PER_NODE=4",
                 "Set devices=4",
                 "ask SLURM for --ntasks-per-node=2",
             ),
@@ -580,6 +583,177 @@ def test_slurm_validate_settings_mismatch(
         assert fragment in message
 
 
+# The variables that SLURM 22.05 really sets (recorded on the one-node cluster of tests/test_slurm.py; only the
+# ones fabric_lite reads, plus the markers that tell the contexts apart).
+SRUN_TASK = {  # `srun -n 2 python train.py`, task 1
+    "SLURM_JOB_ID": "11",
+    "SLURM_JOB_NAME": "python",
+    "SLURM_NTASKS": "2",
+    "SLURM_NNODES": "1",
+    "SLURM_NODELIST": "localhost",
+    "SLURM_TASKS_PER_NODE": "2",
+    "SLURM_PROCID": "1",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "0",
+    "SLURM_STEP_ID": "0",
+    "SLURM_STEPID": "0",
+    "SLURM_STEP_NUM_TASKS": "2",
+    "SLURM_STEP_NUM_NODES": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "2",
+}
+STEP_KEYS = ("SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NUM_NODES")
+STEP_KEYS += ("SLURM_STEP_TASKS_PER_NODE",)
+# `sbatch -n 2` running `python train.py` without srun: one process, rank-0 variables, no step
+BATCH_SCRIPT = {**without(SRUN_TASK, *STEP_KEYS), "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "ENVIRONMENT": "BATCH"}
+# `srun -n 2 python train.py` inside that batch script: the step's variables, and the batch marker inherited
+BATCH_STEP = {**SRUN_TASK, "ENVIRONMENT": "BATCH", "SLURM_JOB_NAME": "train"}
+# `salloc -n 2`: the shell runs on the submit host; no task, no step; salloc names the job "interactive"
+SALLOC_SHELL = {
+    **without(SRUN_TASK, *STEP_KEYS, "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"),
+    "SLURM_JOB_NAME": "interactive",
+}
+# `srun -n 2 python train.py` typed in that salloc shell: the tasks inherit the job name
+SALLOC_STEP = {**SRUN_TASK, "SLURM_JOB_NAME": "interactive"}
+# `srun --pty bash` (one task, job named "bash"), then `python train.py` typed in that shell
+PTY_BASH = {
+    **SRUN_TASK,
+    "SLURM_JOB_NAME": "bash",
+    "SLURM_NTASKS": "1",
+    "SLURM_TASKS_PER_NODE": "1",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_STEP_NUM_TASKS": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "1",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(SRUN_TASK, True, id="srun-task"),
+        pytest.param(BATCH_STEP, True, id="srun-task-in-batch-script"),
+        pytest.param(BATCH_SCRIPT, False, id="batch-script-without-srun"),
+        pytest.param({**BATCH_SCRIPT, "SLURM_JOB_NAME": "bash"}, False, id="batch-script-named-bash"),
+        pytest.param(SALLOC_SHELL, False, id="salloc-shell"),
+        pytest.param({**SALLOC_SHELL, "SLURM_JOB_NAME": "train"}, False, id="salloc-shell-named-train"),
+        pytest.param(SALLOC_STEP, True, id="srun-n2-in-salloc-named-interactive"),
+        pytest.param({**SRUN_TASK, "SLURM_JOB_NAME": "bash"}, True, id="srun-n2-job-named-bash"),
+        pytest.param(PTY_BASH, False, id="srun-pty-bash-shell"),
+        pytest.param({**PTY_BASH, "SLURM_JOB_NAME": "train"}, True, id="one-task-step-named-train"),
+        pytest.param({**PTY_BASH, "SLURM_STEP_NUM_TASKS": "?"}, False, id="unreadable-step-count-uses-job-name"),
+    ],
+)
+def test_slurm_detect_real_contexts(env: dict[str, str], expected: bool) -> None:
+    assert SLURMEnvironment.detect(env) is expected
+
+
+def test_slurm_step_tasks_per_node_wins_over_inherited_ntasks_per_node() -> None:
+    # `sbatch --ntasks-per-node=2` job, then `srun -n 1` in it: the step inherits SLURM_NTASKS_PER_NODE=2
+    step = {**PTY_BASH, "SLURM_JOB_NAME": "train", "SLURM_NTASKS_PER_NODE": "2"}
+    environment = SLURMEnvironment(env=step)
+    assert environment.tasks_per_node() == 1
+    environment.validate_settings(num_devices=1, num_nodes=1)
+    with pytest.raises(ValueError) as excinfo:
+        environment.validate_settings(num_devices=2, num_nodes=1)
+    message = str(excinfo.value)
+    for fragment in ("Fabric(devices=2)", "SLURM's 1 tasks per node", "SLURM_STEP_TASKS_PER_NODE=1", "Set devices=1"):
+        assert fragment in message
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param("2(x3)", 2, id="2(x3)"),
+        pytest.param("2,1", None, id="uneven"),
+        pytest.param("", None, id="empty"),
+    ],
+)
+def test_slurm_step_tasks_per_node_spec(spec: str, expected: int | None) -> None:
+    # an uneven step says None even where the job-wide SLURM_NTASKS_PER_NODE would give a number
+    env = {**SRUN_TASK, "SLURM_STEP_TASKS_PER_NODE": spec, "SLURM_NTASKS_PER_NODE": "2"}
+    assert SLURMEnvironment(env=env).tasks_per_node() == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "expected", "variable"),
+    [
+        pytest.param(SRUN_TASK, 1, "SLURM_STEP_NUM_NODES", id="step"),
+        pytest.param(
+            {**SRUN_TASK, "SLURM_STEP_NUM_NODES": "1", "SLURM_NNODES": "3"}, 1, "SLURM_STEP_NUM_NODES", id="step-wins"
+        ),
+        pytest.param(without(SRUN_TASK, "SLURM_STEP_NUM_NODES"), 1, "SLURM_NNODES", id="job"),
+        pytest.param(without(SRUN_TASK, "SLURM_STEP_NUM_NODES", "SLURM_NNODES"), None, None, id="absent"),
+    ],
+)
+def test_slurm_num_nodes(env: dict[str, str], expected: int | None, variable: str | None) -> None:
+    environment = SLURMEnvironment(env=env)
+    assert environment.num_nodes() == expected
+    if variable is not None:
+        with pytest.raises(ValueError) as excinfo:
+            environment.validate_settings(num_devices=2, num_nodes=2)
+        assert f"({variable})" in str(excinfo.value)
+        assert "Set num_nodes=1" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "where"),
+    [
+        pytest.param(BATCH_SCRIPT, "the batch script of SLURM job 11", id="batch-script"),
+        pytest.param(SALLOC_SHELL, "an salloc shell of SLURM job 11", id="salloc-shell"),
+        pytest.param(
+            {**without(SRUN_TASK, *STEP_KEYS), "SLURM_JOB_NAME": "bash"},
+            "an interactive job (SLURM_JOB_NAME='bash')",
+            id="hand-set-job-named-bash",
+        ),
+    ],
+)
+def test_slurm_note_when_srun_did_not_start_the_process(env: dict[str, str], where: str) -> None:
+    note = _note_not_started_by_srun(env, 2)
+    assert note is not None
+    for fragment in (where, "SLURM_NTASKS=2", "fabric_lite runs 2 process(es)", "srun --ntasks-per-node=2"):
+        assert fragment in note
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="outside-SLURM"),
+        pytest.param(SRUN_TASK, id="srun-task"),
+        pytest.param(SALLOC_STEP, id="srun-task-in-salloc"),
+        pytest.param(PTY_BASH, id="one-task-shell"),
+        pytest.param({**BATCH_SCRIPT, "SLURM_NTASKS": "1"}, id="one-task-batch-job"),
+        pytest.param({**SALLOC_SHELL, "SLURM_NTASKS": "n/a"}, id="unreadable-NTASKS"),
+    ],
+)
+def test_slurm_no_note(env: dict[str, str]) -> None:
+    assert _note_not_started_by_srun(env, 2) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "kwargs", "environment", "start_method", "world_size", "noted"),
+    [
+        pytest.param(SRUN_TASK, {}, SLURMEnvironment, None, 2, False, id="srun-task-auto-devices"),
+        pytest.param(SALLOC_STEP, {}, SLURMEnvironment, None, 2, False, id="srun-task-in-salloc"),
+        pytest.param(BATCH_SCRIPT, {"devices": 2}, LightningEnvironment, "popen", 2, True, id="batch-script"),
+        pytest.param(BATCH_SCRIPT, {}, LightningEnvironment, None, 1, True, id="batch-script-one-process"),
+        pytest.param(SALLOC_SHELL, {"devices": 2}, LightningEnvironment, "popen", 2, True, id="salloc-shell"),
+        pytest.param(PTY_BASH, {"devices": 2}, LightningEnvironment, "popen", 2, False, id="srun-pty-bash"),
+    ],
+)
+def test_slurm_contexts_in_the_plan(
+    env: dict[str, str],
+    kwargs: dict[str, Any],
+    environment: type[ClusterEnvironment],
+    start_method: str | None,
+    world_size: int,
+    noted: bool,
+) -> None:
+    plan = resolve_plan(accelerator="cpu", env=env, machine=Machine(), **kwargs)
+    assert type(plan.cluster_environment) is environment
+    assert (plan.start_method, plan.world_size) == (start_method, world_size)
+    assert any("srun did not start it" in warning for warning in plan.warnings) is noted, plan.warnings
+
+
 # -------------------------------------------------------------------------------------------- common contract
 
 
@@ -612,18 +786,20 @@ def test_default_env_is_a_snapshot_of_os_environ(
 
 
 @pytest.mark.parametrize(
-    ("cls", "variable"),
+    ("cls", "variables"),
     [
-        pytest.param(TorchElasticEnvironment, "TORCHELASTIC_RUN_ID", id="TorchElastic"),
-        pytest.param(SLURMEnvironment, "SLURM_NTASKS", id="SLURM"),
+        pytest.param(TorchElasticEnvironment, ("TORCHELASTIC_RUN_ID",), id="TorchElastic"),
+        pytest.param(SLURMEnvironment, ("SLURM_NTASKS", "SLURM_PROCID"), id="SLURM"),
     ],
 )
-def test_detect_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch, cls: Any, variable: str) -> None:
-    monkeypatch.delenv("SLURM_JOB_NAME", raising=False)
-    monkeypatch.setenv(variable, "1")
+def test_detect_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch, cls: Any, variables: tuple[str, ...]) -> None:
+    for name in ("SLURM_JOB_NAME", "SLURM_STEP_ID", "SLURM_STEPID", "ENVIRONMENT"):
+        monkeypatch.delenv(name, raising=False)
+    for name in variables:
+        monkeypatch.setenv(name, "1")
     assert cls.detect() is True
     assert cls.detect({}) is False
-    monkeypatch.delenv(variable)
+    monkeypatch.delenv(variables[0])
     assert cls.detect() is False
 
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -170,11 +171,12 @@ def test_slurm_mismatch_is_an_error_on_every_rank() -> None:
 
 # ---------------------------------------------------------------------------------------------------- failures
 @pytest.mark.parametrize("fail_rank", [1, 0])
-def test_a_raising_rank_ends_the_job_and_is_reported_as_root_cause(fail_rank: int) -> None:
+def test_a_raising_rank_ends_the_job_and_is_reported_as_root_cause(fail_rank: int, record_property: Any) -> None:
     done = run_python([SCRIPT, "--devices", "2", "--fail-rank", str(fail_rank), "--fail-mode", "raise"], timeout=60)
     assert done.returncode != 0
     assert f"Root cause: rank {fail_rank}" in done.stderr, done.output
     assert f"ValueError: boom on rank {fail_rank}" in done.stderr
+    record_property("time_to_fail_s", round(done.seconds, 2))
     assert done.seconds < 20, f"took {done.seconds:.1f} s to fail"
 
 
@@ -186,12 +188,13 @@ def test_three_ranks_middle_rank_fails() -> None:
 
 
 @pytest.mark.parametrize(("mode", "signal_name"), [("sigkill", "SIGKILL"), ("segv", "SIGSEGV")])
-def test_a_rank_killed_by_a_signal_is_named(mode: str, signal_name: str) -> None:
+def test_a_rank_killed_by_a_signal_is_named(mode: str, signal_name: str, record_property: Any) -> None:
     done = run_python([SCRIPT, "--devices", "2", "--fail-rank", "1", "--fail-mode", mode], timeout=60)
     assert done.returncode != 0
     assert "Root cause: rank 1 (local rank 1, pid" in done.stderr and f"was killed by {signal_name}" in done.stderr, (
         done.output
     )
+    record_property("time_to_fail_s", round(done.seconds, 2))
     assert done.seconds < 20
 
 
@@ -252,7 +255,7 @@ def test_spawn_without_main_guard_says_how_to_fix_it() -> None:
     assert 'if __name__ == "__main__":' in done.stderr, done.output
 
 
-def test_busy_master_port_fails_at_once_naming_the_port() -> None:
+def test_busy_master_port_fails_at_once_naming_the_port(record_property: Any) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -260,15 +263,156 @@ def test_busy_master_port_fails_at_once_naming_the_port() -> None:
         done = run_python([SCRIPT, "--devices", "2"], env=base_env({"MASTER_PORT": str(port)}), timeout=60)
     assert done.returncode != 0
     assert f"127.0.0.1:{port}" in done.stderr, done.output
+    record_property("time_to_fail_s", round(done.seconds, 2))
     assert done.seconds < 20
 
 
-def test_process_group_timeout_ends_a_job_with_a_stuck_rank() -> None:
-    """DDPStrategy(timeout=3 s): rank 1 never reaches its collective; the job ends soon after the timeout."""
+def test_process_group_timeout_ends_a_job_with_a_stuck_rank(record_property: Any) -> None:
+    """RELIABILITY 4: rank 1 never enters its collective; rank 0 raises after the timeout (3 s) naming the
+    collective and the rank it waited for, and the launcher ends the stuck rank."""
     done = run_python(
         [SCRIPT, "--devices", "2", "--fail-rank", "1", "--fail-mode", "sleep", "--timeout", "3"], timeout=60
     )
     assert done.returncode != 0
-    assert "Timed out" in done.stderr or "timed out" in done.stderr, done.output
+    assert "CollectiveTimeoutError: all_reduce on 2 ranks timed out after 0:00:03: rank(s) [1] never took part" in (
+        done.stderr
+    ), done.output
     assert "Root cause:" in done.stderr
+    record_property("time_to_fail_s", round(done.seconds, 2))
     assert done.seconds < 25, f"took {done.seconds:.1f} s"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_a_rank_that_exits_0_early_is_named_as_the_root_cause(strategy: str, record_property: Any) -> None:
+    """Exiting 0 while the others still run collectives is a failure, and it is the cause (RELIABILITY 3)."""
+    done = run_python(
+        [SCRIPT, "--strategy", strategy, "--devices", "2", "--fail-rank", "1", "--fail-mode", "exit0"], timeout=60
+    )
+    assert done.returncode != 0, done.output
+    if strategy == "ddp":
+        assert "Root cause: rank 1 (local rank 1" in done.stderr and "exited with code 0 while the other ranks" in (
+            done.stderr
+        ), done.output
+    else:
+        assert "process 1 exited with code 0 while the other processes were still running" in done.stderr, done.output
+    record_property("time_to_fail_s", round(done.seconds, 2))
+    assert done.seconds < 20
+
+
+def _start_and_wait_ready(args: list[str], ranks: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, *args],
+        env=base_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ready = 0
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while ready < ranks and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        ready += line.startswith("READY")
+    assert ready == ranks, "the ranks did not start"
+    return proc
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_sigterm_to_the_launcher_reaches_every_rank(strategy: str, record_property: Any) -> None:
+    """RELIABILITY 5: SIGTERM to the launcher is forwarded; the ranks can act on it; nothing is left behind.
+
+    The ranks are busy outside any collective (a rank blocked inside a gloo collective runs no Python signal
+    handler until the collective returns; it is then ended after the grace period).
+    """
+    args = [
+        "--strategy",
+        strategy,
+        "--devices",
+        "2",
+        "--fail-rank",
+        "-2",
+        "--fail-mode",
+        "sleep",
+        "--fail-step",
+        "0",
+        "--trap-sigterm",
+    ]
+    proc = _start_and_wait_ready(args, 2)
+    try:
+        start = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - start
+        assert proc.returncode != 0
+        assert "GOT SIGTERM rank=1" in stdout, stdout + stderr
+        if strategy == "ddp_spawn":
+            assert "GOT SIGTERM rank=0" in stdout, stdout + stderr
+        record_property("time_to_fail_s", round(elapsed, 2))
+        assert elapsed < 10
+        deadline = time.monotonic() + 5
+        while _session_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _session_members(proc.pid) == []
+    finally:
+        _kill_session(proc.pid)
+
+
+def test_sigint_to_the_launcher_interrupts_every_rank() -> None:
+    proc = _start_and_wait_ready(["--devices", "2", "--fail-rank", "-2", "--fail-mode", "sleep", "--fail-step", "0"], 2)
+    try:
+        os.kill(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+        assert proc.returncode != 0
+        assert "received SIGINT; passing it on to the other ranks" in stderr, stdout + stderr
+        deadline = time.monotonic() + 5
+        while _session_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _session_members(proc.pid) == []
+    finally:
+        _kill_session(proc.pid)
+
+
+def test_a_rank_that_never_starts_is_reported_with_how_many_joined(record_property: Any) -> None:
+    """RELIABILITY 28: a 3-process job where rank 2 never starts: the others raise within the timeout, saying
+    how many ranks joined."""
+    port = free_port()
+    procs = []
+    try:
+        for rank in range(2):
+            env = base_env(
+                {
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": "3",
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    "NODE_RANK": "0",
+                }
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, SCRIPT, "--devices", "3", "--timeout", "3"],
+                    env=env,
+                    cwd=REPO,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        start = time.monotonic()
+        outputs = [p.communicate(timeout=60) for p in procs]
+        elapsed = time.monotonic() - start
+    finally:
+        for p in procs:
+            _kill_session(p.pid)
+    for p, (_stdout, stderr) in zip(procs, outputs, strict=True):
+        assert p.returncode != 0
+        assert "CollectiveTimeoutError: The process group did not form within 0:00:03: 2 of 3 ranks joined" in stderr, (
+            stderr
+        )
+    record_property("time_to_fail_s", round(elapsed, 2))
+    assert elapsed < 30

@@ -8,7 +8,13 @@ import torch
 
 
 class Accelerator(ABC):
-    """A kind of device (CPU, CUDA GPU, Apple MPS). Subclasses are stateless."""
+    """A kind of device (CPU, CUDA GPU, Apple MPS). Subclasses are stateless.
+
+    Example::
+
+        CUDAAccelerator.is_available(), CUDAAccelerator.auto_device_count()  # (True, 8) on a machine with 8 GPUs
+        fabric = Fabric(accelerator=CUDAAccelerator(), devices=2)  # the same as accelerator="cuda"
+    """
 
     #: the name used in ``Fabric(accelerator=...)``
     name: str = ""

@@ -9,7 +9,13 @@ from fabric_lite.accelerators.accelerator import Accelerator
 
 
 class CPUAccelerator(Accelerator):
-    """Compute on the CPU. ``devices=N`` means N processes, each using the CPU."""
+    """Compute on the CPU. ``devices=N`` means N processes, each using the CPU.
+
+    Example::
+
+        fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")  # two processes, gloo between them
+        fabric.accelerator  # CPUAccelerator()
+    """
 
     name = "cpu"
 

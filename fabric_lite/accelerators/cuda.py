@@ -9,7 +9,14 @@ from fabric_lite.accelerators.accelerator import Accelerator
 
 
 class CUDAAccelerator(Accelerator):
-    """Compute on NVIDIA GPUs through CUDA. ``devices`` selects GPU indices; each process drives one GPU."""
+    """Compute on NVIDIA GPUs through CUDA. ``devices`` selects GPU indices; each process drives one GPU.
+
+    Example::
+
+        fabric = Fabric(accelerator="cuda", devices=[0, 2])  # GPUs 0 and 2, one process each, NCCL between them
+        fabric.launch()
+        fabric.device  # rank 0: cuda:0   rank 1: cuda:2
+    """
 
     name = "cuda"
 

@@ -11,7 +11,13 @@ from fabric_lite.accelerators.accelerator import Accelerator
 
 
 class MPSAccelerator(Accelerator):
-    """Compute on an Apple silicon GPU through Metal (one device)."""
+    """Compute on an Apple silicon GPU through Metal (one device).
+
+    Example::
+
+        if MPSAccelerator.is_available():  # a Mac with Apple silicon
+            fabric = Fabric(accelerator="mps", devices=1)
+    """
 
     name = "mps"
 

@@ -2,28 +2,54 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import inspect
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+from torch import Tensor
 from torch.nn import Module
 from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._sync_batchnorm import convert_sync_batchnorm
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
+from fabric_lite.utilities.distributed import register_ddp_comm_hook
+from fabric_lite.utilities.types import ReduceOp
 
 _START_METHODS = ("popen", "spawn", "fork", "forkserver")
+# arguments of DistributedDataParallel that the strategy sets itself
+_OWN_DDP_ARGS = ("module", "device_ids")
+
+
+def _ddp_arguments() -> tuple[str, ...]:
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    return tuple(name for name in parameters if name != "self" and name not in _OWN_DDP_ARGS)
+
+
+def _is_post_local_sgd_state(state: object) -> bool:
+    # checked by name first, so that no comm-hook module is imported unless a state is given
+    if type(state).__name__ != "PostLocalSGDState":
+        return False
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+
+    return isinstance(state, PostLocalSGDState)
 
 
 class DDPStrategy(ParallelStrategy):
     """Multi-process single-device training on one or several nodes, with ``DistributedDataParallel``.
 
     Every keyword argument that is not listed below goes to ``DistributedDataParallel`` unchanged
-    (``find_unused_parameters`` is ``False`` unless you say otherwise, as in raw PyTorch).
+    (``find_unused_parameters=False`` unless you say otherwise; ``bucket_cap_mb``, ``gradient_as_bucket_view``,
+    ``static_graph``, ``broadcast_buffers``, ``process_group``, ...). A name DDP does not take raises here, not at
+    ``fabric.setup``.
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
@@ -31,11 +57,40 @@ class DDPStrategy(ParallelStrategy):
         timeout: how long collectives wait for the other processes before raising.
         start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
             once per extra device (``strategy="ddp"``), ``"spawn"``/``"fork"`` start ``launch(fn)`` in new processes.
+        sync_batchnorm: at ``fabric.setup``, replace every BatchNorm layer by a synchronised one, whose statistics
+            cover the batches of all processes (``torch.nn.SyncBatchNorm`` on GPUs; on the CPU, where torch has
+            none, fabric_lite's ``CPUSyncBatchNorm``). Parameters and buffers are kept, so are optimizers.
+        ddp_comm_state: the communication hook's state, e.g. ``powerSGD_hook.PowerSGDState(...)`` or
+            ``post_localSGD_hook.PostLocalSGDState(...)``. A zero-argument callable (e.g. ``functools.partial(
+            PowerSGDState, process_group=None, ...)``) is called at ``fabric.setup``, once per module, after the
+            process group exists: use that with ``ddp_spawn`` (a ``PowerSGDState`` cannot be pickled into a new
+            process before the group exists) and for states that hold subgroups.
+        ddp_comm_hook: a DDP communication hook registered at setup, e.g. ``default_hooks.fp16_compress_hook``,
+            ``powerSGD_hook.powerSGD_hook``, ``post_localSGD_hook.post_localSGD_hook``.
+        ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper``.
+        model_averaging_period: with post-local SGD, average the parameters across processes every this many
+            optimizer steps once local SGD has started (a ``PeriodicModelAverager`` per optimizer, run after each
+            ``optimizer.step()``, with the state's ``start_localSGD_iter`` as warm-up). Required with a
+            ``PostLocalSGDState`` and only accepted with one.
         **kwargs: passed to ``torch.nn.parallel.DistributedDataParallel``.
+
+    Raises:
+        ValueError, TypeError: an argument DDP does not take, a state or wrapper without a hook, a post-local SGD
+            state without ``model_averaging_period`` (or the period without that state).
 
     Example::
 
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook as post_local
+
         fabric = Fabric(strategy=DDPStrategy(find_unused_parameters=True, timeout=timedelta(minutes=5)), devices=2)
+        fabric = Fabric(strategy=DDPStrategy(sync_batchnorm=True, ddp_comm_hook=default_hooks.fp16_compress_hook))
+        fabric = Fabric(
+            strategy=DDPStrategy(
+                ddp_comm_state=post_local.PostLocalSGDState(None, None, start_localSGD_iter=8),
+                ddp_comm_hook=post_local.post_localSGD_hook,
+                model_averaging_period=4,
+            )
+        )
     """
 
     def __init__(
@@ -47,6 +102,12 @@ class DDPStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
+        sync_batchnorm: bool = False,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable[..., Any] | None = None,
+        ddp_comm_wrapper: Callable[..., Any] | None = None,
+        model_averaging_period: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -59,11 +120,69 @@ class DDPStrategy(ParallelStrategy):
         )
         if start_method not in _START_METHODS:
             raise ValueError(f"DDPStrategy(start_method={start_method!r}) is not one of {_START_METHODS}.")
+        if not isinstance(sync_batchnorm, bool):
+            raise TypeError(f"DDPStrategy(sync_batchnorm={sync_batchnorm!r}) must be True or False.")
+        unknown = sorted(set(kwargs) - set(_ddp_arguments()))
+        if unknown:
+            own = [name for name in unknown if name in _OWN_DDP_ARGS]
+            hint = (
+                f" {own} are set by the strategy itself (the module and this process's device)."
+                if own
+                else f" DistributedDataParallel takes: {', '.join(_ddp_arguments())}."
+            )
+            raise TypeError(f"DDPStrategy got arguments that DistributedDataParallel does not take: {unknown}.{hint}")
+        # the same validation as register_ddp_comm_hook, but now rather than at fabric.setup
+        if ddp_comm_hook is None and (ddp_comm_state is not None or ddp_comm_wrapper is not None):
+            given = "ddp_comm_state" if ddp_comm_state is not None else "ddp_comm_wrapper"
+            raise ValueError(
+                f"DDPStrategy got {given} but no ddp_comm_hook: the state and the wrapper only apply to a hook."
+                " Pass ddp_comm_hook=..., e.g. powerSGD_hook.powerSGD_hook with a PowerSGDState."
+            )
+        if ddp_comm_hook is not None and not callable(ddp_comm_hook):
+            raise TypeError(f"DDPStrategy(ddp_comm_hook={ddp_comm_hook!r}) must be a callable hook(state, bucket).")
+        if ddp_comm_wrapper is not None and not callable(ddp_comm_wrapper):
+            raise TypeError(f"DDPStrategy(ddp_comm_wrapper={ddp_comm_wrapper!r}) must be a callable wrapper(hook).")
+        if model_averaging_period is not None and (
+            isinstance(model_averaging_period, bool)
+            or not isinstance(model_averaging_period, int)
+            or model_averaging_period < 1
+        ):
+            raise ValueError(
+                f"DDPStrategy(model_averaging_period={model_averaging_period!r}) must be a whole number of optimizer"
+                " steps, at least 1."
+            )
+        if not callable(ddp_comm_state):
+            self._check_model_averaging(ddp_comm_state, model_averaging_period)
         self._start_method = start_method
+        kwargs.setdefault("find_unused_parameters", False)
         self._ddp_kwargs = kwargs
+        self._sync_batchnorm = sync_batchnorm
+        self._ddp_comm_state = ddp_comm_state
+        self._ddp_comm_hook = ddp_comm_hook
+        self._ddp_comm_wrapper = ddp_comm_wrapper
+        self._model_averaging_period = model_averaging_period
+        # post-local SGD: the state whose start_localSGD_iter is the averagers' warm-up, and one averager per optimizer
+        self._post_local_sgd_state: Any = None
+        self._model_averagers: dict[int, Any] = {}
+
+    @staticmethod
+    def _check_model_averaging(state: object, period: int | None) -> None:
+        post_local = _is_post_local_sgd_state(state)
+        if post_local and period is None:
+            raise ValueError(
+                "Post-local SGD (a PostLocalSGDState) needs DDPStrategy(model_averaging_period=N): after local SGD"
+                " starts, nothing else keeps the processes' parameters together."
+            )
+        if period is not None and not post_local:
+            raise ValueError(
+                f"DDPStrategy(model_averaging_period={period}) only applies to post-local SGD, but ddp_comm_state is"
+                f" {type(state).__name__}. Pass ddp_comm_state=PostLocalSGDState(...) and"
+                " ddp_comm_hook=post_localSGD_hook, or drop model_averaging_period."
+            )
 
     @property
     def start_method(self) -> str:
+        """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
         return self._start_method
 
     @property
@@ -71,14 +190,82 @@ class DDPStrategy(ParallelStrategy):
         """The keyword arguments passed to ``DistributedDataParallel``."""
         return dict(self._ddp_kwargs)
 
+    @property
+    def sync_batchnorm(self) -> bool:
+        """Whether BatchNorm layers are replaced by synchronised ones at setup."""
+        return self._sync_batchnorm
+
+    @property
+    def data_parallel_group(self) -> Any:
+        """The process group gradients are averaged over: DDP's ``process_group`` argument, else all processes."""
+        return self._ddp_kwargs.get("process_group") or dist.group.WORLD
+
     @override
     def setup_module(self, module: Module) -> DistributedDataParallel:
-        """Wrap the module in ``DistributedDataParallel`` (on this process's device)."""
+        """Wrap the module in ``DistributedDataParallel`` (on this process's device).
+
+        With ``sync_batchnorm`` its BatchNorm layers are converted first; the communication hook, if any, is
+        registered on the new wrapper.
+        """
+        if self._sync_batchnorm:
+            module = convert_sync_batchnorm(module, self.root_device.type)
+        elif self.root_device.type == "cpu" and any(isinstance(m, torch.nn.SyncBatchNorm) for m in module.modules()):
+            raise ValueError(
+                f"{type(module).__name__} contains torch.nn.SyncBatchNorm layers, which only run on GPUs. To"
+                " synchronise batch norm on the CPU, keep the BatchNorm layers and pass"
+                " DDPStrategy(sync_batchnorm=True): fabric_lite converts them at setup (on any device)."
+            )
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         # build DDP on a side stream so its initial broadcast does not serialise with work on the default one
         context = torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else nullcontext()  # type: ignore[no-untyped-call]
         with context:
-            return DistributedDataParallel(module=module, device_ids=device_ids, **self._ddp_kwargs)
+            ddp = DistributedDataParallel(module=module, device_ids=device_ids, **self._ddp_kwargs)
+        if self._ddp_comm_hook is not None:
+            self._register_ddp_hooks(ddp)
+        return ddp
+
+    def _register_ddp_hooks(self, ddp: DistributedDataParallel) -> None:
+        state = self._ddp_comm_state
+        if callable(state):  # a factory: build the state now that the process group exists, one per module
+            state = state()
+            self._check_model_averaging(state, self._model_averaging_period)
+        register_ddp_comm_hook(
+            ddp, ddp_comm_state=state, ddp_comm_hook=self._ddp_comm_hook, ddp_comm_wrapper=self._ddp_comm_wrapper
+        )
+        if _is_post_local_sgd_state(state):
+            self._post_local_sgd_state = state
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step the optimizer; with post-local SGD, then average the parameters across processes when due."""
+        output = super().optimizer_step(optimizer, **kwargs)
+        if self._post_local_sgd_state is not None:
+            self._average_parameters(optimizer)
+        return output
+
+    def _average_parameters(self, optimizer: Optimizer) -> None:
+        averager = self._model_averagers.get(id(optimizer))
+        if averager is None:
+            averager = self._model_averager(optimizer)
+            self._model_averagers[id(optimizer)] = averager
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        averager.average_parameters(iter(params))
+
+    def _model_averager(self, optimizer: Optimizer) -> Any:
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+        from torch.distributed.optim import PostLocalSGDOptimizer, ZeroRedundancyOptimizer
+
+        if isinstance(optimizer, (PostLocalSGDOptimizer, ZeroRedundancyOptimizer)):
+            raise ValueError(
+                f"Post-local SGD model averaging cannot work with a {type(optimizer).__name__}: it averages (or shards)"
+                " the parameters itself. Use a plain optimizer, e.g. torch.optim.SGD."
+            )
+        state = self._post_local_sgd_state
+        return PeriodicModelAverager(
+            period=self._model_averaging_period,
+            warmup_steps=state.start_localSGD_iter,
+            process_group=state.process_group,
+        )
 
     @override
     def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
@@ -95,6 +282,39 @@ class DDPStrategy(ParallelStrategy):
             )
         return module.no_sync()
 
+    @contextmanager
+    def block_backward_sync(self, module: Module) -> Generator[None, None, None]:
+        """Skip the gradient synchronisation inside the block (the seed's name for :meth:`no_backward_sync`).
+
+        Useful to accumulate gradients without communicating; the first backward outside the block synchronises
+        everything accumulated. Both the forward and the backward must run inside the block. ``module`` is the
+        ``DistributedDataParallel`` module or the module returned by ``fabric.setup``.
+
+        Example::
+
+            with strategy.block_backward_sync(model):
+                fabric.backward(model(x1).sum())  # local gradients only
+            fabric.backward(model(x2).sum())      # synchronises the sum of both
+        """
+        with self.no_backward_sync(getattr(module, "_forward_module", module)):
+            yield
+
+    def reduce(
+        self, tensor: Tensor | Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
+    ) -> Tensor | Any:
+        """Reduce a tensor across processes (the seed's name for :meth:`all_reduce`; default ``mean``).
+
+        Returns the reduced tensor (in place); anything that is not a tensor is returned unchanged.
+
+        Example::
+
+            # rank 0: tensor(1.)   rank 1: tensor(3.)
+            strategy.reduce(t)  # every rank: tensor(2.)
+        """
+        if not isinstance(tensor, Tensor):
+            return tensor
+        return self.all_reduce(tensor, group=group, reduce_op=reduce_op)
+
     @override
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
         if isinstance(module, DistributedDataParallel):
@@ -107,5 +327,27 @@ class DDPStrategy(ParallelStrategy):
             module = module.module
         module.load_state_dict(state_dict, strict=strict)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles the strategy into each new process, before any process group exists there
+        state = self._ddp_comm_state
+        holds_group = any(getattr(state, name, None) is not None for name in ("process_group", "subgroup"))
+        if type(state).__name__ == "PowerSGDState" or (_is_post_local_sgd_state(state) and holds_group):
+            raise RuntimeError(
+                f"DDPStrategy(ddp_comm_state={type(state).__name__}(...)) cannot be sent to processes started with"
+                " start_method='spawn'/'forkserver': the state holds a process group, which only exists once the"
+                " process has joined. Pass a factory instead, e.g. ddp_comm_state=functools.partial("
+                f"{type(state).__name__}, process_group=None, ...): it is called in each process at fabric.setup."
+            )
+        return self.__dict__.copy()
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(start_method={self._start_method!r}, kwargs={self._ddp_kwargs})"
+        extras = "".join(
+            f", {name}={value!r}"
+            for name, value in (
+                ("sync_batchnorm", self._sync_batchnorm or None),
+                ("ddp_comm_hook", getattr(self._ddp_comm_hook, "__name__", self._ddp_comm_hook)),
+                ("model_averaging_period", self._model_averaging_period),
+            )
+            if value is not None
+        )
+        return f"{type(self).__name__}(start_method={self._start_method!r}{extras}, kwargs={self._ddp_kwargs})"

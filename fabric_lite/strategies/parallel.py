@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.nn import Module
 from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
@@ -23,6 +25,26 @@ from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 log = logging.getLogger(__name__)
+
+_JOINED_KEY = "fabric_lite/joined"
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective (or the rendezvous) waited longer than the process-group timeout for the other ranks."""
+
+
+def is_timeout(err: BaseException) -> bool:
+    """Whether a backend error says that the operation timed out (gloo and NCCL word it differently)."""
+    text = str(err)
+    return "Timed out" in text or "timed out" in text or "Timeout" in text or "timeout" in text
+
+
+def _read_counter(store: Any, key: str) -> int | str:
+    try:
+        return int(store.add(key, 0))
+    except Exception:  # diagnosis only
+        return "an unknown number"
+
 
 _WORKER_DRAIN_SECONDS = 0.05
 #: torch's own default: 30 minutes for gloo (NCCL's watchdog default is 10 minutes)
@@ -42,9 +64,25 @@ class ParallelStrategy(Strategy):
         precision: the precision plugin; filled in by ``Fabric``.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
         timeout: how long collectives and the rendezvous wait for the other processes before raising.
+
+    ``all_reduce`` and ``all_gather`` always check, in one small collective, that every rank passes tensors of the
+    same shapes and dtypes (and the same reduce op): a mismatch raises :class:`CollectiveMismatchError` on every
+    rank with a per-rank table, where gloo would abort or return wrong data. With ``debug_collectives`` (set by
+    ``Fabric(debug=True)`` or ``FABRIC_LITE_DEBUG=1``) ``broadcast``, ``barrier`` and ``reduce_boolean_decision``
+    are checked too, so ranks that call different collectives at the same point are named at once instead of
+    timing out.
+
+    Example::
+
+        strategy = DDPStrategy(timeout=timedelta(minutes=5))  # a ParallelStrategy
+        fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+        fabric.launch()
+        strategy.world_size, strategy.global_rank  # (2, 0) on rank 0, (2, 1) on rank 1
     """
 
     is_parallel = True
+    #: check every collective (not only all_reduce and all_gather) across ranks before running it
+    debug_collectives = False
 
     def __init__(
         self,
@@ -68,12 +106,14 @@ class ParallelStrategy(Strategy):
         self._world_size = 1
         # how this process reaches the rendezvous store; set by launchers, otherwise derived from the environment
         self._store: Any = None
+        self._timeouts = 0
         self._store_is_external = False
         self._owns_process_group = False
 
     # ------------------------------------------------------------------ configuration (filled in by Fabric)
     @property
     def parallel_devices(self) -> list[torch.device] | None:
+        """The device of each local process (``None`` until ``Fabric`` fills it in)."""
         return self._parallel_devices
 
     @parallel_devices.setter
@@ -82,6 +122,7 @@ class ParallelStrategy(Strategy):
 
     @property
     def cluster_environment(self) -> ClusterEnvironment:
+        """Where the ranks come from: fabric_lite's own launcher, torchrun, SLURM, ..."""
         if self._cluster_environment is None:
             self._cluster_environment = LightningEnvironment()
         return self._cluster_environment
@@ -92,6 +133,7 @@ class ParallelStrategy(Strategy):
 
     @property
     def num_nodes(self) -> int:
+        """How many machines take part."""
         return self._num_nodes
 
     @num_nodes.setter
@@ -105,12 +147,14 @@ class ParallelStrategy(Strategy):
 
     @property
     def process_group_backend(self) -> str:
+        """The ``torch.distributed`` backend: the one given, else NCCL for CUDA devices and gloo otherwise."""
         if self._process_group_backend is not None:
             return self._process_group_backend
         return "nccl" if self.root_device.type == "cuda" else "gloo"
 
     @property
     def timeout(self) -> timedelta:
+        """How long collectives and the rendezvous wait for the other processes before raising."""
         return self._timeout
 
     # ------------------------------------------------------------------ ranks
@@ -186,11 +230,66 @@ class ParallelStrategy(Strategy):
                 is_master=environment.hosts_store(self.global_rank) and not self._store_is_external
             )
         prefix = environment.store_prefix()
-        kwargs["store"] = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
+        store = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
+        kwargs["store"] = store
+        # kept for diagnosis: which ranks joined, which ranks a timed-out collective waited for
+        self._diagnosis_store = store
+        store.add(_JOINED_KEY, 1)
         log.debug("initialising the process group: rank %d of %d", self.global_rank, self.world_size)
-        dist.init_process_group(**kwargs)
+        try:
+            dist.init_process_group(**kwargs)
+        except RuntimeError as err:
+            if not is_timeout(err):
+                raise
+            joined = _read_counter(store, _JOINED_KEY)
+            raise CollectiveTimeoutError(
+                f"The process group did not form within {self._timeout}: {joined} of {self.world_size} ranks joined"
+                f" the rendezvous at {environment.main_address}:{environment.main_port}. The missing ranks never"
+                " started, crashed before joining, or were given another address or port."
+            ) from err
         self._owns_process_group = True
         atexit.register(self._destroy_process_group)
+
+    def _timed_out(self, name: str, err: BaseException) -> CollectiveTimeoutError:
+        """The error for a collective that timed out, naming it and, where the store can tell, the missing ranks.
+
+        Every rank whose collective timed out records it in the rendezvous store; after a short wait, the ranks
+        that did not are the ones that never took part (stuck elsewhere, dead, or calling another collective).
+        Only runs after a failure: nothing of this is on the normal path.
+        """
+        self._timeouts += 1
+        store = getattr(self, "_diagnosis_store", None)
+        found: list[list[int]] = []
+        if store is not None:
+            key = f"fabric_lite/timed_out/{self._timeouts}"
+            pause = min(1.0, self._timeout.total_seconds())
+
+            def diagnose() -> None:
+                try:
+                    store.set(f"{key}/{self.global_rank}", name)
+                    time.sleep(pause)
+                    found.append([r for r in range(self.world_size) if not store.check([f"{key}/{r}"])])
+                except Exception:  # the store may be gone too; the diagnosis is a bonus
+                    pass
+
+            # in a thread with a bounded wait: cut off from the store's host (a network split), a store call can
+            # block for as long as the kernel keeps the TCP connection, many minutes, with no timeout of its own
+            thread = threading.Thread(target=diagnose, name="fabric_lite-timeout-diagnosis", daemon=True)
+            thread.start()
+            thread.join(pause + 2.0)
+        missing = found[0] if found else None
+        who = f"rank(s) {missing} never took part in it" if missing else "not every rank took part in it"
+        hint = (
+            ""
+            if self.debug_collectives
+            else " To see what every rank calls, run again with FABRIC_LITE_DEBUG=1 (or Fabric(debug=True)): ranks"
+            " calling different collectives then raise at once with a per-rank table."
+        )
+        return CollectiveTimeoutError(
+            f"{name} on {self.world_size} ranks timed out after {self._timeout}: {who} (stuck elsewhere, dead, or"
+            f" calling a different collective). Every rank must call the same collectives in the same order.{hint}"
+            f" (backend: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
+        )
 
     def _create_store(self, is_master: bool) -> Any:
         environment = self.cluster_environment
@@ -254,11 +353,15 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             return tensor
         backend = dist.get_backend(group)
-        if isinstance(tensor, Tensor):
-            _collectives.all_reduce_([tensor], op, group, backend)
-            return tensor
-        leaves, _ = flatten(tensor)
-        _collectives.all_reduce_([leaf for leaf in leaves if isinstance(leaf, Tensor)], op, group, backend)
+        tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
+        try:
+            if dist.get_world_size(group) > 1 and tensors:  # over one rank every reduction is the identity
+                call = f"all_reduce(reduce_op={_collectives.reduce_op_name(op)})"
+                _collectives.all_reduce_checked(tensors, op, group, backend, self._comm_device(), call)
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out("all_reduce", err) from err
+            raise
         return tensor
 
     @override
@@ -273,11 +376,16 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized() or dist.get_world_size(group) == 1:
             return tensor
         device = self._comm_device()
-        if isinstance(tensor, Tensor):
-            return _collectives.all_gather([tensor], group, device, sync_grads)[0]
-        leaves, spec = flatten(tensor)
+        leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
-        gathered = _collectives.all_gather([leaves[i] for i in positions], group, device, sync_grads)
+        try:
+            gathered = _collectives.all_gather([leaves[i] for i in positions], group, device, sync_grads)
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out("all_gather", err) from err
+            raise
+        if spec is None:
+            return gathered[0]
         for i, value in zip(positions, gathered, strict=True):
             leaves[i] = value
         return unflatten(spec, leaves)
@@ -293,24 +401,54 @@ class ParallelStrategy(Strategy):
             raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
         if not dist.is_initialized():
             return obj
-        return _collectives.broadcast(obj, src, None, self._comm_device())  # type: ignore[no-any-return]
+        try:
+            if self.debug_collectives:
+                _collectives.check_collective(f"broadcast(src={src})", [], None, self._comm_device())
+            return _collectives.broadcast(obj, src, None, self._comm_device())  # type: ignore[no-any-return]
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out(f"broadcast(src={src})", err) from err
+            raise
 
     @override
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process has entered the barrier. A no-op without a process group."""
         if not dist.is_initialized():
             return
-        if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
-            dist.barrier(device_ids=[self.root_device.index])
-        else:
-            dist.barrier()
+        try:
+            if self.debug_collectives:
+                _collectives.check_collective("barrier", [], None, self._comm_device())
+            if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
+                dist.barrier(device_ids=[self.root_device.index])
+            else:
+                dist.barrier()
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out(f"barrier({name!r})" if name else "barrier", err) from err
+            raise
 
     @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` (or ``any``) of every process's decision, in one collective; the same on every process."""
         if not dist.is_initialized():
             return bool(decision)
-        return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
+        try:
+            if self.debug_collectives:
+                _collectives.check_collective(f"reduce_boolean_decision(all={all})", [], None, self._comm_device())
+            return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out("reduce_boolean_decision", err) from err
+            raise
+
+    @override
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().backward(tensor, module, *args, **kwargs)
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out("the gradient all-reduce in backward", err) from err
+            raise
 
     # ------------------------------------------------------------------ checkpoints
     @override

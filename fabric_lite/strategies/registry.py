@@ -5,7 +5,8 @@ whether it runs one process per device, and how the extra processes are started:
 
 * ``popen``: the script is run again once per extra local rank (like ``torch.distributed.run``),
 * ``spawn`` / ``fork``: ``Fabric.launch(fn)`` starts one process per device with that start method,
-* ``None``: a single process.
+* ``None``: a single process (``dp`` drives several devices from it), or processes that an outside launcher
+  starts (``horovodrun`` for ``horovod``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class StrategyEntry:
     start_method: StartMethod | None
     description: str
     init_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: one process drives every selected device (``DataParallel``), so several devices need no extra process
+    multi_device: bool = False
 
 
 STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
@@ -63,5 +66,83 @@ STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
         "popen",
         "ddp with find_unused_parameters=True",
         {"start_method": "popen", "find_unused_parameters": True},
+    ),
+    # Lightning's other spellings of find_unused_parameters, one per start method
+    "ddp_find_unused_parameters_false": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "popen",
+        "ddp with find_unused_parameters=False (the default)",
+        {"start_method": "popen", "find_unused_parameters": False},
+    ),
+    "ddp_spawn_find_unused_parameters_true": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "spawn",
+        "ddp_spawn with find_unused_parameters=True",
+        {"start_method": "spawn", "find_unused_parameters": True},
+    ),
+    "ddp_spawn_find_unused_parameters_false": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "spawn",
+        "ddp_spawn with find_unused_parameters=False (the default)",
+        {"start_method": "spawn", "find_unused_parameters": False},
+    ),
+    "ddp_fork_find_unused_parameters_true": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "fork",
+        "ddp_fork with find_unused_parameters=True",
+        {"start_method": "fork", "find_unused_parameters": True},
+    ),
+    "ddp_fork_find_unused_parameters_false": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "fork",
+        "ddp_fork with find_unused_parameters=False (the default)",
+        {"start_method": "fork", "find_unused_parameters": False},
+    ),
+    "ddp_notebook_find_unused_parameters_true": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "fork",
+        "ddp_notebook with find_unused_parameters=True",
+        {"start_method": "fork", "find_unused_parameters": True},
+    ),
+    "ddp_notebook_find_unused_parameters_false": StrategyEntry(
+        "DDPStrategy",
+        True,
+        "fork",
+        "ddp_notebook with find_unused_parameters=False (the default)",
+        {"start_method": "fork", "find_unused_parameters": False},
+    ),
+    "dp": StrategyEntry(
+        "DataParallelStrategy",
+        False,
+        None,
+        "torch.nn.DataParallel: one process, the module replicated on every selected CUDA device"
+        " (on a machine without CUDA, Fabric warns and runs 'ddp', as Lightning Fabric does)",
+        multi_device=True,
+    ),
+    "fsdp": StrategyEntry(
+        "FSDPStrategy",
+        True,
+        "popen",
+        "fully sharded data parallel on torch's fully_shard (FSDP2); the script is re-run once per extra local rank",
+        {"start_method": "popen"},
+    ),
+    "fsdp_cpu_offload": StrategyEntry(
+        "FSDPStrategy",
+        True,
+        "popen",
+        "fsdp with the sharded parameters, gradients and optimizer step kept on the CPU",
+        {"start_method": "popen", "cpu_offload": True},
+    ),
+    "horovod": StrategyEntry(
+        "HorovodStrategy",
+        True,
+        None,
+        "Horovod (optional dependency): horovodrun starts one process per device, fabric_lite starts none",
     ),
 }

@@ -20,6 +20,11 @@ class SingleDeviceStrategy(Strategy):
         device: the device to compute on, e.g. ``"cpu"`` or ``"cuda:0"``.
         accelerator: the kind of device; filled in by ``Fabric`` when not given.
         precision: the precision plugin; filled in by ``Fabric`` when not given.
+
+    Example::
+
+        fabric = Fabric(strategy=SingleDeviceStrategy("cuda:1"))  # one process, on the second GPU
+        fabric.all_reduce(torch.tensor(3.0))  # tensor(3.): collectives are identities
     """
 
     def __init__(

@@ -36,6 +36,15 @@ class Strategy(ABC):
     Args:
         accelerator: the kind of device. Filled in by ``Fabric`` when not given.
         precision: the precision plugin. Filled in by ``Fabric`` when not given.
+
+    Example::
+
+        fabric = Fabric(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(minutes=5)))
+        fabric.strategy.world_size  # 2: every strategy answers the same questions, whatever it runs on
+
+        class TracedDevice(SingleDeviceStrategy):  # a strategy of your own overrides only what differs
+            def barrier(self, name=None):
+                print(f"barrier {name}")
     """
 
     #: whether the strategy runs one process per device (and needs ``fabric.launch()``)
@@ -54,18 +63,22 @@ class Strategy(ABC):
 
     @property
     def global_rank(self) -> int:
+        """The index of this process among all processes, across nodes."""
         return 0
 
     @property
     def local_rank(self) -> int:
+        """The index of this process among the processes on its node."""
         return 0
 
     @property
     def node_rank(self) -> int:
+        """The index of this process's node."""
         return 0
 
     @property
     def world_size(self) -> int:
+        """The number of processes across all nodes."""
         return 1
 
     @property
@@ -75,6 +88,7 @@ class Strategy(ABC):
 
     @property
     def accelerator(self) -> Accelerator | None:
+        """The kind of device; set by ``Fabric`` when the strategy was created without one."""
         return self._accelerator
 
     @accelerator.setter
@@ -83,6 +97,7 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
+        """The precision plugin (full precision when none was given)."""
         return self._precision if self._precision is not None else Precision()
 
     @precision.setter

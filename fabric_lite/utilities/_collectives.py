@@ -101,6 +101,13 @@ def resolve_reduce_op(reduce_op: str | Any | None) -> Any:
     )
 
 
+def reduce_op_name(op: Any) -> str:
+    """A readable name for what :func:`resolve_reduce_op` returned (``"sum"``, ``"mean"``, ...)."""
+    if op is _MEAN:
+        return "mean"
+    return str(getattr(op, "name", op)).lower().replace("redoptype.", "")
+
+
 def _group_by_device_dtype(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
     """The tensors split into groups that share a device and a dtype, in order (usually one group)."""
     first = tensors[0]
@@ -198,37 +205,173 @@ def _all_gather_flat(output: Tensor, flat: Tensor, group: Any) -> None:
     _all_gather_single(output, flat, group=group)
 
 
-def _signature(tensors: Sequence[Tensor]) -> list[int]:
-    meta = repr([(str(t.dtype), tuple(t.shape)) for t in tensors]).encode()
-    digest = hashlib.blake2b(meta, digest_size=16).digest()
-    return [
-        len(tensors),
-        int.from_bytes(digest[:8], "little", signed=True),
-        int.from_bytes(digest[8:], "little", signed=True),
-    ]
+def _describe(tensors: Sequence[Tensor]) -> list[tuple[str, tuple[int, ...]]]:
+    return [(str(t.dtype).replace("torch.", ""), tuple(t.shape)) for t in tensors]
 
 
-def _check_same_shapes(tensors: Sequence[Tensor], group: Any, device: torch.device, what: str) -> None:
-    """Raise on every rank, with a per-rank table, when the ranks' tensors differ in count, shape or dtype.
+def _signature(call: str, groups: Sequence[Sequence[Tensor]]) -> tuple[int, int, int]:
+    """A digest of what this rank is about to do: the collective and the dtypes and shapes of its tensors."""
+    parts: list[Any] = [call]
+    for members in groups:
+        first = members[0]
+        if _same_shape(members):
+            parts.append((str(first.dtype), first.device.type, tuple(first.shape), len(members)))
+        else:
+            parts.append((str(first.dtype), first.device.type, [tuple(t.shape) for t in members]))
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
+    count = sum(len(m) for m in groups)
+    return count, int.from_bytes(digest[:8], "little", signed=True), int.from_bytes(digest[8:], "little", signed=True)
 
-    Costs one small collective. Without it gloo aborts the process in C++ or returns wrong data on uneven input.
+
+class CollectiveMismatchError(ValueError):
+    """The ranks called different collectives, or the same one with tensors that differ in shape or dtype.
+
+    Raised on every rank, before any data is exchanged, with one line per rank saying what it called.
+    """
+
+
+# Every checked collective starts with one all-gather of a fixed-size message per rank: the rank's signature
+# (32 bytes) and, when they fit, the bytes of its tensors. The size is the same on every rank whatever the
+# tensors, so the exchange itself can never mismatch; small reductions and gathers are then complete in this one
+# collective (latency dominates small messages: 512 bytes cost what 4 bytes cost), larger ones follow.
+_SIGNATURE_BYTES = 32
+_MESSAGE_BYTES = 512
+_PAYLOAD_BYTES = _MESSAGE_BYTES - _SIGNATURE_BYTES
+# the dtypes' bytes are packed largest element first, so that every slice of the message is aligned for its dtype
+_NO_PAYLOAD = -1
+
+
+def _exchange(
+    call: str,
+    tensors: Sequence[Tensor],
+    groups: Sequence[Sequence[Tensor]],
+    group: Any,
+    device: torch.device,
+    payload: Sequence[Tensor] | None,
+) -> Tensor | None:
+    """All-gather every rank's signature, and ``payload`` (flat buffers, already ordered for alignment) if given
+    and small enough. Raise :class:`CollectiveMismatchError` on every rank when the signatures differ.
+
+    Returns the gathered messages' payload part, one row per rank, or ``None`` when the payload did not travel.
     """
     world_size = dist.get_world_size(group)
-    local = torch.tensor(_signature(tensors), dtype=torch.int64, device=device)
-    gathered = torch.empty(world_size * local.numel(), dtype=torch.int64, device=device)
-    _all_gather_flat(gathered, local, group)
-    rows = gathered.view(world_size, -1)
-    if bool((rows == rows[0]).all()):
-        return
-    metas: list[Any] = [None] * world_size
-    dist.all_gather_object(metas, [(str(t.dtype), tuple(t.shape)) for t in tensors], group=group)
+    nbytes = _NO_PAYLOAD
+    if payload is not None:
+        nbytes = sum(b.numel() * b.element_size() for b in payload)
+        if nbytes > _PAYLOAD_BYTES:
+            nbytes = _NO_PAYLOAD
+    message = torch.empty(_MESSAGE_BYTES, dtype=torch.uint8, device=device)
+    header = torch.tensor([*_signature(call, groups), nbytes], dtype=torch.int64)
+    message[:_SIGNATURE_BYTES].copy_(header.view(torch.uint8))
+    if nbytes != _NO_PAYLOAD and payload is not None:
+        offset = _SIGNATURE_BYTES
+        for buffer in payload:
+            size = buffer.numel() * buffer.element_size()
+            message[offset : offset + size].copy_(buffer.reshape(-1).view(torch.uint8))
+            offset += size
+    gathered = torch.empty(world_size * _MESSAGE_BYTES, dtype=torch.uint8, device=device)
+    _all_gather_flat(gathered, message, group)
+    rows = gathered.view(world_size, _MESSAGE_BYTES)
+    signatures = rows[:, :_SIGNATURE_BYTES].view(torch.int64)
+    if not bool((signatures == signatures[0]).all()):
+        _raise_mismatch(call, tensors, group)
+    return None if nbytes == _NO_PAYLOAD else rows[:, _SIGNATURE_BYTES:]
+
+
+def _raise_mismatch(call: str, tensors: Sequence[Tensor], group: Any) -> None:
+    world_size = dist.get_world_size(group)
+    calls: list[Any] = [None] * world_size
+    dist.all_gather_object(calls, (call, _describe(tensors)), group=group)
     ranks = dist.get_process_group_ranks(group) if group is not None else range(world_size)
-    table = "\n".join(f"  rank {r}: {m}" for r, m in zip(ranks, metas, strict=True))
-    raise ValueError(
-        f"{what} needs tensors of the same shape and dtype on every rank, but they differ:\n{table}\n"
+    table = "\n".join(f"  rank {r}: {c} on {m}" for r, (c, m) in zip(ranks, calls, strict=True))
+    if len({c for c, _ in calls}) > 1:
+        raise CollectiveMismatchError(
+            f"The ranks called different collectives at the same point:\n{table}\nEvery rank must call the same"
+            " collectives, with the same arguments, in the same order (look for a collective inside a branch that"
+            " depends on the rank or on rank-local data)."
+        )
+    name = call.split("(", 1)[0]
+    advice = (
         "Pad the tensors to a common shape first, or gather tensors of different shapes with"
         " fabric_lite.utilities.distributed.gather_all_tensors, which returns a list with one tensor per rank."
+        if name == "all_gather"
+        else "Give every rank tensors of the same shapes and dtypes (e.g. reduce a per-rank sum and count rather"
+        " than a per-rank list of values)."
     )
+    raise CollectiveMismatchError(
+        f"{name} needs tensors of the same shape and dtype on every rank, but they differ:\n{table}\n{advice}"
+    )
+
+
+def check_collective(call: str, tensors: Sequence[Tensor], group: Any, device: torch.device) -> None:
+    """Raise :class:`CollectiveMismatchError` on every rank, with a per-rank table, unless every rank of ``group``
+    calls the same collective (``call``, e.g. ``"barrier"``) on tensors of the same count, shapes and dtypes.
+
+    Costs one small collective. Without it gloo aborts the process in C++ on tensors of different sizes, and
+    silently returns wrong data on tensors of equal size but different shapes.
+    """
+    groups = _group_by_device_dtype(tensors) if tensors else []
+    _exchange(call, tensors, groups, group, device, None)
+
+
+def _by_element_size(groups: list[list[Tensor]]) -> list[list[Tensor]]:
+    if len(groups) == 1:
+        return groups
+    return sorted(groups, key=lambda members: -members[0].element_size())
+
+
+_FUSED_OPS = (ReduceOp.SUM, _MEAN, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT)
+
+
+def _reduce_rows(rows: Tensor, reduce_op: Any, world_size: int) -> Tensor:
+    """Reduce ``(world_size, n)`` rows over the ranks, as the collective would (the same on every rank)."""
+    dtype = rows.dtype
+    if dtype == torch.bool:
+        reduce_op = _BOOL_OPS.get(reduce_op, reduce_op)
+    if reduce_op == ReduceOp.MAX:
+        return rows.amax(0)
+    if reduce_op == ReduceOp.MIN:
+        return rows.amin(0)
+    if reduce_op == ReduceOp.PRODUCT:
+        return rows.prod(0, dtype=dtype)
+    total = rows.sum(0, dtype=dtype)
+    if reduce_op is _MEAN:
+        if dtype.is_floating_point or dtype.is_complex:
+            return total.div_(world_size)
+        return torch.div(total, world_size, rounding_mode="trunc")
+    return total
+
+
+def all_reduce_checked(
+    tensors: Sequence[Tensor], reduce_op: Any, group: Any, backend: str, device: torch.device, call: str
+) -> None:
+    """:func:`all_reduce_`, after checking that every rank reduces the same shapes and dtypes with the same op.
+
+    Up to 480 bytes of tensors (e.g. a dict of 64 float32 metrics) travel with the check, in one collective, and
+    are reduced locally, identically on every rank; larger ones follow in :func:`all_reduce_`.
+    """
+    groups = _by_element_size(_group_by_device_dtype(tensors))
+    fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
+    buffers: list[Tensor] | None = None
+    aliases: list[list[Tensor]] = []
+    if fusable and sum(t.numel() * t.element_size() for t in tensors) <= _PAYLOAD_BYTES:
+        aliases = [[_alias(t) for t in members] for members in groups]
+        buffers = [_flat_buffer(a).to(device) for a in aliases]
+    rows = _exchange(call, tensors, groups, group, device, buffers)
+    if rows is None or buffers is None:
+        all_reduce_(tensors, reduce_op, group, backend)
+        return
+    world_size = rows.shape[0]
+    offset = 0
+    for buffer, members in zip(buffers, aliases, strict=True):
+        size = buffer.numel() * buffer.element_size()
+        values = rows[:, offset : offset + size].view(buffer.dtype)
+        offset += size
+        reduced = _reduce_rows(values, reduce_op, world_size)
+        if len(members) == 1 and members[0].is_contiguous() and buffer.data_ptr() == members[0].data_ptr():
+            members[0].view(-1).copy_(reduced)
+        else:
+            _write_back(reduced.to(members[0].device), members)
 
 
 def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
@@ -285,14 +428,20 @@ class _AllGatherGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
-        grad = grad_output[0].contiguous()
+        # a copy: all_reduce works in place, and the incoming gradient may be shared with the rest of the graph
+        grad = grad_output[0].clone(memory_format=torch.contiguous_format)
         dist.all_reduce(grad, op=ReduceOp.SUM, group=ctx.group)
         return grad[dist.get_rank(ctx.group)], None
 
 
 def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync_grads: bool) -> list[Tensor]:
     """Gather each tensor from every rank of ``group`` into a new tensor of shape ``(world_size, *shape)``."""
-    _check_same_shapes(tensors, group, device, "all_gather")
+    if not sync_grads and tensors:
+        fused = _all_gather_fused(tensors, group, device)
+        if fused is not None:
+            return fused
+    else:
+        check_collective("all_gather", tensors, group, device)
     if sync_grads:
         return [_AllGatherGrad.apply(t, group) for t in tensors]  # type: ignore[no-untyped-call]
     if not tensors:
@@ -315,6 +464,32 @@ def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync
             n = t.numel()
             results[id(t)] = rows[:, offset : offset + n].reshape(world_size, *t.shape)
             offset += n
+    return [results[id(t)] for t in tensors]
+
+
+def _all_gather_fused(tensors: Sequence[Tensor], group: Any, device: torch.device) -> list[Tensor] | None:
+    """Check the ranks' shapes and, for up to 480 bytes of tensors, gather them in the same collective.
+
+    Returns the gathered tensors, or ``None`` when they did not fit (the check has then passed)."""
+    groups = _by_element_size(_group_by_device_dtype(tensors))
+    buffers: list[Tensor] | None = None
+    if sum(t.numel() * t.element_size() for t in tensors) <= _PAYLOAD_BYTES:
+        buffers = [_flat_buffer([t.detach() for t in members]).to(device) for members in groups]
+    rows = _exchange("all_gather", tensors, groups, group, device, buffers)
+    if rows is None or buffers is None:
+        return None
+    world_size = rows.shape[0]
+    results: dict[int, Tensor] = {}
+    offset = 0
+    for buffer, members in zip(buffers, groups, strict=True):
+        size = buffer.numel() * buffer.element_size()
+        values = rows[:, offset : offset + size].view(buffer.dtype)
+        offset += size
+        start = 0
+        for t in members:
+            n = t.numel()
+            results[id(t)] = values[:, start : start + n].reshape(world_size, *t.shape).to(t.device)
+            start += n
     return [results[id(t)] for t in tensors]
 
 

@@ -2,8 +2,9 @@
 
 * :func:`atomic_save` writes to a temporary file in the target's folder, flushes and fsyncs it, renames it over
   the target with ``os.replace`` and fsyncs the folder. A failure at any point (an object that cannot be pickled,
-  a full disk, the process killed mid-write) leaves the previous checkpoint intact and no temporary file behind
-  (except after SIGKILL, which no code can clean up after: such leftovers are named ``.<name>.*.tmp``).
+  a full disk, the process killed mid-write) leaves the previous checkpoint intact and no temporary file behind.
+  A process killed by SIGKILL cannot clean up after itself: its temporary file (named
+  ``.<name>.<host>.<pid>.*.tmp``) is removed by the next save to the same path once that process is gone.
 * :func:`safe_load` reads with ``weights_only=True`` unless the caller explicitly opts out, never retries with
   ``weights_only=False`` on its own, and turns torch's terse errors for empty, truncated or foreign files into
   errors that name the path.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,15 @@ from fabric_lite.utilities.types import _PATH
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read. The message names the path."""
+    """A checkpoint could not be written or read. The message names the path.
+
+    Example::
+
+        try:
+            fabric.load("checkpoints/last.ckpt", state)
+        except CheckpointError as err:  # empty, truncated, not a checkpoint, or refused by weights_only=True
+            print(err)  # The checkpoint 'checkpoints/last.ckpt' is incomplete or corrupt and cannot be loaded (...)
+    """
 
 
 def atomic_save(checkpoint: Any, path: _PATH) -> None:
@@ -42,8 +52,10 @@ def atomic_save(checkpoint: Any, path: _PATH) -> None:
             f"Cannot save the checkpoint to {str(target)!r}: cannot create its folder ({err})."
         ) from err
     tmp_name: str | None = None
+    _remove_stale_temps(folder, target.name)
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        prefix = f".{target.name}.{_host()}.{os.getpid()}."
+        fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
         os.fchmod(fd, _file_mode(target))  # mkstemp makes 0600; give the file the mode a plain open() would
         with os.fdopen(fd, "wb") as f:
             torch.save(checkpoint, f)
@@ -62,6 +74,36 @@ def atomic_save(checkpoint: Any, path: _PATH) -> None:
                 " at that path, if any, is unchanged."
             ) from err
         raise
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "-") or "localhost"
+
+
+def _remove_stale_temps(folder: Path, name: str) -> None:
+    """Delete temporary files left by saves to ``folder/name`` from processes of this host that no longer exist
+    (killed mid-write by SIGKILL, which no code can clean up after)."""
+    prefix = f".{name}.{_host()}."
+    try:
+        candidates = [entry for entry in os.scandir(folder) if entry.name.startswith(prefix)]
+    except OSError:
+        return
+    for entry in candidates:
+        pid_text = entry.name[len(prefix) :].split(".", 1)[0]
+        if not entry.name.endswith(".tmp") or not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _file_mode(target: Path) -> int:

@@ -1,17 +1,113 @@
-"""Public distributed utilities (the seed's ``pytorch_lightning.utilities.distributed``)."""
+"""Public distributed utilities (the seed's ``pytorch_lightning.utilities.distributed``).
+
+Every function here works with or without a process group: without one (a single process, or
+``torch.distributed`` not initialised) each is an identity or a no-op, so the same code runs on one device and on
+many. Every function that communicates must be called by every process of ``group`` (default: all processes).
+
+Example::
+
+    from fabric_lite.utilities.distributed import all_gather_ddp_if_available, gather_all_tensors, sync_ddp
+
+    total = sync_ddp(torch.tensor(local_count), reduce_op="sum")     # in place, on every rank
+    scores = gather_all_tensors(per_sample_scores)                   # one tensor per rank, shapes may differ
+    embeddings = all_gather_ddp_if_available(z, sync_grads=True)     # (world_size, *z.shape), differentiable
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from fabric_lite.utilities import _collectives
+from fabric_lite.utilities.types import ReduceOp
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fabric_lite.plugins.environments import ClusterEnvironment
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AllGatherGrad",
+    "all_gather_ddp_if_available",
+    "distributed_available",
+    "gather_all_tensors",
+    "init_dist_connection",
+    "register_ddp_comm_hook",
+    "sync_ddp",
+    "sync_ddp_if_available",
+]
 
 
-def _distributed_is_initialized() -> bool:
+def distributed_available() -> bool:
+    """Whether a default ``torch.distributed`` process group exists in this process.
+
+    Example::
+
+        if distributed_available():  # False in a single process, True after fabric.launch() with several
+            torch.distributed.all_reduce(counts)
+    """
     return dist.is_available() and dist.is_initialized()
+
+
+class AllGatherGrad(torch.autograd.Function):
+    """An all-gather that gradients flow back through: ``AllGatherGrad.apply(tensor, group=None)``.
+
+    Forward: every rank gets a tensor of shape ``(world_size, *tensor.shape)`` holding every rank's ``tensor``.
+    Backward: the incoming gradients are summed over the ranks and each rank's ``tensor`` receives its own slice,
+    so a loss computed on any rank from rank ``r``'s slice contributes to rank ``r``'s gradient. Every rank must
+    run the backward (as every rank must run the forward). Tensors must have the same shape and dtype everywhere.
+
+    Example::
+
+        # rank 0: x = tensor([1.], requires_grad=True)   rank 1: x = tensor([2.], requires_grad=True)
+        gathered = AllGatherGrad.apply(x)        # every rank: tensor([[1.], [2.]])
+        (gathered[0] * 3 + gathered[1]).sum().backward()
+        # rank 0: x.grad == tensor([6.]) (3 from each rank)   rank 1: x.grad == tensor([2.])
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, group: Any | None = None) -> Tensor:
+        return _collectives._AllGatherGrad.forward(ctx, tensor, group)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
+        return _collectives._AllGatherGrad.backward(ctx, *grad_output)
+
+
+def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
+    """Gather ``tensor`` from every process of ``group``; an identity without a process group.
+
+    Args:
+        tensor: the tensor to gather; the same shape and dtype on every process.
+        group: the process group to gather from (default: all processes).
+        sync_grads: make the result differentiable: each process's ``tensor`` receives the sum, over processes, of
+            the gradients of its slice (see :class:`AllGatherGrad`). Without it the result does not require grad.
+
+    Returns:
+        A new tensor of shape ``(world_size, *tensor.shape)``, the same on every process; ``tensor`` itself
+        without a process group.
+
+    Example::
+
+        # rank 0: tensor([1, 2])   rank 1: tensor([3, 4])
+        all_gather_ddp_if_available(t)  # every rank: tensor([[1, 2], [3, 4]])
+    """
+    if not distributed_available():
+        return tensor
+    # one small collective first, so that different shapes raise on every rank instead of crashing gloo
+    _collectives.check_collective("all_gather", [tensor], group, tensor.device)
+    if sync_grads:
+        return AllGatherGrad.apply(tensor, group)  # type: ignore[no-any-return,no-untyped-call]
+    with torch.no_grad():
+        return AllGatherGrad.apply(tensor, group)  # type: ignore[no-any-return,no-untyped-call]
 
 
 def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]:
@@ -25,13 +121,206 @@ def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]
         Without a process group: ``[result]``.
 
     Raises:
-        ValueError: on every process, when the number of dimensions or the dtype differs between processes.
+        ValueError: on every process, when the number of dimensions or the dtype differs between processes; the
+            message lists each rank's number of dimensions and dtype.
 
     Example::
 
         # rank 0: torch.tensor([1, 2])      rank 1: torch.tensor([3])
         gather_all_tensors(t)  # every rank: [tensor([1, 2]), tensor([3])]
     """
-    if not _distributed_is_initialized():
+    if not isinstance(result, Tensor):
+        raise TypeError(f"gather_all_tensors expects a tensor, got {type(result).__name__}: {result!r}.")
+    if not distributed_available():
         return [result]
     return _collectives.gather_uneven(result, group)
+
+
+def _as_tensor(result: Any) -> Tensor:
+    if isinstance(result, Tensor):
+        return result
+    if isinstance(result, (bool, int, float)):
+        # NCCL only reduces tensors on the GPU; gloo and the others on the CPU
+        on_gpu = dist.get_backend() == "nccl" and torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        return torch.tensor(result, device=device)
+    raise TypeError(
+        f"sync_ddp reduces a tensor or a number, got {type(result).__name__}: {result!r}. To reduce a collection,"
+        " use fabric.all_reduce(...)."
+    )
+
+
+def sync_ddp(result: Tensor | float, group: Any | None = None, reduce_op: str | ReduceOp | None = None) -> Tensor:
+    """Reduce ``result`` across the processes of ``group``, **in place**, and return it.
+
+    Args:
+        result: the tensor to reduce (a Python number is turned into a tensor first); the same shape and dtype on
+            every process.
+        group: the process group to reduce over (default: all processes).
+        reduce_op: ``None`` or ``"sum"`` (default: sum), ``"mean"``/``"avg"`` (divides by the size of ``group``;
+            integer tensors keep their dtype, truncated toward zero), ``"max"``, ``"min"``, ``"product"``, or a
+            ``torch.distributed.ReduceOp``.
+
+    Returns:
+        The reduced tensor, the same on every process (``result`` itself when it was a tensor).
+
+    Raises:
+        ValueError: an unknown ``reduce_op`` (names the choices).
+
+    Example::
+
+        # rank 0: tensor(1.)   rank 1: tensor(3.)
+        sync_ddp(t)                    # every rank: tensor(4.)
+        sync_ddp(t, reduce_op="mean")  # every rank: tensor(2.)
+    """
+    op = _collectives.resolve_reduce_op(reduce_op)
+    tensor = _as_tensor(result)
+    _collectives.all_reduce_([tensor], op, group, dist.get_backend(group))
+    return tensor
+
+
+def sync_ddp_if_available(
+    result: Tensor | float, group: Any | None = None, reduce_op: str | ReduceOp | None = None
+) -> Tensor | float:
+    """:func:`sync_ddp` where a process group exists; ``result`` unchanged otherwise.
+
+    Example::
+
+        loss_sum = sync_ddp_if_available(loss_sum, reduce_op="sum")  # the same code on one process or many
+    """
+    if not distributed_available():
+        _collectives.resolve_reduce_op(reduce_op)  # a wrong reduce_op fails on one process too
+        return result
+    return sync_ddp(result, group=group, reduce_op=reduce_op)
+
+
+def init_dist_connection(
+    cluster_environment: ClusterEnvironment,
+    torch_distributed_backend: str,
+    global_rank: int | None = None,
+    world_size: int | None = None,
+    **kwargs: Any,
+) -> None:
+    """Create the default process group from a cluster environment (``torch.distributed.init_process_group``).
+
+    Sets ``MASTER_ADDR`` and ``MASTER_PORT`` in ``os.environ`` from the environment and joins the group through them
+    (``env://``). When a default group already exists with the same backend, rank and world size, nothing happens.
+
+    Args:
+        cluster_environment: where the rank, the world size and the main process's address come from.
+        torch_distributed_backend: ``"gloo"``, ``"nccl"``, ...
+        global_rank: this process's rank (default: ``cluster_environment.global_rank()``).
+        world_size: the number of processes (default: ``cluster_environment.world_size()``).
+        **kwargs: passed to ``torch.distributed.init_process_group`` (e.g. ``timeout=timedelta(minutes=5)``).
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not available, or a default group already exists with another
+            backend, rank or world size (the message names both).
+        ValueError: more than one process but no ``MASTER_PORT`` to meet at.
+
+    Example::
+
+        from fabric_lite.plugins.environments import LightningEnvironment
+
+        init_dist_connection(LightningEnvironment(), "gloo", global_rank=rank, world_size=2)  # on both processes
+    """
+    if not dist.is_available():
+        raise RuntimeError(
+            "torch.distributed is not available in this build of PyTorch, so no process group can be created."
+        )
+    rank = cluster_environment.global_rank() if global_rank is None else global_rank
+    size = cluster_environment.world_size() if world_size is None else world_size
+    if dist.is_initialized():
+        existing = (dist.get_backend(), dist.get_rank(), dist.get_world_size())
+        if existing != (torch_distributed_backend, rank, size):
+            raise RuntimeError(
+                f"init_dist_connection(backend={torch_distributed_backend!r}, global_rank={rank},"
+                f" world_size={size}): a default process group already exists with backend={existing[0]!r}, rank"
+                f" {existing[1]}, world size {existing[2]}. Destroy it first"
+                " (torch.distributed.destroy_process_group()) or call with the same settings."
+            )
+        log.debug("torch.distributed is already initialised with the same settings: nothing to do")
+        return
+    port = cluster_environment.main_port
+    if port == 0 and size > 1:
+        raise ValueError(
+            f"init_dist_connection: {size} processes need a port to meet at, but {type(cluster_environment).__name__}"
+            " has none (MASTER_PORT is not set). Set MASTER_PORT (the same free port on every process)."
+        )
+    os.environ["MASTER_ADDR"] = cluster_environment.main_address
+    os.environ["MASTER_PORT"] = str(port)
+    log.info("initialising distributed: GLOBAL_RANK: %d, MEMBER: %d/%d", rank, rank + 1, size)
+    dist.init_process_group(torch_distributed_backend, rank=rank, world_size=size, **kwargs)
+
+
+def register_ddp_comm_hook(
+    model: DistributedDataParallel | Any,
+    ddp_comm_state: object | None = None,
+    ddp_comm_hook: Callable[..., Any] | None = None,
+    ddp_comm_wrapper: Callable[..., Any] | None = None,
+) -> None:
+    """Register a communication hook on a ``DistributedDataParallel`` model (PyTorch's ``ddp_comm_hooks``).
+
+    Args:
+        model: the ``DistributedDataParallel`` module, or the module returned by ``fabric.setup`` around one.
+        ddp_comm_state: the hook's state (e.g. a ``PowerSGDState``; for the default hooks a process group or
+            ``None`` for all processes).
+        ddp_comm_hook: ``hook(state, bucket: GradBucket) -> Future[Tensor]``, e.g. ``default_hooks.fp16_compress_hook``,
+            ``powerSGD_hook.powerSGD_hook``, ``post_localSGD_hook.post_localSGD_hook``. Nothing is registered when it
+            is ``None`` (and neither a state nor a wrapper is given).
+        ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper`` to send PowerSGD's factors
+            in half precision.
+
+    Without a process group there is no ``DistributedDataParallel`` to hook into, and nothing happens.
+
+    Raises:
+        ValueError: a state or a wrapper without a hook.
+        TypeError: ``model`` is not a ``DistributedDataParallel`` (or a Fabric module around one), or the hook is
+            not callable.
+
+    Example::
+
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as powerSGD
+
+        register_ddp_comm_hook(ddp_model, ddp_comm_hook=default_hooks.fp16_compress_hook)
+        register_ddp_comm_hook(
+            ddp_model,
+            ddp_comm_state=powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                  start_powerSGD_iter=5000),
+            ddp_comm_hook=powerSGD.powerSGD_hook,
+            ddp_comm_wrapper=default_hooks.fp16_compress_wrapper,
+        )
+    """
+    if ddp_comm_hook is None:
+        if ddp_comm_state is not None or ddp_comm_wrapper is not None:
+            given = "ddp_comm_state" if ddp_comm_state is not None else "ddp_comm_wrapper"
+            raise ValueError(
+                f"register_ddp_comm_hook got {given} but no ddp_comm_hook: the state and the wrapper only apply to a"
+                " hook. Pass ddp_comm_hook=..., e.g. powerSGD_hook.powerSGD_hook with a PowerSGDState."
+            )
+        return
+    if not callable(ddp_comm_hook) or (ddp_comm_wrapper is not None and not callable(ddp_comm_wrapper)):
+        raise TypeError(
+            f"ddp_comm_hook and ddp_comm_wrapper must be callables, got {ddp_comm_hook!r} and {ddp_comm_wrapper!r}."
+            " Example: ddp_comm_hook=default_hooks.fp16_compress_hook."
+        )
+    if not distributed_available():
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = getattr(model, "_forward_module", model)  # the module fabric.setup returned wraps the DDP module
+    if not isinstance(ddp, DistributedDataParallel):
+        raise TypeError(
+            f"register_ddp_comm_hook needs a DistributedDataParallel model, got {type(model).__name__}. Set the model"
+            " up with a DDP strategy first (fabric.setup(model)), or wrap it in DistributedDataParallel."
+        )
+    hook = ddp_comm_hook
+    if ddp_comm_wrapper is not None:
+        log.info("applying the DDP comm wrapper: %s(%s)", _name(ddp_comm_wrapper), _name(ddp_comm_hook))
+        hook = ddp_comm_wrapper(ddp_comm_hook)
+    log.debug("registering the DDP comm hook %s", _name(hook))
+    ddp.register_comm_hook(state=ddp_comm_state, hook=hook)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)

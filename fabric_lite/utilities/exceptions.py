@@ -9,7 +9,14 @@ from __future__ import annotations
 
 
 class MisconfigurationException(ValueError):
-    """A setting that cannot work on this machine or with the other settings (e.g. a GPU index that does not exist)."""
+    """A setting that cannot work on this machine or with the other settings (e.g. a GPU index that does not exist).
+
+    Example::
+
+        Fabric(accelerator="cuda", devices=[0, 3])  # on a machine with 2 GPUs
+        # MisconfigurationException: Fabric(devices=[0, 3]) asks for cuda device(s) [3], but this machine has 2
+        # ([0, 1]). Use devices=2 or indices from that list.
+    """
 
 
 class InvalidReduceOpError(ValueError, AttributeError):

@@ -137,6 +137,8 @@ class RandomState:
     """
 
     def state_dict(self) -> dict[str, Any]:
+        """Every process's generator states, ``{"per_rank": [...]}``; a collective when there are several processes
+        (every process must call it, as ``fabric.save`` does)."""
         mine = _capture()
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return {"per_rank": [mine]}
@@ -145,6 +147,11 @@ class RandomState:
         return {"per_rank": everyone}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore this process's generators from ``state_dict["per_rank"][rank]``.
+
+        Raises:
+            ValueError: the checkpoint was saved by fewer processes than there are now.
+        """
         per_rank = state_dict["per_rank"]
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         if rank >= len(per_rank):

@@ -352,6 +352,34 @@ def _all_gather_cases(fabric: Any, obs: dict[str, Any]) -> None:
     )
     obs["all_gather/after_mismatch"] = catch(lambda: describe(fabric.all_gather(torch.tensor([rank]))))
 
+    # the same for all_reduce (always checked: raw gloo aborts on different sizes and returns wrong data on
+    # equal sizes with different shapes)
+    obs["all_reduce_mismatch/size"] = catch(lambda: fabric.all_reduce(torch.ones(rank + 1), reduce_op="sum"))
+    obs["all_reduce_mismatch/shape"] = catch(
+        lambda: fabric.all_reduce(torch.ones(2, 3) if rank == 0 else torch.ones(3, 2), reduce_op="sum")
+    )
+    obs["all_reduce_mismatch/dtype"] = catch(
+        lambda: fabric.all_reduce(torch.ones(2, dtype=torch.float64 if rank % 2 else torch.float32), reduce_op="sum")
+    )
+    obs["all_reduce_mismatch/large"] = catch(lambda: fabric.all_reduce(torch.ones(1000 * (rank + 1)), reduce_op="sum"))
+    obs["all_reduce_mismatch/op"] = catch(
+        lambda: fabric.all_reduce(torch.ones(2), reduce_op="sum" if rank == 0 else "max")
+    )
+    obs["all_reduce/after_mismatch"] = catch(lambda: describe(fabric.all_reduce(torch.tensor([rank]), reduce_op="sum")))
+    # in debug mode every collective is checked: ranks calling different collectives are named at once
+    strategy = fabric.strategy
+    strategy.debug_collectives = True
+    try:
+        obs["debug/barrier_vs_all_reduce"] = catch(
+            lambda: fabric.barrier() if rank == 0 else fabric.all_reduce(torch.ones(1))
+        )
+        obs["debug/broadcast_src"] = catch(lambda: fabric.broadcast(rank, src=rank))
+        obs["debug/matching_calls"] = catch(
+            lambda: (fabric.barrier(), fabric.broadcast(7, src=world - 1), fabric.reduce_boolean_decision(True))
+        )
+    finally:
+        strategy.debug_collectives = False
+
 
 def _broadcast_cases(fabric: Any, obs: dict[str, Any]) -> None:
     rank, world = fabric.global_rank, fabric.world_size

@@ -26,8 +26,11 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--devices", default="2")
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--fail-rank", type=int, default=-1)
-    parser.add_argument("--fail-mode", default="raise", choices=["raise", "sigkill", "segv", "busy", "sleep"])
+    parser.add_argument("--fail-rank", type=int, default=-1, help="-2: every rank")
+    parser.add_argument(
+        "--fail-mode", default="raise", choices=["raise", "sigkill", "segv", "busy", "sleep", "exit0", "mismatch"]
+    )
+    parser.add_argument("--trap-sigterm", action="store_true", help="ranks started by a launcher note SIGTERM")
     parser.add_argument("--fail-step", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=30.0)
     return parser.parse_args()
@@ -38,7 +41,7 @@ def emit(line: str) -> None:
     os.write(1, (line + "\n").encode())
 
 
-def fail(mode: str, rank: int) -> None:
+def fail(mode: str, rank: int, fabric: Fabric) -> None:
     if mode == "raise":
         raise ValueError(f"boom on rank {rank}")
     if mode == "sigkill":
@@ -47,15 +50,33 @@ def fail(mode: str, rank: int) -> None:
         ctypes.string_at(0)
     if mode in ("busy", "sleep"):
         time.sleep(600)
+    if mode == "mismatch":  # a different collective from the other ranks' all_reduce
+        emit(f"MISMATCH rank={rank} at={time.time()}")
+        fabric.barrier()
+    if mode == "exit0":
+        emit(f"EXITING EARLY rank={rank}")
+        os._exit(0)
+
+
+def trap_sigterm(rank: int) -> None:
+    def noted(signum: int, frame: object) -> None:
+        emit(f"GOT SIGTERM rank={rank}")
+        os._exit(3)
+
+    signal.signal(signal.SIGTERM, noted)
 
 
 def work(fabric: Fabric, args: argparse.Namespace) -> dict:
+    if args.trap_sigterm and (fabric.global_rank != 0 or args.strategy in ("ddp_spawn", "ddp_fork")):
+        trap_sigterm(fabric.global_rank)
     emit(f"READY rank={fabric.global_rank} pid={os.getpid()}")
     fabric.print(f"PRINTED by rank {fabric.global_rank}")
     total = 0.0
     for step in range(args.steps):
-        if fabric.global_rank == args.fail_rank and step == args.fail_step:
-            fail(args.fail_mode, fabric.global_rank)
+        if args.fail_rank in (fabric.global_rank, -2) and step == args.fail_step:
+            fail(args.fail_mode, fabric.global_rank, fabric)
+            if args.fail_mode == "mismatch":
+                continue
         total += fabric.all_reduce(torch.tensor(float(fabric.global_rank + 1)), reduce_op="sum").item()
     gathered = fabric.all_gather(torch.tensor([fabric.global_rank])).flatten().tolist()
     result = {

@@ -16,6 +16,12 @@ class ClusterEnvironment(ABC):
 
     Args:
         env: The environment variables to read. Defaults to a copy of ``os.environ``.
+
+    Example::
+
+        env = TorchElasticEnvironment({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1"})
+        env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (3, 1, 1, 4)
+        fabric = Fabric(plugins=[SLURMEnvironment()])  # use SLURM's variables instead of the detected environment
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:

@@ -22,6 +22,13 @@ class LightningEnvironment(ClusterEnvironment):
       ``LOCAL_RANK`` was started by a launcher and starts no processes itself.
 
     The name is Lightning Fabric's, so code that refers to it keeps working.
+
+    Example::
+
+        # two nodes started by hand, Fabric(num_nodes=2) in train.py; on the second node:
+        #   MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 NODE_RANK=1 python train.py
+        env = LightningEnvironment({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1"})
+        env.main_address, env.main_port, env.node_rank()  # ('10.0.0.1', 29500, 1)
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:

@@ -44,16 +44,79 @@ def _slurm_interactive(env: Mapping[str, str]) -> bool:
     return env.get("SLURM_JOB_NAME") in _INTERACTIVE_JOB_NAMES
 
 
+def _in_srun_step(env: Mapping[str, str]) -> bool:
+    """Whether this process belongs to a job step that ``srun`` started (the batch script and salloc do not)."""
+    return "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+
+
+def _uniform_count(spec: str) -> int | None:
+    """The count of a SLURM tasks-per-node list when every node has the same: ``"2(x3)"`` and ``"2(x2),2"`` give 2,
+    ``"2,1"`` gives ``None``."""
+    counts = {int(m) for m in re.findall(r"(\d+)(?:\(x\d+\))?", spec)}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _step_tasks(env: Mapping[str, str]) -> int | None:
+    value = env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", ""))
+    return int(value) if value.strip().isdigit() else None
+
+
+def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | None:
+    """A note for a process inside a SLURM job of several tasks that ``srun`` did not start as one of them.
+
+    This is the batch script itself (``python train.py`` in an ``sbatch`` script without ``srun``), an ``salloc``
+    shell, or a job named ``bash``/``interactive``. fabric_lite then runs ``processes`` processes on this node,
+    started by itself, rather than waiting for tasks that SLURM will never start. Returns ``None`` outside SLURM,
+    for a task of an ``srun`` step, and where the job (or the step) has one task.
+
+    Example:
+        >>> _note_not_started_by_srun({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"}, 2) is not None
+        True
+    """
+    if "SLURM_JOB_ID" not in env or SLURMEnvironment.detect(env):
+        return None
+    ntasks = env.get("SLURM_NTASKS", "")
+    if not ntasks.isdigit() or int(ntasks) < 2:
+        return None
+    if "SLURM_PROCID" not in env:
+        where = "an salloc shell"
+    elif not _in_srun_step(env) and env.get("ENVIRONMENT") == "BATCH":
+        where = "the batch script"
+    else:
+        where = f"an interactive job (SLURM_JOB_NAME={env.get('SLURM_JOB_NAME')!r})"
+    return (
+        f"This process runs in {where} of SLURM job {env['SLURM_JOB_ID']} (SLURM_NTASKS={ntasks}), but srun did"
+        f" not start it as one of the job's tasks, so fabric_lite runs {processes} process(es) on this node and"
+        f" starts them itself. To let SLURM start the processes, run the script with srun: `srun"
+        f" --ntasks-per-node={processes} python script.py`."
+    )
+
+
 class SLURMEnvironment(ClusterEnvironment):
     """Processes started by ``srun`` (directly or inside an ``sbatch`` script); fabric_lite starts none itself.
 
-    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``, ``SLURM_NTASKS_PER_NODE``,
-    ``SLURM_NNODES``, ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main address is ``MASTER_ADDR`` or else the first
-    host of ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else ``15000 +`` the last four digits of the job id
-    (the same choice as Lightning, so every task computes the same port without talking to the others).
+    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``, the tasks per node
+    (:meth:`tasks_per_node`), the nodes (:meth:`num_nodes`), ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main
+    address is ``MASTER_ADDR`` or else the first host of ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else
+    ``15000 +`` the last four digits of the job id (the same choice as Lightning, so every task computes the same
+    port without talking to the others).
 
-    A job named ``bash`` or ``interactive`` (an ``salloc`` shell) is not detected as SLURM, so that you can start
-    processes in it by other means, as in Lightning.
+    Detected (by :meth:`detect`) only in a process that SLURM started as one task of a job step, that is under
+    ``srun``. Elsewhere inside a SLURM job fabric_lite starts the processes itself, as on any machine, instead of
+    waiting for tasks that SLURM will never start:
+
+    * the batch script itself (``python train.py`` in an ``sbatch`` script, without ``srun``),
+    * an ``salloc`` shell (``salloc -n 2``, then ``python train.py``),
+    * a single-task step of a job named ``bash`` or ``interactive``, such as the shell of ``srun --pty bash``
+      (Lightning's convention for interactive jobs).
+
+    A step of several tasks is SLURM's to manage whatever the job is called: ``salloc`` names its allocation
+    ``interactive``, and ``srun -n 2 python train.py`` run in it inherits that name (Lightning ignores SLURM there,
+    and every task starts its own processes). Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in
+    any case.
+
+    Example:
+        srun --ntasks-per-node=2 python train.py   # Fabric(devices="auto") takes 2 processes per node from SLURM
     """
 
     @property
@@ -81,7 +144,16 @@ class SLURMEnvironment(ClusterEnvironment):
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
         env = os.environ if env is None else env
-        return "SLURM_NTASKS" in env and not _slurm_interactive(env)
+        if "SLURM_NTASKS" not in env or "SLURM_PROCID" not in env:
+            return False  # outside SLURM, or an salloc shell: SLURM started no task here
+        if not _in_srun_step(env):
+            if env.get("ENVIRONMENT") == "BATCH":
+                return False  # the batch script: one process, not one of the job's tasks
+            return not _slurm_interactive(env)  # task variables set by hand, without step information
+        step_tasks = _step_tasks(env)
+        if step_tasks is not None and step_tasks > 1:
+            return True  # a step of several tasks: they are the ranks, whatever the job is called
+        return not _slurm_interactive(env)
 
     @override
     def world_size(self) -> int:
@@ -108,29 +180,54 @@ class SLURMEnvironment(ClusterEnvironment):
         return self._int("SLURM_NODEID", 0)
 
     def tasks_per_node(self) -> int | None:
-        """Tasks on each node, from ``SLURM_NTASKS_PER_NODE`` or a uniform ``SLURM_TASKS_PER_NODE``."""
+        """Tasks of this step on each node; ``None`` when nodes have different counts or SLURM does not say.
+
+        Read from the step's ``SLURM_STEP_TASKS_PER_NODE`` (set by ``srun``), else ``SLURM_NTASKS_PER_NODE``, else a
+        uniform ``SLURM_TASKS_PER_NODE``. The step's own count comes first because ``srun -n 1`` inside an
+        ``sbatch --ntasks-per-node=2`` job inherits ``SLURM_NTASKS_PER_NODE=2`` from the job.
+
+        Example:
+            >>> SLURMEnvironment({"SLURM_TASKS_PER_NODE": "2(x3)"}).tasks_per_node()
+            2
+        """
+        return self._tasks_per_node()[0]
+
+    def _tasks_per_node(self) -> tuple[int | None, str]:
+        """The count and the variable it came from."""
+        step = self._env.get("SLURM_STEP_TASKS_PER_NODE")  # e.g. "2", "2(x3)" or "2,1"
+        if step is not None:
+            return _uniform_count(step), f"SLURM_STEP_TASKS_PER_NODE={step}"
         if "SLURM_NTASKS_PER_NODE" in self._env:
-            return self._int("SLURM_NTASKS_PER_NODE")
-        spec = self._env.get("SLURM_TASKS_PER_NODE")  # e.g. "2(x3)" or "2,1"
-        if spec:
-            counts = {int(m) for m in re.findall(r"(\d+)(?:\(x\d+\))?", spec)}
-            if len(counts) == 1:
-                return counts.pop()
-        return None
+            return self._int("SLURM_NTASKS_PER_NODE"), f"SLURM_NTASKS_PER_NODE={self._env['SLURM_NTASKS_PER_NODE']}"
+        spec = self._env.get("SLURM_TASKS_PER_NODE", "")
+        return (_uniform_count(spec) if spec else None), f"SLURM_TASKS_PER_NODE={spec}"
+
+    def num_nodes(self) -> int | None:
+        """Nodes of this step: ``SLURM_STEP_NUM_NODES`` (set by ``srun``), else ``SLURM_NNODES``; ``None`` if unset.
+
+        Example:
+            >>> SLURMEnvironment({"SLURM_NNODES": "2"}).num_nodes()
+            2
+        """
+        name = self._nodes_variable()
+        return self._int(name) if name in self._env else None
+
+    def _nodes_variable(self) -> str:
+        return "SLURM_STEP_NUM_NODES" if "SLURM_STEP_NUM_NODES" in self._env else "SLURM_NNODES"
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        per_node = self.tasks_per_node()
+        per_node, source = self._tasks_per_node()
         if per_node is not None and per_node != num_devices:
             raise ValueError(
                 f"Fabric(devices={num_devices}) does not match SLURM's {per_node} tasks per node"
-                f" (--ntasks-per-node={per_node}). Set devices={per_node}, or ask SLURM for"
+                f" ({source}, from --ntasks-per-node or -n). Set devices={per_node} (or 'auto'), or ask SLURM for"
                 f" --ntasks-per-node={num_devices}."
             )
-        if "SLURM_NNODES" in self._env and self._int("SLURM_NNODES") != num_nodes:
-            nnodes = self._int("SLURM_NNODES")
+        nnodes = self.num_nodes()
+        if nnodes is not None and nnodes != num_nodes:
             raise ValueError(
-                f"Fabric(num_nodes={num_nodes}) does not match SLURM's --nodes={nnodes} (SLURM_NNODES)."
+                f"Fabric(num_nodes={num_nodes}) does not match SLURM's --nodes={nnodes} ({self._nodes_variable()})."
                 f" Set num_nodes={nnodes}, or ask SLURM for --nodes={num_nodes}."
             )
         ntasks = self.world_size()

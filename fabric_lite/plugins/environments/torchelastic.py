@@ -16,6 +16,12 @@ class TorchElasticEnvironment(ClusterEnvironment):
     Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` and
     ``MASTER_PORT``; detected by ``TORCHELASTIC_RUN_ID``. torchrun's settings win: ``devices`` and ``num_nodes``
     must agree with them, or :meth:`validate_settings` raises naming both.
+
+    Example::
+
+        # torchrun --nnodes 2 --nproc-per-node 2 ... train.py; in the second process of the second node:
+        env = TorchElasticEnvironment()  # reads RANK=3, LOCAL_RANK=1, WORLD_SIZE=4, GROUP_RANK=1, ...
+        env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (3, 1, 1, 4)
     """
 
     @property

@@ -10,7 +10,15 @@ from fabric_lite.plugins.precision.precision import _TrueDtypePrecision
 class DoublePrecision(_TrueDtypePrecision):
     """Train in ``float64``: parameters, buffers and floating inputs become float64, new tensors created under
     ``fabric.init_module()``/``init_tensor()`` and inside the forward default to float64, and floating outputs
-    come back in the default dtype (float32), as in Lightning Fabric."""
+    come back in the default dtype (float32), as in Lightning Fabric.
+
+    Example::
+
+        fabric = Fabric(plugins=[DoublePrecision()])  # the same as precision="64-true"
+        model = fabric.setup(torch.nn.Linear(2, 1))
+        model.weight.dtype  # torch.float64
+        model(torch.ones(2)).dtype  # torch.float32
+    """
 
     precision = "64-true"
     _dtype = torch.float64

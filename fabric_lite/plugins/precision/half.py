@@ -18,6 +18,13 @@ class HalfPrecision(_TrueDtypePrecision):
 
     Args:
         precision: ``"16-true"`` or ``"bf16-true"``.
+
+    Example::
+
+        fabric = Fabric(plugins=[HalfPrecision("bf16-true")])  # the same as precision="bf16-true"
+        model = fabric.setup(torch.nn.Linear(2, 1))
+        model.weight.dtype  # torch.bfloat16
+        model(torch.ones(2)).dtype  # torch.float32
     """
 
     def __init__(self, precision: Literal["16-true", "bf16-true"] = "16-true") -> None:

@@ -23,6 +23,14 @@ class Precision:
     """Full precision (``"32-true"``) and the base class of every precision plugin.
 
     Subclass it and override the hooks that differ; pass an instance through ``Fabric(plugins=[...])``.
+
+    Example::
+
+        class LossPrinter(Precision):
+            def post_backward(self, tensor, module):
+                print(f"loss {tensor.item():.4f}")
+
+        fabric = Fabric(plugins=[LossPrinter()])  # every fabric.backward(loss) prints the loss
     """
 
     #: the name of this precision, as accepted by ``Fabric(precision=...)``

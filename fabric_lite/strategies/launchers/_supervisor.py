@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fabric_lite.strategies.launchers.launcher import is_secondary
+from fabric_lite.strategies.launchers.launcher import ForwardSignals, is_secondary
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
 _MAX_REPORT = 60_000
@@ -121,12 +121,32 @@ class ProcessSupervisor:
         #: the root cause, once the job has failed
         self.failure: str | None = None
         self._rank0_finished = False
+        # children that exited with code 0 while the job was still running: if the others then fail because a
+        # peer is gone, the early exit is the root cause
+        self._early_exits: list[Child] = []
         self._main_exiting = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="fabric_lite-supervisor", daemon=True)
+        self._signals = ForwardSignals(self._pass_on_signal)
 
     def start(self) -> None:
         self._thread.start()
+        self._signals.install()
+
+    def _pass_on_signal(self, signum: int) -> None:
+        """SIGTERM or SIGINT reached rank 0: tell every child, give them a grace period, then end them."""
+        name = signal.Signals(signum).name
+        self._claim(f"the job received {name}; it was passed on to every rank.")
+        _stderr(f"fabric_lite: received {name}; passing it on to the other ranks.")
+        for child in self.children:
+            if child.process.poll() is None:
+                with contextlib.suppress(OSError):
+                    child.process.send_signal(signum)
+        # the ranks get the grace period to act on the signal themselves (e.g. save a checkpoint on SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while any(c.process.poll() is None for c in self.children) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.terminate_children(grace=1.0)
 
     def arm_exit_handler(self) -> None:
         """Register :meth:`wait_at_exit`; call it after the process group exists, so that it runs before the
@@ -144,7 +164,12 @@ class ProcessSupervisor:
                 if code is None:
                     running = True
                     continue
-                if code == 0 or child.global_rank in reported:
+                if child.global_rank in reported:
+                    continue
+                if code == 0:
+                    if not self._main_exiting.is_set():
+                        self._early_exits.append(child)
+                    reported.add(child.global_rank)
                     continue
                 reported.add(child.global_rank)
                 failure = self._failure(child, code)
@@ -153,7 +178,7 @@ class ProcessSupervisor:
                     return
                 pending = pending or failure
             if pending is not None and time.monotonic() - pending.seen_at >= self.secondary_window:
-                self._on_failure(pending)
+                self._on_failure(self._early_exit_failure() or pending)
                 return
             if not running and pending is None:
                 return
@@ -181,6 +206,23 @@ class ProcessSupervisor:
                 " calls the same collectives, the same number of times.)"
             )
         return _Failure(child, code, description, secondary, time.monotonic())
+
+    def _early_exit_failure(self) -> _Failure | None:
+        """The first child that exited with code 0 while the others still ran, as a failure, if any.
+
+        Called once another rank has lost its peer, so a child that has exited with code 0 by now left early, even if
+        the watching thread had not noticed it yet.
+        """
+        early = self._early_exits or [c for c in self.children if c.process.poll() == 0]
+        if not early:
+            return None
+        child = early[0]
+        description = (
+            f"rank {child.global_rank} (local rank {child.local_rank}, pid {child.process.pid}) exited with code 0"
+            " while the other ranks were still running: they then lost their peer in a collective. Every rank must"
+            " run the same collectives; a rank must not return early (e.g. on its own stopping condition)."
+        )
+        return _Failure(child, 0, description, False, time.monotonic())
 
     def _claim(self, description: str) -> bool:
         """Record the root cause; only the first claim counts, later failures are its consequences."""
@@ -224,6 +266,7 @@ class ProcessSupervisor:
         """At rank 0's exit: find the root cause if something failed, stop or wait for the children."""
         atexit.unregister(self.wait_at_exit)
         self._main_exiting.set()
+        self._signals.restore()
         rank0_error = getattr(sys, "last_value", None)
         if rank0_error is not None:
             if is_secondary(rank0_error):
@@ -231,7 +274,14 @@ class ProcessSupervisor:
                 deadline = time.monotonic() + self.grace
                 while self.failure is None and self._thread.is_alive() and time.monotonic() < deadline:
                     self._thread.join(0.05)
-            if self._claim(f"rank 0 failed: {type(rank0_error).__name__}: {rank0_error} (traceback above)."):
+                early = self._early_exit_failure()
+                if early is not None and self._claim(early.description):
+                    _stderr(f"\nfabric_lite: the job failed. Root cause: {self.failure}")
+            if isinstance(rank0_error, KeyboardInterrupt):
+                cause = "the job was interrupted (SIGINT / Ctrl+C); every rank was told."
+            else:
+                cause = f"rank 0 failed: {type(rank0_error).__name__}: {rank0_error} (traceback above)."
+            if self._claim(cause):
                 _stderr(
                     f"\nfabric_lite: the job failed. Root cause: {self.failure}\nfabric_lite: stopping the other ranks."
                 )

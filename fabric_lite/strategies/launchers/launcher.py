@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +18,9 @@ import torch.distributed as dist
 ENV_PARENT_PID = "FABRIC_LITE_PARENT_PID"
 ENV_ERROR_FD = "FABRIC_LITE_ERROR_FD"
 _PR_SET_PDEATHSIG = 1
+# how often, and how far apart, a signal that reached another thread is redirected to the main thread
+_KICKS = 250
+_KICK_INTERVAL = 0.02
 
 # what an error looks like when it is only the consequence of another rank going away
 _SECONDARY_MARKERS = (
@@ -30,7 +36,13 @@ _SECONDARY_MARKERS = (
 
 
 class Launcher(ABC):
-    """Starts the processes a strategy needs and runs a function in them."""
+    """Starts the processes a strategy needs and runs a function in them.
+
+    Example::
+
+        launcher = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn").strategy.launcher
+        type(launcher).__name__, launcher.requires_function  # ('MultiProcessingLauncher', True)
+    """
 
     #: whether ``fabric.launch()`` needs a function (the processes it starts run only that function)
     requires_function: bool = False
@@ -43,6 +55,111 @@ class Launcher(ABC):
     def is_interactive_compatible(self) -> bool:
         """Whether it works in a notebook or REPL."""
         return False
+
+
+class ForwardSignals:
+    """While active, SIGTERM and SIGINT sent to this (launching) process are passed on to its ranks first.
+
+    ``stop(signum)`` tells the ranks (e.g. SIGTERM, a grace period, then SIGKILL). Then this process reacts to the
+    signal as it would have: SIGINT raises ``KeyboardInterrupt``, SIGTERM ends the process. Only the default
+    handlers are replaced, and only from the main thread: a handler of the user's own is left alone. The previous
+    handlers come back on :meth:`restore`.
+
+    Python runs a handler only between bytecodes of the main thread. A signal delivered to another thread (torch's
+    store and gloo threads included), or to the main thread just after its last check and before it blocks in a
+    system call (``time.sleep``, a wait), is only flagged, and the handler would wait for that call to return,
+    minutes later; seen here in about 1 of 40 launches. So a small thread watches Python's signal wake-up fd and
+    redirects the signal to the main thread with ``pthread_kill``, repeating until the handler has started.
+    (Skipped when the program has a wake-up fd of its own, e.g. an asyncio loop.)
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, stop: Callable[[int], None]) -> None:
+        self._stop = stop
+        self._previous: dict[int, Any] = {}
+        self._handling = False
+        self._wakeup: tuple[int, int] | None = None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            current = signal.getsignal(signum)
+            if current in (signal.SIG_DFL, signal.default_int_handler):
+                self._previous[signum] = current
+                signal.signal(signum, self._forward)
+        if self._previous:
+            self._watch_wakeup_fd()
+
+    def _watch_wakeup_fd(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if previous != -1:  # the program watches signals itself: leave its fd in place
+            signal.set_wakeup_fd(previous)
+            os.close(read_fd)
+            os.close(write_fd)
+            return
+        self._wakeup = (read_fd, write_fd)
+        main = threading.main_thread().ident
+        watched = {int(s) for s in self._previous}
+
+        def watch() -> None:
+            try:
+                while True:
+                    data = os.read(read_fd, 64)
+                    if not data:
+                        return
+                    for signum in data:
+                        if signum in watched and main is not None:
+                            kick(main, signum)
+            except OSError:
+                return
+            finally:
+                with contextlib.suppress(OSError):
+                    os.close(read_fd)
+
+        def kick(main: int, signum: int) -> None:
+            # Repeat until the handler runs: a signal that lands on the main thread after its last check but
+            # before it blocks (e.g. entering time.sleep) only flags the handler, and sleeps on; so can a kick.
+            for _ in range(_KICKS):
+                if self._handling or self._wakeup is None:
+                    return
+                signal.pthread_kill(main, signum)
+                time.sleep(_KICK_INTERVAL)
+
+        threading.Thread(target=watch, name="fabric_lite-signals", daemon=True).start()
+
+    def restore(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, previous in self._previous.items():
+            if signal.getsignal(signum) == self._forward:
+                signal.signal(signum, previous)
+        self._previous.clear()
+        if self._wakeup is not None:
+            _, write_fd = self._wakeup
+            self._wakeup = None
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, write_fd):  # someone replaced ours meanwhile: leave theirs
+                signal.set_wakeup_fd(current)
+            os.close(write_fd)  # the watching thread reads EOF and ends
+
+    def _forward(self, signum: int, frame: Any) -> None:
+        if self._handling:  # the same signal redirected to this thread while it is already being handled
+            return
+        self._handling = True
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        try:
+            self._stop(signum)
+        finally:
+            self.restore()
+            self._handling = False
+        if signum == signal.SIGINT and previous is signal.default_int_handler:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from typing_extensions import override
 
-from fabric_lite.strategies.launchers.launcher import Launcher, die_with_parent, is_secondary
+from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_parent, is_secondary
 from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
 
 if TYPE_CHECKING:
@@ -35,6 +35,15 @@ class MultiProcessingLauncher(Launcher):
         strategy: the strategy whose processes to start.
         start_method: ``"spawn"`` (a fresh interpreter: the function and its arguments must be picklable and the
             script must guard its top level with ``if __name__ == "__main__":``), ``"fork"`` or ``"forkserver"``.
+
+    Example::
+
+        def train(fabric):
+            return fabric.all_reduce(torch.tensor(1.0), reduce_op="sum").item()
+
+        if __name__ == "__main__":
+            fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
+            print(fabric.launch(train))  # 2.0: rank 0's result
     """
 
     requires_function = True
@@ -99,6 +108,15 @@ def _supervise(processes: Any, results: Any, received: list[Any], window: float 
     workers = processes.processes
     error_files = processes.error_files
 
+    def pass_on(signum: int) -> None:  # SIGTERM/SIGINT to the launching process: tell every worker, then end them
+        for worker in workers:
+            if worker.is_alive() and worker.pid is not None:
+                os.kill(worker.pid, signum)
+        deadline = time.monotonic() + grace  # a grace period to act on the signal (e.g. save a checkpoint)
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        _stop(workers, 1.0)
+
     def drain() -> None:
         if not received and not results.empty():
             received.append(results.get())
@@ -112,6 +130,8 @@ def _supervise(processes: Any, results: Any, received: list[Any], window: float 
 
     first_failure: float | None = None
     root: int | None = None
+    signals = ForwardSignals(pass_on)
+    signals.install()
     try:
         while True:
             drain()
@@ -121,20 +141,24 @@ def _supervise(processes: Any, results: Any, received: list[Any], window: float 
             primary = [i for i in failed if not is_secondary(trace(i) or "")]
             if primary or (failed and time.monotonic() - first_failure >= window):  # type: ignore[operator]
                 root = (primary or failed)[0]
+                early = [i for i, w in enumerate(workers) if w.exitcode == 0]
+                if not primary and early:
+                    # the others lost a peer that had returned early: that worker is the cause
+                    _stop(workers, grace)
+                    raise mp.ProcessExitedException(  # type: ignore[attr-defined]
+                        f"process {early[0]} exited with code 0 while the other processes were still running: they"
+                        " then lost their peer in a collective. Every process must run the same collectives; none may"
+                        " return early.",
+                        early[0],
+                        workers[early[0]].pid,
+                        0,
+                    )
                 break
             if all(w.exitcode == 0 for w in workers):
                 drain()
                 return
             multiprocessing.connection.wait([w.sentinel for w in workers if w.exitcode is None] or [], 0.05)
-        for worker in workers:
-            if worker.is_alive():
-                worker.terminate()
-        deadline = time.monotonic() + grace
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+        _stop(workers, grace)
         failed_worker = workers[root]
         text = trace(root)
         if text is not None:
@@ -151,9 +175,23 @@ def _supervise(processes: Any, results: Any, received: list[Any], window: float 
             f"process {root} terminated with exit code {code}", root, failed_worker.pid, code
         )
     finally:
+        signals.restore()
         for path in error_files:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def _stop(workers: list[Any], grace: float) -> None:
+    """SIGTERM every live worker, wait up to ``grace`` seconds, then SIGKILL what is left."""
+    for worker in workers:
+        if worker.is_alive():
+            worker.terminate()
+    deadline = time.monotonic() + grace
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 def _worker(

@@ -50,6 +50,11 @@ class SubprocessScriptLauncher(Launcher):
     whole job with that rank's traceback as the reported root cause, and no child outlives rank 0.
 
     The function's return value is returned in every process (each process returns its own).
+
+    Example::
+
+        fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+        fabric.launch()  # the script runs once more, with LOCAL_RANK=1; both continue from here
     """
 
     def __init__(self, strategy: ParallelStrategy) -> None:

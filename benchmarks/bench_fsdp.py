@@ -1,0 +1,216 @@
+"""Peak memory per rank and step time of ``FSDPStrategy`` against ``DDPStrategy``: two ranks on the CPU, and one
+GPU at world size 1 when CUDA is available.
+
+    python benchmarks/bench_fsdp.py            # CPU: a 302 MB model, 3 rounds (about 10 minutes on 2 cores)
+    python benchmarks/bench_fsdp.py --quick    # smoke run: a tiny model, 2 steps, one round (what the tests run)
+
+The workload, the same for every variant: a residual MLP of 4 blocks (LayerNorm, Linear 1536 -> 6144, GELU,
+Linear 6144 -> 1536), 75.5M parameters (302 MB in float32), trained with AdamW on batches of 16, the loop its
+user would write:
+
+* ``ddp``: ``Fabric(strategy="ddp", devices=2)``; the model built in each process, ``fabric.setup(model, optimizer)``.
+* ``fsdp``: ``Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)``; the model created under
+  ``fabric.init_module(empty_init=True)`` (on the meta device), ``setup_module`` (sharded, then each rank's shards
+  materialised), then the optimizer from the sharded parameters and ``setup_optimizers``.
+
+Each variant runs in fresh processes (started by fabric_lite's own script launcher), the variants alternate round
+after round, and every rank reports:
+
+* ``peak RSS``: ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, the process's resident-set high-water mark, at the
+  end of the run, minus the resident set just before the model is built (imports and the process group are the same
+  for both variants). It counts everything the process touched: parameters, gradients, optimizer state, activations,
+  communication buffers, and transient copies.
+* ``step``: the median wall time of the timed steps (after 2 warm-up steps), each between two barriers.
+
+The GPU section (only with CUDA) trains the same model at world size 1 on one GPU, with ``ddp``, ``fsdp`` and
+``fsdp`` with ``cpu_offload=True``, and reports ``torch.cuda.max_memory_allocated()`` and the step time: at world
+size 1 nothing is sharded, so it shows FSDP's own overhead, and what CPU offload saves on the device.
+
+Prints tables of the medians over rounds, rank by rank, and the FSDP/DDP ratios; ``--out`` also writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {
+    "full": {"width": 1536, "blocks": 4, "batch": 16, "steps": 6},
+    "quick": {"width": 64, "blocks": 2, "batch": 4, "steps": 2},
+}
+WARMUP = 2
+
+
+def _rss_now() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmRSS: the memory figure needs Linux")
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+
+def make_model(width: int, blocks: int) -> nn.Module:
+    return nn.Sequential(*[Block(width) for _ in range(blocks)])
+
+
+def run_child(variant: str, size: str, device: str) -> None:
+    """In each rank's process: build, set up and train through ``variant``; print this rank's figures."""
+    from fabric_lite import Fabric
+    from fabric_lite.strategies import FSDPStrategy
+
+    torch.set_num_threads(1)
+    config = SIZES[size]
+    width, steps, batch = config["width"], config["steps"], config["batch"]
+    devices = 1 if device == "cuda" else 2
+    if variant == "ddp":
+        strategy: Any = "ddp"
+    else:
+        strategy = FSDPStrategy(auto_wrap_policy={Block}, cpu_offload=variant == "fsdp_offload")
+    fabric = Fabric(accelerator=device, devices=devices, strategy=strategy)
+    fabric.launch()
+    fabric.barrier()
+    torch.manual_seed(0)
+    rss_before = _rss_now()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    if variant == "ddp":
+        model = make_model(width, config["blocks"])
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        model, optimizer = fabric.setup(model, optimizer)
+    else:
+        with fabric.init_module(empty_init=True):
+            model = make_model(width, config["blocks"])
+        model = fabric.setup_module(model)
+        optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-4))
+    x = torch.randn(batch, width, device=fabric.device)
+    y = torch.randn(batch, width, device=fabric.device)
+    times = []
+    for step in range(WARMUP + steps):
+        fabric.barrier()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        fabric.backward(loss)
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        fabric.barrier()
+        if step >= WARMUP:
+            times.append(time.perf_counter() - start)
+    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    result = {
+        "variant": variant,
+        "rank": fabric.global_rank,
+        "rss_peak": peak_rss - rss_before,
+        "step": statistics.median(times),
+        "loss": loss.item(),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+    if device == "cuda":
+        result["cuda_peak"] = torch.cuda.max_memory_allocated()
+    # one write() of less than PIPE_BUF bytes: the ranks share the pipe, and such a write is never interleaved
+    os.write(sys.stdout.fileno(), ("RESULT " + json.dumps(result) + "\n").encode())
+
+
+def run_variant(variant: str, size: str, device: str) -> list[dict[str, Any]]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["OMP_NUM_THREADS"] = "1"
+    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
+        env.pop(name, None)
+    command = [sys.executable, __file__, "--child", variant, "--size", size, "--device", device]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not rows:
+        raise RuntimeError(f"{variant} on {device} failed:\n{done.stdout}\n{done.stderr}")
+    return sorted(rows, key=lambda row: row["rank"])
+
+
+def measure(variants: list[str], size: str, device: str, rounds: int) -> dict[str, list[list[dict[str, Any]]]]:
+    """``rounds`` rounds in which every variant runs once in fresh processes, alternating the order."""
+    runs: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in variants}
+    for r in range(rounds):
+        for variant in variants if r % 2 == 0 else variants[::-1]:
+            runs[variant].append(run_variant(variant, size, device))
+    return runs
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value / 1e6:.1f} MB" if unit == "bytes" else f"{value * 1e3:.1f} ms"
+
+
+def table(runs: dict[str, list[list[dict[str, Any]]]], figures: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Medians over rounds per rank and figure, each variant against ``ddp``; prints them and returns the rows."""
+    variants = list(runs)
+    ranks = len(runs["ddp"][0])
+    rows = []
+    header = f"{'figure':<22}{'rank':>5}" + "".join(f"{v:>16}" for v in variants)
+    print(header + "".join(f"{v + '/ddp':>18}" for v in variants[1:]))
+    for key, unit in figures:
+        for rank in range(ranks):
+            medians = {v: statistics.median(run[rank][key] for run in runs[v]) for v in variants}
+            ratios = {v: medians[v] / medians["ddp"] for v in variants[1:]}
+            rows.append({"figure": key, "unit": unit, "rank": rank, "medians": medians, "ratios": ratios})
+            line = f"{key:<22}{rank:>5}" + "".join(f"{_fmt(medians[v], unit):>16}" for v in variants)
+            print(line + "".join(f"{ratios[v]:>17.3f}x" for v in variants[1:]))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a tiny model, 2 steps, one round")
+    parser.add_argument("--out", help="also write the tables as JSON to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--size", choices=sorted(SIZES), default="full", help=argparse.SUPPRESS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        run_child(args.child, args.size, args.device)
+        return
+    size, rounds = ("quick", 1) if args.quick else ("full", 3)
+    config = SIZES[size]
+    record: dict[str, Any] = {"torch": torch.__version__, "size": config, "quick": args.quick}
+    print(f"CPU, 2 ranks, gloo: {config['blocks']} blocks of width {config['width']}, AdamW, batch {config['batch']}")
+    cpu_runs = measure(["ddp", "fsdp"], size, "cpu", rounds)
+    params = cpu_runs["ddp"][0][0]["params"]
+    print(f"{params / 1e6:.1f}M parameters ({params * 4 / 1e6:.0f} MB in float32), medians of {rounds} round(s)")
+    record["cpu"] = table(cpu_runs, [("rss_peak", "bytes"), ("step", "s")])
+    record["cpu_runs"] = cpu_runs
+    if torch.cuda.is_available():
+        print(f"\n{torch.cuda.get_device_name(0)}, world size 1")
+        gpu_runs = measure(["ddp", "fsdp", "fsdp_offload"], size, "cuda", rounds)
+        record["gpu"] = table(gpu_runs, [("cuda_peak", "bytes"), ("rss_peak", "bytes"), ("step", "s")])
+        record["gpu_runs"] = gpu_runs
+    else:
+        print("\nGPU section skipped: CUDA is not available on this machine")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Run a user's script as ``__main__`` in a process started by ``fabric-lite run``.
+
+``fabric-lite run`` starts every worker as ``python -m fabric_lite._run_script SCRIPT ARGS...``. This module
+runs ``SCRIPT`` exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``, ``sys.argv``, the
+script's folder first on ``sys.path``), inside torch's error recorder: an exception that ends the script is
+written to the file torchrun's agent reads, so the agent's root-cause report shows the failing rank's
+exception and traceback instead of only an exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def main() -> None:
+    """Run ``sys.argv[1]`` with the arguments that follow it.
+
+    Example::
+
+        python -m fabric_lite._run_script train.py --lr 0.1   # what each worker of `fabric-lite run` runs
+    """
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m fabric_lite._run_script SCRIPT [SCRIPT_ARGS...]")
+    # imported here: this module is light to import, torch's elastic package is not
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    # `python -m` put the working directory first on sys.path; `python script.py` puts the script's folder there
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    record(runpy.run_path)(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,317 @@
+"""``fabric-lite run``: start a training script on one machine or several, with torch's elastic agent.
+
+The command checks its flags, then hands process management to ``torch.distributed.run`` (torchrun): it starts
+``--devices`` processes on this node, joins the other nodes' agents at ``--main-address:--main-port``, restarts
+the whole group after a failure (``--max-restarts``) and reports the first failure as the root cause. The flags
+reach ``Fabric(...)`` in the script through the environment (``FABRIC_LITE_ACCELERATOR``, ``..._STRATEGY``,
+``..._DEVICES``, ``..._NUM_NODES``, ``..._PRECISION``), so the script can say just ``Fabric()``; an argument the
+script does give must agree with the flag, or ``Fabric(...)`` raises naming both.
+
+Example::
+
+    fabric-lite run --accelerator cpu --devices 2 train.py --epochs 3
+    python -m fabric_lite run --accelerator cpu --devices 2 train.py --epochs 3   # the same
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fabric_lite._plan import (
+    _ACCELERATOR_CHOICES,
+    _LEGACY_PRECISIONS,
+    CLI_ENV_VARS,
+    PRECISIONS,
+    Machine,
+    resolve_plan,
+)
+from fabric_lite.strategies.registry import STRATEGY_REGISTRY
+
+#: strategies torchrun can run: one process per node, or one per device started like a script re-run (``popen``);
+#: spawn/fork strategies start their own processes, and those started by another launcher (horovodrun) need it
+CLI_STRATEGIES = (
+    "auto",
+    *(name for name, entry in STRATEGY_REGISTRY.items() if not entry.parallel or entry.start_method == "popen"),
+)
+CLI_PRECISIONS = (*PRECISIONS, *(key for key in _LEGACY_PRECISIONS if isinstance(key, str)))
+#: torchrun's default port, used by every node of a multi-node job unless --main-port says otherwise
+DEFAULT_MULTI_NODE_PORT = 29500
+
+_DESCRIPTION = """\
+Run SCRIPT on this machine's devices, and with --num-nodes on several machines, through torch's elastic agent
+(torch.distributed.run): it starts one process per device, restarts them all after a failure (--max-restarts)
+and reports the first failure as the root cause. Fabric() in the script takes its settings from these flags;
+an argument given to Fabric(...) that disagrees with a flag is an error naming both.
+
+Flags for fabric-lite come before SCRIPT; everything after SCRIPT is passed to the script unchanged."""
+
+_EXAMPLES = """\
+examples:
+  # two processes on the CPU; --lr 0.1 goes to train.py
+  fabric-lite run --accelerator cpu --devices 2 train.py --lr 0.1
+
+  # every GPU of this machine, with bf16 mixed precision
+  fabric-lite run --accelerator cuda --devices -1 --precision bf16-mixed train.py
+
+  # two machines with 8 GPUs each: the same command on both, --node-rank 0 on 10.0.0.1 and 1 on the other
+  fabric-lite run --devices 8 --num-nodes 2 --node-rank 0 --main-address 10.0.0.1 --main-port 29500 train.py
+
+  # restart every process up to 3 times after a failure; the script resumes from its last checkpoint
+  fabric-lite run --accelerator cpu --devices 2 --max-restarts 3 train.py
+
+  # the same without the console script
+  python -m fabric_lite run --accelerator cpu --devices 2 train.py
+
+On several machines, every node needs to reach --main-address:--main-port, and gloo must use the network
+interface that carries that address: set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL), e.g. eth0."""
+
+
+@dataclass(frozen=True)
+class LaunchCommand:
+    """What ``fabric-lite run`` does once its flags are checked.
+
+    Example::
+
+        args = build_parser().parse_args(["run", "--accelerator", "cpu", "--devices", "2", "train.py"])
+        command = launch_command(args, Machine.detect())
+        command.env  # {'FABRIC_LITE_DEVICES': '2', 'FABRIC_LITE_NUM_NODES': '1', 'FABRIC_LITE_ACCELERATOR': 'cpu'}
+    """
+
+    #: the arguments for ``torch.distributed.run``
+    torchrun_args: list[str]
+    #: variables to add to the environment of every worker (the settings for ``Fabric()``)
+    env: dict[str, str]
+    #: processes started on this node
+    nproc_per_node: int
+
+
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give an integer {bound}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``fabric-lite``, with its ``run`` command.
+
+    Example::
+
+        args = build_parser().parse_args(["run", "--devices", "2", "train.py", "--lr", "0.1"])
+        args.devices, args.script, args.script_args   # ('2', 'train.py', ['--lr', '0.1'])
+    """
+    parser = argparse.ArgumentParser(
+        prog="fabric-lite",
+        description="fabric_lite's command line. `fabric-lite run --help` explains the run command.",
+        epilog="example:\n  fabric-lite run --accelerator cpu --devices 2 train.py --lr 0.1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="run a training script on one or more processes and machines (see `fabric-lite run --help`)",
+        description=_DESCRIPTION,
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    run.add_argument(
+        "--accelerator",
+        choices=_ACCELERATOR_CHOICES,
+        default=None,
+        help="the hardware to run on; 'auto' picks CUDA, then MPS, then the CPU (e.g. --accelerator cpu)."
+        " Default: what Fabric(accelerator=...) in the script says, else 'auto'.",
+    )
+    run.add_argument(
+        "--strategy",
+        choices=CLI_STRATEGIES,
+        default=None,
+        help="how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
+        " script says, else 'auto' (ddp for several processes).",
+    )
+    run.add_argument(
+        "--devices",
+        default="1",
+        help="devices per node, one process each: a count (on the CPU, the number of processes), -1 or 'auto' for"
+        " every GPU, or GPU indices such as 0,2 (e.g. --devices 2). Default: 1.",
+    )
+    run.add_argument(
+        "--num-nodes",
+        type=_int_at_least(1),
+        default=1,
+        metavar="N",
+        help="how many machines take part (e.g. --num-nodes 2); run the command on each. Default: 1.",
+    )
+    run.add_argument(
+        "--node-rank",
+        type=_int_at_least(0),
+        default=0,
+        metavar="RANK",
+        help="this machine's index, 0 .. N-1; node 0 hosts the rendezvous (e.g. --node-rank 1). Default: 0.",
+    )
+    run.add_argument(
+        "--main-address",
+        default=None,
+        metavar="ADDRESS",
+        help="address of node 0 that every node can reach (e.g. --main-address 10.0.0.1). Needed with"
+        " --num-nodes > 1; unused on one node.",
+    )
+    run.add_argument(
+        "--main-port",
+        type=_int_at_least(1, 65535),
+        default=None,
+        metavar="PORT",
+        help="a free TCP port on node 0 for the rendezvous (e.g. --main-port 29500). Default: with several nodes"
+        f" {DEFAULT_MULTI_NODE_PORT}; on one node a free port that torchrun picks itself (no port clash).",
+    )
+    run.add_argument(
+        "--precision",
+        choices=CLI_PRECISIONS,
+        default=None,
+        help="numeric precision (e.g. --precision bf16-mixed). Default: what Fabric(precision=...) in the script"
+        " says, else '32-true'.",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=_int_at_least(0),
+        default=0,
+        metavar="N",
+        help="restart every process of this node up to N times after a failure; each restart runs the script from"
+        " the start (TORCHELASTIC_RESTART_COUNT tells which attempt), so it should resume from its last"
+        " checkpoint (e.g. --max-restarts 3). Default: 0.",
+    )
+    run.add_argument("script", metavar="SCRIPT", help="the Python script to run (e.g. train.py)")
+    run.add_argument(
+        "script_args",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT_ARGS",
+        help="arguments for the script, passed unchanged (e.g. --lr 0.1)",
+    )
+    return parser
+
+
+def _flags(args: argparse.Namespace) -> str:
+    given = [
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in CLI_ENV_VARS
+        if getattr(args, name) is not None and not (name == "num_nodes" and args.num_nodes == 1)
+    ]
+    return " ".join(["fabric-lite run", *given])
+
+
+def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
+    """Check the flags of ``fabric-lite run`` and turn them into a ``torch.distributed.run`` command line.
+
+    The check runs the same validation ``Fabric()`` will run in every worker, against the environment the worker
+    will see, so that a bad flag fails here, before any process starts.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: a flag that cannot work; the message names it and the fix.
+
+    Example::
+
+        args = build_parser().parse_args(["run", "--accelerator", "cpu", "--devices", "2", "train.py"])
+        launch_command(args, Machine()).torchrun_args
+        # ['--nproc-per-node', '2', '--max-restarts', '0', '--standalone', '--module', 'fabric_lite._run_script',
+        #  'train.py']
+    """
+    script = Path(args.script)
+    if not script.is_file():
+        where = "is a folder" if script.is_dir() else f"does not exist (looked in {Path.cwd()})"
+        raise ValueError(f"SCRIPT {args.script!r} {where}. Give the path of a Python file, e.g. train.py.")
+    if args.node_rank >= args.num_nodes:
+        raise ValueError(
+            f"--node-rank {args.node_rank} is not a node of --num-nodes {args.num_nodes}: node ranks run from 0 to"
+            f" {args.num_nodes - 1}. Give each machine its own --node-rank in that range."
+        )
+    if args.num_nodes > 1 and not args.main_address:
+        raise ValueError(
+            f"--num-nodes {args.num_nodes} needs --main-address: the address of the machine started with"
+            " --node-rank 0, reachable from every node (e.g. --main-address 10.0.0.1)."
+        )
+    env = {CLI_ENV_VARS["devices"]: str(args.devices), CLI_ENV_VARS["num_nodes"]: str(args.num_nodes)}
+    for name in ("accelerator", "strategy", "precision"):
+        if getattr(args, name) is not None:
+            env[CLI_ENV_VARS[name]] = str(getattr(args, name))
+    address = args.main_address or "127.0.0.1"
+    try:
+        # how many processes Fabric() with these settings runs per node: what torchrun must start
+        nproc = resolve_plan(env={**env, "MASTER_ADDR": address, "MASTER_PORT": "0"}, machine=machine).num_processes
+        # and what Fabric() will say in every worker, with the environment torchrun gives it
+        worker_env = {
+            **env,
+            "TORCHELASTIC_RUN_ID": "fabric-lite-check",
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "GROUP_RANK": str(args.node_rank),
+            "WORLD_SIZE": str(nproc * args.num_nodes),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": address,
+            "MASTER_PORT": str(args.main_port or 0),
+        }
+        resolve_plan(env=worker_env, machine=machine)
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise type(err)(f"`{_flags(args)}` cannot work: {err}") from None
+
+    torchrun_args = ["--nproc-per-node", str(nproc), "--max-restarts", str(args.max_restarts)]
+    if args.num_nodes == 1 and args.main_port is None:
+        # c10d rendezvous on a port the agent binds itself: no free-port guess that another job could take first
+        torchrun_args.append("--standalone")
+    else:
+        port = args.main_port if args.main_port is not None else DEFAULT_MULTI_NODE_PORT
+        torchrun_args += ["--nnodes", str(args.num_nodes), "--node-rank", str(args.node_rank)]
+        torchrun_args += ["--master-addr", address, "--master-port", str(port)]
+    torchrun_args += ["--module", "fabric_lite._run_script", args.script, *args.script_args]
+    return LaunchCommand(torchrun_args=torchrun_args, env=env, nproc_per_node=nproc)
+
+
+def _run_torchrun(torchrun_args: list[str]) -> int:
+    # imported here: `fabric-lite --help` and flag errors should not wait for torch's elastic package
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(torchrun_args))  # type: ignore[no-untyped-call]
+    except ChildFailedError as err:
+        # the agent has stopped every process of this node; its report names the first failure: the root cause
+        print(f"fabric-lite run: the job failed.\n{err}", file=sys.stderr, flush=True)
+        return 1
+    except SignalException as err:
+        print(f"fabric-lite run: stopped by {err.sigval.name}; every process was stopped.", file=sys.stderr)
+        return 128 + int(err.sigval)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``fabric-lite`` command (also ``python -m fabric_lite``). Returns the exit status.
+
+    Example::
+
+        main(["run", "--accelerator", "cpu", "--devices", "2", "train.py", "--lr", "0.1"])   # 0 on success
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "run":
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        command = launch_command(args, Machine.detect())
+    except (ValueError, TypeError, RuntimeError) as err:
+        print(f"usage: fabric-lite run [flags] SCRIPT [SCRIPT_ARGS...]\nfabric-lite run: error: {err}", file=sys.stderr)
+        return 2
+    os.environ.update(command.env)  # the workers inherit this process's environment
+    return _run_torchrun(command.torchrun_args)

@@ -1,0 +1,111 @@
+"""The folder layout Lightning users know, ``root_dir/name/version_N``, and the one rank that writes into it.
+
+Only global rank 0 creates folders and files. When the version is not given, rank 0 picks the next free
+``version_N`` and ``Fabric.launch`` sends its choice to the other ranks, so that every rank's ``log_dir`` names
+the same folder (a rank that scanned the disk by itself could see rank 0's new folder and pick the one after).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.distributed as dist
+from typing_extensions import override
+
+from fabric_lite.loggers.logger import Logger
+from fabric_lite.utilities.types import _PATH
+
+
+class _FolderLogger(Logger):
+    """A logger that writes into ``root_dir/name/version`` on global rank 0 (shared by the CSV and TensorBoard
+    loggers)."""
+
+    def __init__(self, root_dir: _PATH, name: str | None, version: int | str | None) -> None:
+        root = os.fspath(root_dir)
+        if "://" in root:
+            raise ValueError(
+                f"{type(self).__name__}(root_dir={root!r}): fabric_lite's loggers write to local folders only."
+                " Log to a local or mounted folder and copy it afterwards, or use a logger that writes to remote"
+                " storage."
+            )
+        if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
+            raise TypeError(
+                f"{type(self).__name__}(version={version!r}): the version must be an int (folder `version_N`),"
+                " a str (the folder name itself) or None (the next free `version_N`)."
+            )
+        self._root_dir = root
+        self._name = name or ""
+        self._version = version
+        # a version chosen by scanning the disk must be the same on every rank: see _agree_on_versions
+        self._version_is_automatic = version is None
+        self._global_rank: int | None = None  # told by Fabric; otherwise torch.distributed's rank, else 0
+
+    @property
+    @override
+    def name(self) -> str:
+        """The experiment's name: the folder under :attr:`root_dir` (``""`` puts the versions in it directly)."""
+        return self._name
+
+    @property
+    @override
+    def version(self) -> int | str:
+        """The version given to the constructor, else the next free ``version_N`` number (chosen once)."""
+        if self._version is None:
+            self._version = self._next_version()
+        return self._version
+
+    @property
+    @override
+    def root_dir(self) -> str:
+        """The folder that holds every experiment name and version."""
+        return self._root_dir
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        """``root_dir/name/version_N`` for an int version, ``root_dir/name/VERSION`` for a str version."""
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        return os.path.join(self._root_dir, self._name, version)
+
+    def _is_global_zero(self) -> bool:
+        if self._global_rank is not None:
+            return self._global_rank == 0
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank() == 0
+        return True
+
+    def _next_version(self) -> int:
+        versions_root = os.path.join(self._root_dir, self._name)
+        try:
+            entries = list(os.scandir(versions_root))
+        except (FileNotFoundError, NotADirectoryError):
+            return 0
+        existing = [
+            int(entry.name[len("version_") :])
+            for entry in entries
+            if entry.is_dir() and entry.name.startswith("version_") and entry.name[len("version_") :].isdigit()
+        ]
+        return max(existing) + 1 if existing else 0
+
+
+def _attach_rank(loggers: Sequence[Any], global_rank: int) -> None:
+    """Tell fabric_lite's own loggers which global rank this process is (only rank 0 writes)."""
+    for logger in loggers:
+        if isinstance(logger, _FolderLogger):
+            logger._global_rank = global_rank
+
+
+def _agree_on_versions(loggers: Sequence[Any], global_rank: int, broadcast: Callable[[Any], Any]) -> None:
+    """Give every rank global rank 0's choice of version for the loggers that pick theirs from the disk.
+
+    Called by every rank at launch, with the same loggers (they come from the same script): ``broadcast`` is a
+    collective. Does nothing (and communicates nothing) when no logger has an automatic version.
+    """
+    automatic = [lg for lg in loggers if isinstance(lg, _FolderLogger) and lg._version_is_automatic]
+    if not automatic:
+        return
+    chosen = broadcast([lg.version if global_rank == 0 else None for lg in automatic])
+    for logger, version in zip(automatic, chosen, strict=True):
+        logger._version = version

@@ -1,0 +1,189 @@
+"""``CSVLogger``: metrics in ``root_dir/name/version_N/metrics.csv``, the file Lightning's CSVLogger writes."""
+
+from __future__ import annotations
+
+import csv
+import os
+import stat
+import tempfile
+import warnings
+import weakref
+from argparse import Namespace
+from typing import Any
+
+from typing_extensions import override
+
+from fabric_lite.loggers._folder import _FolderLogger
+from fabric_lite.loggers._metrics import _add_prefix, _check_metrics, _to_scalars
+from fabric_lite.loggers.logger import _DummyExperiment
+from fabric_lite.utilities.types import _PATH
+
+
+class CSVLogger(_FolderLogger):
+    """Log metrics to ``root_dir/name/version/metrics.csv``, as Lightning Fabric's ``CSVLogger`` does.
+
+    The file has one row per :meth:`log_metrics` call, a ``step`` column and one column per metric name, in
+    alphabetical order; a name that first appears later adds a column (the file is rewritten with the new header)
+    and rows without a value leave it empty. Rows are buffered and written every ``flush_logs_every_n_steps``
+    rows, by :meth:`save`, by :meth:`finalize`, and at the latest when the process exits, so nothing is lost when
+    the script does not call :meth:`finalize`. Only global rank 0 creates folders and writes; on other ranks every
+    method is a no-op.
+
+    Args:
+        root_dir: the folder that holds every experiment.
+        name: the experiment's folder under ``root_dir``; ``None`` or ``""`` puts the versions in ``root_dir``.
+        version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
+            ``version_N`` (with Fabric, global rank 0 chooses it for every rank). An existing ``metrics.csv`` in
+            the folder is replaced, with a warning.
+        prefix: put in front of every metric name, joined with ``"-"``.
+        flush_logs_every_n_steps: how many rows to buffer before writing them.
+
+    Example::
+
+        from fabric_lite.loggers import CSVLogger
+
+        logger = CSVLogger("logs", name="my_model")  # logs/my_model/version_0/metrics.csv
+        fabric = Fabric(loggers=logger)
+        fabric.log_dict({"loss": loss, "acc": 0.75}, step=0)
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        root_dir: _PATH,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        super().__init__(root_dir, name, version)
+        if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int):
+            raise TypeError(
+                f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps!r}) must be an int >= 1 (e.g. 100)."
+            )
+        if flush_logs_every_n_steps < 1:
+            raise ValueError(
+                f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}) must be >= 1 (1 writes every row)."
+            )
+        self._prefix = prefix
+        self._flush_logs_every_n_steps = flush_logs_every_n_steps
+        self._experiment: _ExperimentWriter | None = None
+        self._at_exit: weakref.finalize[Any, Any] | None = None
+        self._rows_logged = 0
+
+    @property
+    def experiment(self) -> _ExperimentWriter | _DummyExperiment:
+        """The object that buffers rows and writes ``metrics.csv`` (created, with its folder, on first use); on
+        ranks other than 0, an object whose methods do nothing."""
+        return self._writer() if self._is_global_zero() else _DummyExperiment()
+
+    def _writer(self) -> _ExperimentWriter:
+        if self._experiment is None:
+            self._experiment = _ExperimentWriter(self.log_dir)
+            # flush the buffered rows when the logger is collected or the interpreter exits, if nobody did
+            self._at_exit = weakref.finalize(self, self._experiment.save)
+        return self._experiment
+
+    @override
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        """Not supported, as in Lightning Fabric's ``CSVLogger``: raises ``NotImplementedError`` on rank 0."""
+        if not self._is_global_zero():
+            return
+        raise NotImplementedError(
+            "CSVLogger does not record hyperparameters (as in Lightning Fabric). Use TensorBoardLogger for them,"
+            " or write them next to the metrics yourself, e.g. json.dump(params, open(os.path.join(logger.log_dir,"
+            " 'hparams.json'), 'w'))."
+        )
+
+    @override
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Add a row: the metrics (one-element tensors become numbers) and ``step`` (when ``None``, the number of
+        rows logged before this one)."""
+        if not self._is_global_zero():
+            return
+        _check_metrics(metrics, "CSVLogger.log_metrics")
+        row = _add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR)
+        writer = self._writer()
+        writer.log_metrics(row, self._rows_logged if step is None else step)
+        self._rows_logged += 1
+        if len(writer.metrics) >= self._flush_logs_every_n_steps:
+            writer.save()
+
+    @override
+    def save(self) -> None:
+        """Write the buffered rows to ``metrics.csv`` (rank 0; a no-op before anything was logged)."""
+        if self._is_global_zero() and self._experiment is not None:
+            self._experiment.save()
+
+    @override
+    def finalize(self, status: str) -> None:
+        """Write the buffered rows. Logging may go on afterwards (into the same file)."""
+        self.save()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the writer and its exit hook belong to this process; a copy sent to another process starts afresh
+        state = self.__dict__.copy()
+        state["_experiment"] = None
+        state["_at_exit"] = None
+        return state
+
+
+class _ExperimentWriter:
+    """Buffers rows and writes them to ``log_dir/metrics.csv``."""
+
+    NAME_METRICS_FILE = "metrics.csv"
+
+    def __init__(self, log_dir: str) -> None:
+        self.metrics: list[dict[str, Any]] = []
+        self.metrics_keys: list[str] = []
+        self.log_dir = log_dir
+        self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        if os.path.isdir(log_dir) and os.listdir(log_dir):
+            warnings.warn(
+                f"The log folder {log_dir} exists and is not empty. Its metrics.csv, if any, is replaced by this"
+                " run's. Pass another `version` (or none, for the next free one) to keep it.",
+                UserWarning,
+                stacklevel=4,
+            )
+            if os.path.isfile(self.metrics_file_path):
+                os.remove(self.metrics_file_path)
+        os.makedirs(log_dir, exist_ok=True)
+
+    def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
+        """Buffer one row."""
+        self.metrics.append({**metrics, "step": step})
+
+    def save(self) -> None:
+        """Append the buffered rows to the file; when new metric names appeared, rewrite it with the new header."""
+        if not self.metrics:
+            return
+        new_keys = {key for row in self.metrics for key in row} - set(self.metrics_keys)
+        self.metrics_keys = sorted([*self.metrics_keys, *new_keys])
+        file_exists = os.path.isfile(self.metrics_file_path)
+        if new_keys and file_exists:
+            with open(self.metrics_file_path, newline="") as file:
+                rows = [*csv.DictReader(file), *self.metrics]
+            self._replace_file(rows)
+        else:
+            with open(self.metrics_file_path, "a" if file_exists else "w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+                if not file_exists:
+                    writer.writeheader()
+                writer.writerows(self.metrics)
+        self.metrics = []
+
+    def _replace_file(self, rows: list[dict[str, Any]]) -> None:
+        # write a new file and move it over the old one, so that an interruption never leaves half a file
+        handle, temporary = tempfile.mkstemp(prefix=".metrics-", suffix=".csv", dir=self.log_dir)
+        try:
+            os.chmod(temporary, stat.S_IMODE(os.stat(self.metrics_file_path).st_mode))  # mkstemp makes it 0600
+            with os.fdopen(handle, "w", newline="") as file:
+                writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+                writer.writeheader()
+                writer.writerows(rows)
+            os.replace(temporary, self.metrics_file_path)
+        except BaseException:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+            raise

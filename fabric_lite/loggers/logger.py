@@ -1,0 +1,109 @@
+"""The ``Logger`` base class: what ``fabric.log``/``fabric.log_dict`` need from a logger."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from argparse import Namespace
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor
+from torch.nn import Module
+
+
+class Logger(ABC):
+    """Base class for experiment loggers, as in Lightning Fabric.
+
+    A subclass implements :attr:`name`, :attr:`version`, :meth:`log_metrics` and :meth:`log_hyperparams`; every
+    other hook has a default. Loggers passed to ``Fabric(loggers=...)`` receive :meth:`log_metrics` calls from
+    ``fabric.log``/``fabric.log_dict`` on global rank 0 only, and :meth:`finalize` when the function given to
+    ``fabric.launch`` returns.
+
+    Example::
+
+        class PrintLogger(Logger):
+            name = "print"
+            version = 0
+
+            def log_metrics(self, metrics, step=None):
+                print(step, metrics)
+
+            def log_hyperparams(self, params, *args, **kwargs):
+                print(params)
+
+        fabric = Fabric(loggers=PrintLogger())
+        fabric.log("loss", 0.5, step=0)  # prints: 0 {'loss': 0.5}
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str | None:
+        """The experiment's name."""
+
+    @property
+    @abstractmethod
+    def version(self) -> int | str | None:
+        """The experiment's version."""
+
+    @property
+    def root_dir(self) -> str | None:
+        """The folder that holds every version of the experiment, or ``None`` for a logger that writes no files."""
+        return None
+
+    @property
+    def save_dir(self) -> str | None:
+        """Same as :attr:`root_dir` (the name Lightning's trainer loggers use)."""
+        return self.root_dir
+
+    @property
+    def log_dir(self) -> str | None:
+        """The folder this version writes into, or ``None`` for a logger that writes no files."""
+        return None
+
+    @property
+    def group_separator(self) -> str:
+        """The separator that groups metric names into sections (``"train/loss"``)."""
+        return "/"
+
+    @abstractmethod
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Record scalar metrics at ``step``.
+
+        Args:
+            metrics: metric names and values.
+            step: the step they belong to; loggers that keep a counter use it when ``None``.
+        """
+
+    @abstractmethod
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
+        """Record the hyperparameters of the run (a dict or an ``argparse.Namespace``)."""
+
+    def log_graph(self, model: Module, input_array: Tensor | None = None) -> None:
+        """Record the model's graph; a no-op unless the logger supports it."""
+
+    def save(self) -> None:
+        """Write what is buffered to its destination."""
+
+    def finalize(self, status: str) -> None:
+        """Finish the run: write what is buffered and release files.
+
+        Args:
+            status: how the run ended, e.g. ``"success"`` or ``"failed"``.
+        """
+        self.save()
+
+
+class _DummyExperiment:
+    """What ``logger.experiment`` is on ranks other than 0: every method call does nothing."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, _: str) -> Callable[..., None]:
+        return self.nop
+
+    def __getitem__(self, index: int) -> _DummyExperiment:
+        return self  # logger.experiment[0].add_image(...)
+
+    def __setitem__(self, *args: Any, **kwargs: Any) -> None:
+        pass

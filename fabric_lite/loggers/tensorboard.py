@@ -1,0 +1,264 @@
+"""``TensorBoardLogger``: TensorBoard event files in ``root_dir/name/version_N``, as Lightning writes them.
+
+TensorBoard is an optional extra (``pip install tensorboard``, or ``pip install 'fabric-lite[tensorboard]'``);
+nothing of it is imported until a logger writes its first value.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import importlib.util
+import os
+import time
+import warnings
+import weakref
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from torch import Tensor
+from torch.nn import Module
+from typing_extensions import override
+
+from fabric_lite.loggers._folder import _FolderLogger
+from fabric_lite.loggers._metrics import _add_prefix, _check_metrics, _to_scalars
+from fabric_lite.loggers.logger import _DummyExperiment
+from fabric_lite.utilities.types import _PATH
+
+_Backend = Literal["tensorboard", "tensorboardX"]
+
+
+def _installed_backend() -> _Backend | None:
+    """``"tensorboard"`` (written through ``torch.utils.tensorboard``) when installed, else ``"tensorboardX"`` when
+    that is, else ``None``. Looks the packages up without importing them."""
+    for backend in ("tensorboard", "tensorboardX"):
+        try:
+            if importlib.util.find_spec(backend) is not None:
+                return backend
+        except (ImportError, ValueError):  # a broken or half-imported package counts as missing
+            continue
+    return None
+
+
+class TensorBoardLogger(_FolderLogger):
+    r"""Log to TensorBoard event files in ``root_dir/name/version[/sub_dir]``, as Lightning Fabric's
+    ``TensorBoardLogger`` does.
+
+    Events are written with ``torch.utils.tensorboard.SummaryWriter`` (or ``tensorboardX``'s when only that is
+    installed). Only global rank 0 creates folders and writes; on other ranks every method is a no-op and
+    :attr:`experiment` is an object whose methods do nothing. The writer is closed by :meth:`finalize`, when the
+    function given to ``fabric.launch`` returns, and at the latest when the process exits.
+
+    Args:
+        root_dir: the folder that holds every experiment.
+        name: the experiment's folder under ``root_dir``; ``None`` or ``""`` puts the versions in ``root_dir``.
+        version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
+            ``version_N`` (with Fabric, global rank 0 chooses it for every rank).
+        default_hp_metric: have :meth:`log_hyperparams` without metrics log ``hp_metric = -1``, which TensorBoard
+            needs to show the hyperparameters.
+        prefix: put in front of every metric name, joined with ``"-"``.
+        sub_dir: a folder inside the version folder to write into (e.g. ``"train"``).
+        \**kwargs: passed to ``SummaryWriter`` (e.g. ``flush_secs=30``, ``max_queue=100``).
+
+    Raises:
+        ModuleNotFoundError: neither ``tensorboard`` nor ``tensorboardX`` is installed; the message says what to
+            install.
+
+    Example::
+
+        from fabric_lite.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger("logs", name="my_model")  # logs/my_model/version_0/events.out.tfevents...
+        fabric = Fabric(loggers=logger)
+        fabric.log("loss", loss, step=0)
+        logger.log_hyperparams({"lr": 0.1, "batch_size": 32})
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        root_dir: _PATH,
+        name: str | None = "lightning_logs",
+        version: int | str | None = None,
+        default_hp_metric: bool = True,
+        prefix: str = "",
+        sub_dir: _PATH | None = None,
+        **kwargs: Any,
+    ) -> None:
+        backend = _installed_backend()
+        if backend is None:
+            raise ModuleNotFoundError(
+                "TensorBoardLogger needs the `tensorboard` package (or `tensorboardX`), and neither is installed."
+                " Install it with `pip install tensorboard` (or `pip install 'fabric-lite[tensorboard]'`), or log"
+                " with fabric_lite.loggers.CSVLogger, which needs nothing extra."
+            )
+        super().__init__(root_dir, name, version)
+        self._backend: _Backend = backend
+        self._default_hp_metric = default_hp_metric
+        self._prefix = prefix
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        self._kwargs = kwargs
+        self._experiment: Any = None
+        self._at_exit: weakref.finalize[Any, Any] | None = None
+
+    @property
+    @override
+    def log_dir(self) -> str:
+        """``root_dir/name/version_N`` (``VERSION`` for a str version), then ``sub_dir`` if given; ``~`` and
+        ``$VARS`` are expanded."""
+        log_dir = super().log_dir
+        if self._sub_dir is not None:
+            log_dir = os.path.join(log_dir, self._sub_dir)
+        return os.path.expanduser(os.path.expandvars(log_dir))
+
+    def _writer_module(self) -> Any:
+        # imported by name, on first use: tensorboard is optional and slow to import
+        return importlib.import_module("torch.utils.tensorboard" if self._backend == "tensorboard" else "tensorboardX")
+
+    @property
+    def sub_dir(self) -> str | None:
+        """The folder inside the version folder that the events go to, if any."""
+        return self._sub_dir
+
+    @property
+    def experiment(self) -> Any:
+        """The ``SummaryWriter`` (created, with its folder, on first use), for anything :meth:`log_metrics` does
+        not cover: ``logger.experiment.add_histogram("w", weights, step)``. On ranks other than 0, an object
+        whose methods do nothing."""
+        if not self._is_global_zero():
+            return _DummyExperiment()
+        if self._experiment is None:
+            SummaryWriter = self._writer_module().SummaryWriter
+            os.makedirs(self.root_dir or ".", exist_ok=True)
+            kwargs = dict(self._kwargs)
+            if self._backend == "tensorboardX":
+                # tensorboardX names its file after the second and the host only: a second writer in the same
+                # folder and second (logging after finalize) would truncate the first one's file
+                kwargs.setdefault("filename_suffix", f".{os.getpid()}.{time.monotonic_ns()}")
+            self._experiment = SummaryWriter(log_dir=self.log_dir, **kwargs)
+            # close (and so flush) the event file when the logger is collected or the interpreter exits
+            self._at_exit = weakref.finalize(self, self._experiment.close)
+        return self._experiment
+
+    @override
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Write each metric as a scalar (a dict value as a group of scalars) at ``step``; one-element tensors
+        become numbers.
+
+        Raises:
+            ValueError: a value that is neither a number, a one-element tensor nor a dict of them.
+        """
+        if not self._is_global_zero():
+            return
+        _check_metrics(metrics, "TensorBoardLogger.log_metrics")
+        for name, value in _add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR).items():
+            if isinstance(value, dict):
+                self.experiment.add_scalars(name, value, step)
+                continue
+            try:
+                self.experiment.add_scalar(name, value, step)
+            except Exception as err:
+                raise ValueError(
+                    f"TensorBoardLogger.log_metrics cannot log {name}={value!r} ({type(value).__name__}): log a"
+                    " number, a one-element tensor, or a dict of them."
+                ) from err
+
+    @override
+    def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: Any = None, step: int | None = None) -> None:
+        """Record hyperparameters (shown in TensorBoard's HPARAMS tab) with the metrics they are judged by.
+
+        Nested dicts are flattened to ``"outer/inner"`` names; values other than numbers, strings and booleans are
+        written as their ``str``.
+
+        Args:
+            params: a dict or an ``argparse.Namespace``.
+            metrics: a dict of metric values, or one value (logged as ``hp_metric``); when ``None`` and
+                ``default_hp_metric`` is set, ``hp_metric = -1``.
+            step: the step the metrics belong to.
+        """
+        if not self._is_global_zero():
+            return
+        flat = _sanitize(_flatten(vars(params) if isinstance(params, Namespace) else dict(params)))
+        if metrics is None:
+            metrics = {"hp_metric": -1} if self._default_hp_metric else None
+        elif not isinstance(metrics, dict):
+            metrics = {"hp_metric": metrics}
+        if not metrics:
+            return
+        self.log_metrics(metrics, step)
+        hparams = importlib.import_module(f"{self._writer_module().__name__}.summary").hparams
+        experiment, start, end = hparams(flat, _to_scalars(metrics))
+        writer = self.experiment._get_file_writer()
+        for summary in (experiment, start, end):
+            writer.add_summary(summary, step)
+
+    @override
+    def log_graph(self, model: Module, input_array: Tensor | tuple[Tensor, ...] | None = None) -> None:
+        """Record the model's graph, traced with ``input_array`` (or ``model.example_input_array``)."""
+        if not self._is_global_zero():
+            return
+        from fabric_lite.wrappers import _unwrap_objects
+
+        input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if not isinstance(input_array, (Tensor, tuple)):
+            warnings.warn(
+                f"TensorBoardLogger.log_graph could not trace the model: the example input is {type(input_array)}."
+                " Pass input_array=<a tensor, or a tuple of the forward's positional arguments>.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self.experiment.add_graph(_unwrap_objects(model), input_array)
+
+    @override
+    def save(self) -> None:
+        """Flush the pending events to disk (rank 0; a no-op before anything was logged)."""
+        if self._is_global_zero() and self._experiment is not None:
+            self._experiment.flush()
+
+    @override
+    def finalize(self, status: str) -> None:
+        """Flush and close the event file. Logging may go on afterwards (into a new event file in the same
+        folder)."""
+        if self._experiment is None:
+            return
+        if self._at_exit is not None:
+            self._at_exit()  # closes the writer, once
+        self._experiment = None
+        self._at_exit = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the writer and its exit hook belong to this process; a copy sent to another process starts afresh
+        state = self.__dict__.copy()
+        state["_experiment"] = None
+        state["_at_exit"] = None
+        return state
+
+
+def _flatten(params: Mapping[Any, Any], parent: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{parent}/{key}" if parent else str(key)
+        if isinstance(value, Namespace):
+            value = vars(value)
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _sanitize(params: dict[str, Any]) -> dict[str, Any]:
+    """Values TensorBoard's hparams accept: numbers, strings, booleans, one-element tensors; the rest as text."""
+    sanitized: dict[str, Any] = {}
+    for name, value in params.items():
+        if isinstance(value, enum.Enum):
+            value = value.name
+        elif callable(value) and hasattr(value, "__name__"):
+            value = value.__name__
+        if isinstance(value, Tensor) and value.numel() == 1:
+            value = value.item()
+        sanitized[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return sanitized

@@ -1,0 +1,315 @@
+"""How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` saves and loads checkpoints, through
+``torch.distributed.checkpoint``'s state dict API (``get_model_state_dict``, ``set_optimizer_state_dict``, ...).
+
+* :func:`save`: a sharded folder (every rank writes its shards with DCP into a temporary folder, rank 0 swaps it
+  into place) or one full file (gathered on rank 0, written atomically).
+* :func:`load`: either kind, into any world size; DCP reshards a folder to the current ranks.
+
+``torch.distributed.checkpoint`` is imported inside the functions, never at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric_lite.strategies.strategy import PRECISION_KEY
+from fabric_lite.utilities import _dcp
+from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities.types import _PATH, _Stateful
+
+if TYPE_CHECKING:
+    from fabric_lite.strategies.fsdp import FSDPStrategy
+
+
+def save(
+    strategy: FSDPStrategy, path: _PATH, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]]
+) -> None:
+    """Save ``state`` as :attr:`FSDPStrategy.state_dict_type` says (see :meth:`FSDPStrategy.save_checkpoint`)."""
+    full = strategy.state_dict_type == "full"
+    checkpoint, modules, optimizers = _state_to_save(strategy, state, filter, full)
+    if full:
+
+        def write_file() -> None:
+            if Path(path).is_dir():
+                raise CheckpointError(
+                    f"Cannot save a full checkpoint file to {str(path)!r}: it is a folder. Choose a file path, or"
+                    " save a sharded checkpoint (state_dict_type='sharded')."
+                )
+            atomic_save(checkpoint, path)
+
+        _on_rank_zero(strategy, write_file)
+        return
+    _save_sharded(strategy, Path(path), checkpoint, modules, optimizers)
+
+
+def load(
+    strategy: FSDPStrategy,
+    path: _PATH,
+    state: Module | Optimizer | dict[str, Any] | None,
+    strict: bool,
+    weights_only: bool | None,
+) -> dict[str, Any]:
+    """Restore ``state`` from a sharded folder or a full file (see :meth:`FSDPStrategy.load_checkpoint`)."""
+    target = Path(path)
+    if target.is_dir() or target.name == _dcp.METADATA_FILE or target.suffix == ".distcp":
+        return _load_sharded(strategy, _dcp.check_sharded_checkpoint(target), state, strict)
+    return _load_full(strategy, target, state, strict, weights_only)
+
+
+def _state_to_save(
+    strategy: FSDPStrategy, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]], full: bool
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    checkpoint: dict[str, Any] = {}
+    modules, optimizers = [], []
+    for key, obj in state.items():
+        if isinstance(obj, Module):
+            value: Any = get_model_state_dict(obj, options=options)
+            modules.append(key)
+        elif isinstance(obj, Optimizer):
+            value = get_optimizer_state_dict(strategy._owner(obj, state), obj, options=options)
+            optimizers.append(key)
+        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
+            value = obj.state_dict()
+        else:
+            value = obj
+        if key in filter and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if filter[key](k, v)}
+        checkpoint[key] = value
+    precision_state = strategy.precision.state_dict()
+    if precision_state:
+        checkpoint.setdefault(PRECISION_KEY, precision_state)
+    return checkpoint, modules, optimizers
+
+
+def _save_sharded(
+    strategy: FSDPStrategy, target: Path, checkpoint: dict[str, Any], modules: list[str], optimizers: list[str]
+) -> None:
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    temp = Path(_on_rank_zero(strategy, lambda: str(_dcp.make_temp_folder(target))))
+    error: str | None = None
+    try:
+        dcp_save(checkpoint, storage_writer=FileSystemWriter(str(temp), sync_files=True))
+    except _dcp.dcp_errors() as err:
+        # DCP raises the same CheckpointException on every rank when one rank failed
+        error = _dcp.describe(err) if hasattr(err, "failures") else f"rank {strategy.global_rank}: {_dcp.describe(err)}"
+    errors: list[str | None] = [error]
+    if dist.is_initialized() and strategy.world_size > 1:
+        errors = [None] * strategy.world_size
+        dist.all_gather_object(errors, error)
+    failed = sorted({e for e in errors if e is not None})
+
+    def publish() -> None:
+        if failed:
+            _dcp.remove(temp)
+            raise CheckpointError(
+                f"Saving the sharded checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
+                " checkpoint at that path, if any, is unchanged."
+            )
+        try:
+            _dcp.write_index(temp, modules, optimizers)
+            _dcp.publish_folder(temp, target)
+        except BaseException:
+            _dcp.remove(temp)
+            raise
+
+    _on_rank_zero(strategy, publish)
+
+
+def _on_rank_zero(strategy: FSDPStrategy, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` on rank 0 and hand its result to every rank; if it raises, every rank raises."""
+    import torch.distributed as dist
+
+    outcome: tuple[bool, Any] = (True, None)
+    error: Exception | None = None
+    if strategy.is_global_zero:
+        try:
+            outcome = (True, fn())
+        except Exception as err:
+            error, outcome = err, (False, f"{type(err).__name__}: {err}")
+    if dist.is_initialized() and strategy.world_size > 1:
+        outcome = strategy.broadcast(outcome, src=0)
+    if error is not None:
+        raise error
+    if not outcome[0]:
+        raise CheckpointError(f"Rank 0 failed to save the checkpoint: {outcome[1]}")
+    return outcome[1]
+
+
+def _load_full(
+    strategy: FSDPStrategy,
+    path: Path,
+    state: Module | Optimizer | dict[str, Any] | None,
+    strict: bool,
+    weights_only: bool | None,
+) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    # every rank reads the file and keeps its own shards of it
+    checkpoint = safe_load(path, weights_only=weights_only)
+    if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
+        strategy.precision.load_state_dict(checkpoint.pop(PRECISION_KEY))
+    if not state:
+        return checkpoint  # type: ignore[no-any-return]
+    options = StateDictOptions(full_state_dict=True, strict=strict)
+
+    def restore(obj: Any, value: Any) -> bool:
+        if isinstance(obj, Module):
+            set_model_state_dict(obj, value, options=options)
+        elif isinstance(obj, Optimizer):
+            owner = strategy._owner(obj, state if isinstance(state, dict) else None)
+            set_optimizer_state_dict(owner, obj, _by_name(value, owner, obj), options=options)
+        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
+            obj.load_state_dict(value)
+        else:
+            return False
+        return True
+
+    if isinstance(state, (Module, Optimizer)):
+        restore(state, checkpoint)
+        return {}
+    _check_missing(path, state, list(checkpoint), strict)
+    for key, obj in list(state.items()):
+        if key in checkpoint:
+            value = checkpoint.pop(key)
+            if not restore(obj, value):
+                state[key] = value
+    return checkpoint  # type: ignore[no-any-return]
+
+
+def _load_sharded(
+    strategy: FSDPStrategy, folder: Path, state: Module | Optimizer | dict[str, Any] | None, strict: bool
+) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    metadata = _dcp.read_metadata(folder)
+    available = _dcp.top_level_keys(metadata)
+    if not state:
+        everything = _dcp.read_entries(folder, None)
+        if PRECISION_KEY in everything:
+            strategy.precision.load_state_dict(everything.pop(PRECISION_KEY))
+        return everything
+    if isinstance(state, Module):  # a raw model state dict saved on its own: its keys are the top-level ones
+        target = _module_target(folder, state, set(available), strict)
+        _read_sharded(strategy, folder, {"": state}, {"": target}, strict)
+        return {}
+    if isinstance(state, Optimizer):
+        _read_sharded(
+            strategy, folder, {"": state}, {"": get_optimizer_state_dict(strategy._owner(state), state)}, strict
+        )
+        return {}
+    _check_missing(folder, state, available, strict)
+    targets: dict[str, Any] = {}
+    for key, obj in state.items():
+        if key in available and isinstance(obj, Module):
+            targets[key] = _module_target(folder, obj, _dcp.entry_keys(metadata, key), strict, key)
+        elif key in available and isinstance(obj, Optimizer):
+            targets[key] = get_optimizer_state_dict(strategy._owner(obj, state), obj)
+    _read_sharded(strategy, folder, state, targets, strict)
+    index = _dcp.read_index(folder)
+    sharded = {*index["modules"], *index["optimizers"]}
+    plain = [k for k in state if k in available and k not in targets]
+    remainder = [k for k in available if k not in state and k not in sharded and k != PRECISION_KEY]
+    values = _dcp.read_entries(folder, plain + remainder + ([PRECISION_KEY] if PRECISION_KEY in available else []))
+    if PRECISION_KEY in values:
+        strategy.precision.load_state_dict(values.pop(PRECISION_KEY))
+    for key in plain:
+        obj = state[key]
+        if isinstance(obj, _Stateful) and not isinstance(obj, type):
+            obj.load_state_dict(values[key])
+        else:
+            state[key] = values[key]
+    return {key: values[key] for key in remainder if key in values}
+
+
+def _module_target(folder: Path, module: Module, saved: set[str], strict: bool, key: str = "") -> dict[str, Any]:
+    """The module's sharded state dict to read into, restricted to what the checkpoint has (``strict``: the
+    keys must match exactly)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    target = get_model_state_dict(module)
+    missing, unexpected = sorted(set(target) - saved), sorted(saved - set(target))
+    if strict and (missing or unexpected):
+        name = f"The module {key!r}" if key else f"The {type(module).__name__}"
+        raise KeyError(
+            f"{name} does not match its state in {str(folder)!r}: missing from the checkpoint {missing}, not in"
+            f" the module {unexpected}. Load with strict=False to restore only the entries that match."
+        )
+    return {k: v for k, v in target.items() if k in saved}
+
+
+def _read_sharded(
+    strategy: FSDPStrategy, folder: Path, objects: dict[str, Any], targets: dict[str, Any], strict: bool = True
+) -> None:
+    """Read ``targets`` (sharded state dicts, keyed as in the checkpoint; ``""`` for a raw one) from ``folder``
+    in place, every rank its own shards, then load each into its module or optimizer in ``objects``."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    if not targets:
+        return
+    to_read = targets.get("", targets)
+    try:
+        dcp_load(to_read, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    except _dcp.dcp_errors() as err:
+        raise CheckpointError(f"Loading the sharded checkpoint {str(folder)!r} failed: {_dcp.describe(err)}") from err
+    for key, value in targets.items():
+        obj = objects[key]
+        if isinstance(obj, Module):
+            set_model_state_dict(obj, value, options=StateDictOptions(strict=strict))
+        else:
+            set_optimizer_state_dict(strategy._owner(obj, objects), obj, value)
+
+
+def _check_missing(path: Path, state: dict[str, Any], available: list[str], strict: bool) -> None:
+    missing = [key for key in state if key not in available]
+    if strict and missing:
+        raise KeyError(
+            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(available)})."
+            " Load with strict=False to restore only the entries it has."
+        )
+
+
+def _by_name(optimizer_state: dict[str, Any], module: Module, optimizer: Optimizer) -> dict[str, Any]:
+    """``optimizer_state`` keyed by parameter name, as the distributed state dict API needs it. A state dict from
+    ``optimizer.state_dict()`` (keyed by position, as the other strategies save it) is converted through the
+    positions of ``optimizer``'s parameters."""
+    groups = optimizer_state.get("param_groups", [])
+    if not any(isinstance(i, int) for group in groups for i in group.get("params", [])):
+        return optimizer_state
+    names = {id(p): name for name, p in module.named_parameters()}
+    order = [names.get(id(p), "") for group in optimizer.param_groups for p in group["params"]]
+    saved = [i for group in groups for i in group["params"]]
+    if len(saved) != len(order) or "" in order:
+        raise ValueError(
+            f"The optimizer state in the checkpoint has {len(saved)} parameter(s) but the {type(optimizer).__name__}"
+            f" optimizer has {len(order)} parameters of the module: they cannot be matched by position. Create the"
+            " optimizer from model.parameters() as when the checkpoint was saved."
+        )
+    return {
+        "state": {order[i]: value for i, value in optimizer_state.get("state", {}).items()},
+        "param_groups": [{**group, "params": [order[i] for i in group["params"]]} for group in groups],
+    }

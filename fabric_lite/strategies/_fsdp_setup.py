@@ -1,0 +1,246 @@
+"""How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` shards a module, one plain function per capability.
+
+* :func:`wrap_targets`: which submodules become their own sharded unit (all-gathered and freed on their own).
+* :func:`mixed_precision_policy`: the ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``.
+* :func:`apply_activation_checkpointing`: recompute the activations of chosen layers in backward.
+* :func:`meta_owners`, :func:`check_initialisable`, :func:`materialize`: turn parameters created on the meta
+  device into real, sharded ones, initialised exactly as an eager construction would have initialised them.
+
+``torch.distributed.fsdp`` is imported inside the functions, never at module level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import torch
+from torch import nn
+from torch.nn import Module
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+#: which submodules to shard as units: layer classes, a predicate ``(module) -> bool``, or a minimum number of
+#: parameters a subtree must hold (not counting those of units inside it)
+AutoWrapPolicy: TypeAlias = set[type[Module]] | Callable[[Module], bool] | int | None
+#: a function that initialises the parameters and buffers that ``module`` itself holds (not its children's)
+ParamInitFn: TypeAlias = Callable[[Module], None]
+
+
+def _is_module_class(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Module)
+
+
+def module_classes(value: Any, argument: str) -> frozenset[type[Module]]:
+    """``value`` (one ``nn.Module`` subclass or a set/list/tuple of them) as a frozenset; ``TypeError`` otherwise."""
+    classes = [value] if _is_module_class(value) else value
+    if not isinstance(classes, (set, frozenset, list, tuple)) or not all(_is_module_class(c) for c in classes):
+        raise TypeError(
+            f"FSDPStrategy({argument}={value!r}): expected a set of nn.Module subclasses, e.g. {argument}={{Block}}."
+        )
+    return frozenset(classes)
+
+
+def check_wrap_policy(policy: Any) -> AutoWrapPolicy:
+    """Validate ``auto_wrap_policy``: ``None``, classes, a predicate, or a positive parameter count.
+
+    Raises:
+        TypeError, ValueError: any other value; the message names it and shows each accepted form.
+    """
+    if policy is None:
+        return None
+    if isinstance(policy, bool):
+        raise TypeError(f"FSDPStrategy(auto_wrap_policy={policy!r}) is not a policy. {_POLICY_FORMS}")
+    if isinstance(policy, int):
+        if policy < 1:
+            raise ValueError(
+                f"FSDPStrategy(auto_wrap_policy={policy}): a minimum parameter count must be >= 1. {_POLICY_FORMS}"
+            )
+        return policy
+    if _is_module_class(policy) or isinstance(policy, (set, frozenset, list, tuple)):
+        return set(module_classes(policy, "auto_wrap_policy"))
+    if callable(policy):
+        return policy  # type: ignore[no-any-return]
+    raise TypeError(f"FSDPStrategy(auto_wrap_policy={policy!r}) is not a policy. {_POLICY_FORMS}")
+
+
+_POLICY_FORMS = (
+    "Pass a set of layer classes ({Block}), a function module -> bool, or a minimum number of parameters per unit"
+    " (e.g. 1_000_000)."
+)
+
+
+def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
+    """The submodules of ``root`` (never ``root`` itself) that ``policy`` makes sharded units, children first.
+
+    ``fully_shard`` must be applied to a unit's children before the unit, so descendants always come before their
+    ancestors here. With a parameter count, a subtree becomes a unit when the parameters it holds outside the units
+    already chosen inside it reach the count.
+    """
+    if policy is None:
+        return []
+    if isinstance(policy, int):
+        targets: list[Module] = []
+
+        def visit(module: Module) -> int:
+            held = sum(p.numel() for p in module.parameters(recurse=False))
+            held += sum(visit(child) for child in module.children())
+            if module is not root and held >= policy:
+                targets.append(module)  # appended after its children: children first
+                return 0
+            return held
+
+        visit(root)
+        return targets
+    # reversed pre-order puts every descendant before its ancestors
+    candidates = [m for m in reversed(list(root.modules())) if m is not root]
+    if isinstance(policy, (set, frozenset)):
+        classes = tuple(policy)
+        return [m for m in candidates if isinstance(m, classes)]
+    return [m for m in candidates if policy(m)]
+
+
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """The ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``.
+
+    * ``"bf16-mixed"`` / ``"16-mixed"``: the sharded parameters (and the optimizer) stay float32; each unit is
+      all-gathered in bfloat16/float16 and computes in it; gradients are reduce-scattered in float32.
+    * ``"bf16-true"`` / ``"16-true"``: everything in bfloat16/float16, gradients reduced in it too.
+    * anything else (``"32-true"``, ``"64-true"``): no casting.
+
+    Example::
+
+        mixed_precision_policy("bf16-mixed")
+        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    half = {"bf16": torch.bfloat16, "16": torch.float16}
+    kind, _, mode = precision.partition("-")
+    if kind in half and mode == "mixed":
+        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=torch.float32)
+    if kind in half and mode == "true":
+        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=half[kind])
+    return MixedPrecisionPolicy()
+
+
+def apply_activation_checkpointing(root: Module, classes: frozenset[type[Module]]) -> int:
+    """Recompute, in backward, the activations of every submodule that is an instance of ``classes``; returns how
+    many were found. Uses torch's composable ``checkpoint``, which leaves parameter names unchanged, so checkpoints
+    load the same with or without it. Must run before ``fully_shard``."""
+    from torch.distributed._composable.checkpoint_activation import checkpoint
+
+    found = [m for m in root.modules() if isinstance(m, tuple(classes))]
+    for module in found:
+        checkpoint(module)
+    return len(found)
+
+
+@dataclass
+class MetaOwner:
+    """A module that holds parameters or buffers on the meta device itself (not through a child)."""
+
+    name: str
+    module: Module
+    params: list[str]
+    buffers: list[str]
+
+
+def meta_owners(root: Module) -> list[MetaOwner]:
+    """Every module holding meta-device parameters/buffers of its own, in ``root.modules()`` order, which is the
+    order in which an eager construction creates (and initialises) them."""
+    owners = []
+    for name, module in root.named_modules():
+        params = [n for n, p in module.named_parameters(recurse=False) if p.is_meta]
+        buffers = [n for n, b in module.named_buffers(recurse=False) if b.is_meta]
+        if params or buffers:
+            owners.append(MetaOwner(name or "<root>", module, params, buffers))
+    return owners
+
+
+def check_initialisable(root: Module, owners: list[MetaOwner], param_init_fn: ParamInitFn | None) -> None:
+    """Raise, before anything is sharded, when the meta-device module cannot be materialised faithfully: a module
+    with no way to be initialised, or real tensors beside meta ones (allocating the meta ones would wipe them)."""
+    real = [n for n, t in [*root.named_parameters(), *root.named_buffers()] if not t.is_meta]
+    if real:
+        shown = ", ".join(real[:5]) + (", ..." if len(real) > 5 else "")
+        raise RuntimeError(
+            f"The module holds tensors on the meta device and {len(real)} real one(s) ({shown}). Materialising the"
+            " meta tensors at setup would overwrite the real ones: create the whole model under"
+            " fabric.init_module(empty_init=True), or none of it."
+        )
+    if param_init_fn is not None:
+        return
+    missing = [o for o in owners if not callable(getattr(o.module, "reset_parameters", None))]
+    if missing:
+        shown = ", ".join(f"{o.name} ({type(o.module).__name__})" for o in missing[:5])
+        raise RuntimeError(
+            f"The module was created on the meta device (fabric.init_module(empty_init=True)), but {len(missing)}"
+            f" submodule(s) holding parameters or buffers have no reset_parameters() to initialise them: {shown}."
+            " Define reset_parameters() on them (initialising only their own tensors), pass"
+            " FSDPStrategy(param_init_fn=fn) with fn(module) doing it, or create the model without empty_init=True."
+        )
+
+
+def materialize(
+    root: Module,
+    owners: list[MetaOwner],
+    device: torch.device,
+    param_init_fn: ParamInitFn | None,
+    buffer_device: torch.device | None = None,
+) -> None:
+    """Allocate the meta tensors of the sharded ``root`` on ``device`` (buffers on ``buffer_device``, by default the
+    same) and initialise them, one module at a time.
+
+    For each owner, in construction order, its own parameters and buffers are created whole on the CPU, initialised
+    by ``param_init_fn(module)`` (or ``module.reset_parameters()``) from the global CPU random generator, and this
+    rank's shard of each parameter is copied into place. So the values are those an eager construction with the
+    same seed gives (initialisation consumes the generator in the same order), while no more than one module's
+    full-size tensors exist at a time. A parameter shared by two modules keeps the values of its first owner, and
+    the second owner's initialisation still consumes the generator, as in an eager construction with tied weights.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    root.to_empty(device=device)  # each rank's shards (and whole buffers), uninitialised
+    done: set[int] = set()
+    for owner in owners:
+        module = owner.module
+        real = {n: module._parameters[n] for n in owner.params}
+        real_buffers = {n: module._buffers[n] for n in owner.buffers}
+        try:
+            for n, p in real.items():
+                assert p is not None
+                module._parameters[n] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad)
+            for n, b in real_buffers.items():
+                assert b is not None
+                module._buffers[n] = torch.empty(b.shape, dtype=b.dtype)
+            with torch.no_grad():
+                if param_init_fn is not None:
+                    param_init_fn(module)
+                else:
+                    module.reset_parameters()  # type: ignore[operator]
+                for n, p in real.items():
+                    full = module._parameters[n]
+                    assert p is not None and full is not None
+                    if id(p) in done:
+                        continue
+                    if isinstance(p, DTensor):
+                        shard = distribute_tensor(full.detach(), p.device_mesh, p.placements, src_data_rank=None)
+                        p.to_local().copy_(shard.to_local())
+                    else:
+                        p.copy_(full)
+                    done.add(id(p))
+                for n, b in real_buffers.items():
+                    full_buffer = module._buffers[n]
+                    assert b is not None and full_buffer is not None
+                    b.copy_(full_buffer)
+        finally:
+            module._parameters.update(real)
+            module._buffers.update(real_buffers)
+    if buffer_device is not None and buffer_device != device:
+        for module in root.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None:
+                    module._buffers[name] = buffer.to(buffer_device)

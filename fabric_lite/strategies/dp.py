@@ -1,0 +1,236 @@
+"""Data parallel in one process: ``torch.nn.DataParallel`` replicates the module on every selected CUDA device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import DataParallel, Module
+from typing_extensions import override
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._tree import flatten, unflatten
+from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.exceptions import InvalidReduceOpError
+from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
+
+_ReduceOp = torch.distributed.ReduceOp
+#: the reductions over the replicas' values; ``mean`` is ``_collectives``' marker for an average
+_DP_REDUCE_OPS = ("mean", "sum", "max", "min", "product")
+
+
+class DataParallelStrategy(Strategy):
+    """Train in one process on several CUDA devices with ``torch.nn.DataParallel``.
+
+    Each forward splits the batch along its first dimension, runs one replica of the module per device in threads,
+    and gathers the outputs on the first device (:attr:`root_device`), where the loss, the backward's gradient
+    reduction and the optimizer step happen. There is one process, so there is nothing to launch, no process group
+    and no ``DistributedSampler``: every batch is the global batch.
+
+    Collectives follow from that: :meth:`all_reduce` reduces the values that ``DataParallel`` gathered from the
+    replicas (e.g. a per-replica loss of shape ``(num_devices,)`` becomes one number), :meth:`all_gather`,
+    :meth:`broadcast` and :meth:`reduce_boolean_decision` return their input, :meth:`barrier` does nothing.
+
+    ``strategy="dp"`` selects it. On a machine without CUDA, ``Fabric(strategy="dp")`` warns and runs ``"ddp"``
+    instead, as Lightning Fabric does; an instance given explicitly on the CPU wraps the module in
+    ``DataParallel``, which then calls the module directly (there is no device to replicate it on).
+
+    Args:
+        accelerator: the kind of device; filled in by ``Fabric`` when not given.
+        parallel_devices: the CUDA devices to replicate the module on; the first is the root device. Filled in by
+            ``Fabric`` from ``devices=`` when not given.
+        precision: the precision plugin; filled in by ``Fabric`` when not given.
+
+    Example::
+
+        fabric = Fabric(accelerator="cuda", devices=2, strategy="dp")
+        model, optimizer = fabric.setup(model, optimizer)  # model is wrapped in torch.nn.DataParallel
+        loss = model(batch).sum()  # batch on cuda:0 (setup_dataloaders puts it there); split across both GPUs
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision)
+        self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
+
+    @property
+    def parallel_devices(self) -> list[torch.device] | None:
+        """The devices the module is replicated on; the first one is :attr:`root_device`."""
+        return self._parallel_devices
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device]) -> None:
+        self._parallel_devices = list(devices)
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """The first of :attr:`parallel_devices`: where parameters live and the outputs are gathered."""
+        if not self._parallel_devices:
+            raise RuntimeError(
+                "DataParallelStrategy has no devices yet: pass it to Fabric(strategy=..., devices=...) or give"
+                " parallel_devices=[torch.device('cuda', 0), ...]."
+            )
+        return self._parallel_devices[0]
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> None:
+        """``None``: one process sees every batch whole, so the data is not split with a ``DistributedSampler``."""
+        return None
+
+    # ------------------------------------------------------------------ modules and batches
+    @override
+    def setup_module(self, module: Module) -> DataParallel[Module]:
+        """Wrap ``module`` in ``torch.nn.DataParallel`` over :attr:`parallel_devices` (output on the first one).
+
+        Example::
+
+            wrapped = strategy.setup_module(model)  # DataParallel(model, device_ids=[cuda:0, cuda:1])
+        """
+        devices = self.parallel_devices or [self.root_device]  # root_device raises the "no devices yet" error
+        non_cuda = [str(d) for d in devices if torch.device(d).type != "cuda"]
+        if non_cuda and torch.cuda.is_available():
+            # without CUDA, DataParallel calls the module directly (Lightning Fabric relies on this on the CPU);
+            # with CUDA it would fail deep inside torch with "Expected a cuda device"
+            raise ValueError(
+                f"DataParallelStrategy replicates the module on CUDA devices, but parallel_devices holds {non_cuda}."
+                " Use CUDA devices (Fabric(accelerator='cuda', strategy='dp')), or strategy='ddp' for the CPU."
+            )
+        return DataParallel(module=module, device_ids=devices)
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        """Move the module to :attr:`root_device`; ``DataParallel`` copies it to the other devices in each forward."""
+        module.to(self.root_device)
+
+    @override
+    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        """Return ``batch`` as it is, or moved to ``device`` when one is given.
+
+        ``DataParallel`` scatters every input tensor to the devices itself, so without ``device`` there is
+        nothing to move (as in Lightning Fabric).
+
+        Example::
+
+            strategy.batch_to_device(batch)  # unchanged
+            strategy.batch_to_device(batch, torch.device("cuda", 0))  # every tensor on cuda:0
+        """
+        return batch if device is None else move_data_to_device(batch, device)
+
+    # ------------------------------------------------------------------ collectives
+    @override
+    def all_reduce(
+        self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
+    ) -> TReduce:
+        """Reduce the elements of each tensor in ``tensor`` (a tensor or a collection) with ``reduce_op``.
+
+        The tensors here hold what ``DataParallel`` gathered from its replicas (one value per device for a
+        per-replica scalar), so the reduction is over their elements: each tensor becomes a new 0-dim tensor of
+        the same dtype and device. Not in place; the result keeps the collection's structure, other leaves are
+        left as they are. ``reduce_op`` is ``"mean"`` (default, ``"avg"``), ``"sum"``, ``"max"``, ``"min"``,
+        ``"product"`` or the matching ``ReduceOp``; ``None`` means ``"sum"``. An integer mean stays an integer,
+        truncated toward zero; on booleans ``sum``/``mean``/``max`` mean "any" and ``product``/``min`` "all".
+        ``group`` is ignored: there is one process.
+
+        Unlike Lightning Fabric's ``DataParallelStrategy``, which always averages, ``reduce_op`` is honoured.
+
+        Example::
+
+            strategy.all_reduce(torch.tensor([1.0, 3.0]))  # tensor(2.)
+            strategy.all_reduce({"loss": torch.tensor([1.0, 3.0]), "n": 3}, reduce_op="sum")
+            # {"loss": tensor(4.), "n": 3}
+        """
+        op = _replica_reduce_op(reduce_op)
+        if isinstance(tensor, Tensor):
+            return _reduce_replicas(tensor, op)  # type: ignore[return-value]
+        leaves, spec = flatten(tensor)
+        return unflatten(spec, [_reduce_replicas(x, op) if isinstance(x, Tensor) else x for x in leaves])  # type: ignore[no-any-return]
+
+    @override
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Return ``tensor`` unchanged: one process, so a world size of 1 and no added dimension (as documented
+        for ``Fabric.all_gather``)."""
+        return tensor
+
+    @override
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        """Return ``obj``: the one process is rank 0.
+
+        Raises:
+            ValueError: ``src`` is not 0.
+        """
+        if type(src) is not int or src != 0:
+            raise ValueError(f"broadcast(src={src!r}) is not a rank: DataParallelStrategy runs one process, rank 0.")
+        return obj
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        """Nothing to wait for: there is one process."""
+
+    @override
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """``decision`` itself: there is one process."""
+        return bool(decision)
+
+    # ------------------------------------------------------------------ checkpoints
+    @override
+    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
+        """The module's state dict without ``DataParallel``'s ``module.`` prefix.
+
+        Example::
+
+            strategy.get_module_state_dict(DataParallel(nn.Linear(2, 1)))  # keys: weight, bias
+        """
+        if isinstance(module, DataParallel):
+            module = module.module
+        return module.state_dict()
+
+    @override
+    def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
+        """Load a state dict without the ``module.`` prefix into the module, wrapped in ``DataParallel`` or not."""
+        if isinstance(module, DataParallel):
+            module = module.module
+        module.load_state_dict(state_dict, strict=strict)
+
+    def __repr__(self) -> str:
+        devices = [str(d) for d in self._parallel_devices] if self._parallel_devices is not None else None
+        return f"{type(self).__name__}(parallel_devices={devices})"
+
+
+def _replica_reduce_op(reduce_op: str | ReduceOp | None) -> Any:
+    op = _collectives.resolve_reduce_op(reduce_op)
+    if op == _collectives._MEAN or op in (_ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+        return op
+    raise InvalidReduceOpError(
+        f"DataParallelStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of"
+        f" {list(_DP_REDUCE_OPS)} (or the matching torch.distributed.ReduceOp)."
+    )
+
+
+def _reduce_replicas(t: Tensor, op: Any) -> Tensor:
+    """Reduce all elements of ``t`` into a 0-dim tensor of ``t``'s dtype (differentiable where ``t`` is)."""
+    dtype = t.dtype
+    if dtype == torch.bool:
+        # "any" for sum, mean and max; "all" for product and min: the multi-process strategies' meaning
+        return t.all() if op in (_ReduceOp.PRODUCT, _ReduceOp.MIN) else t.any()
+    if op == _collectives._MEAN:
+        if t.is_floating_point() or t.is_complex():
+            return t.mean()
+        # integers stay integers, truncated toward zero, as the multi-process strategies do (exact, no float)
+        return torch.div(t.sum(), t.numel(), rounding_mode="trunc").to(dtype)
+    if op == _ReduceOp.SUM:
+        return t.sum().to(dtype)
+    if op == _ReduceOp.MAX:
+        return t.max()
+    if op == _ReduceOp.MIN:
+        return t.min()
+    return t.prod().to(dtype)

@@ -1,0 +1,462 @@
+"""Fully sharded data parallel on torch's ``fully_shard`` (FSDP2): each rank holds 1/N of the parameters, gradients
+and optimizer state, and all-gathers a unit's parameters only while that unit computes."""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.environments import ClusterEnvironment
+from fabric_lite.plugins.precision import MixedPrecision, Precision
+from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_setup
+from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
+from fabric_lite.utilities.types import _PATH
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+_START_METHODS = ("popen", "spawn", "fork")
+_STATE_DICT_TYPES = ("sharded", "full")
+#: arguments of ``fully_shard`` that the strategy sets itself
+_OWN_ARGUMENTS = ("module", "mesh", "reshard_after_forward", "mp_policy", "offload_policy")
+
+
+class FSDPStrategy(ParallelStrategy):
+    """Fully sharded data parallel with torch's ``fully_shard`` (FSDP2), on CUDA with NCCL or on the CPU with gloo.
+
+    Each rank holds 1/N of every sharded parameter, of its gradient and of the optimizer state. A unit's
+    parameters are all-gathered just before it computes and freed after (``reshard_after_forward``), and its
+    gradients are reduce-scattered in backward. Units come from ``auto_wrap_policy``; the whole model is always the
+    outermost unit. The optimizer must be created *after* the module is set up, from the module's (now sharded)
+    parameters::
+
+        fabric = Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)
+        fabric.launch()
+        with fabric.init_module(empty_init=True):  # parameters on the meta device: no memory, no init yet
+            model = Transformer()
+        model = fabric.setup_module(model)  # sharded, then each rank's shards allocated and initialised
+        optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
+
+    ``fabric.init_module(empty_init=True)`` creates the parameters on the meta device; ``setup_module`` shards them
+    and initialises them one module at a time, on the CPU, with ``reset_parameters()`` (or ``param_init_fn``) in
+    construction order, so a model gets the same values as an eager construction with the same seed. Without
+    ``empty_init`` the model is built on the CPU and each rank moves only its shards to the device.
+
+    ``fabric.save`` writes a sharded checkpoint folder (every rank its shards, through
+    ``torch.distributed.checkpoint``) or, with ``state_dict_type="full"``, one file written by rank 0.
+    ``fabric.load`` reads either, at any world size. :func:`fabric_lite.utilities.consolidate_checkpoint` turns a
+    folder into a full file.
+
+    Args:
+        accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
+        process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
+        timeout: how long collectives wait for the other processes before raising.
+        auto_wrap_policy: which submodules become sharded units of their own: a set of layer classes
+            (``{Block}``), a function ``(module) -> bool``, or a minimum number of parameters per unit
+            (``1_000_000``). ``None``: only the whole model (one all-gather of every parameter per forward).
+        reshard_after_forward: free each unit's gathered parameters after its forward (``True``: least memory, one
+            more all-gather in backward) or keep them until backward (``False``). ``None``: torch's default, ``True``
+            except for the root unit, whose parameters backward needs first.
+        mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``. By default it follows
+            ``Fabric(precision=...)``: ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards and compute (and
+            all-gather) in bfloat16/float16, with gradients reduced in float32; ``"bf16-true"``/``"16-true"`` do
+            everything in the half type.
+        cpu_offload: keep the sharded parameters, gradients and optimizer step on the CPU (``True``, or a
+            ``CPUOffloadPolicy``); units are copied to the device to compute.
+        activation_checkpointing_policy: layer classes whose activations are recomputed in backward instead of
+            kept (``{Block}``): less memory for one more forward of those layers.
+        param_init_fn: ``fn(module)`` initialising the parameters and buffers that ``module`` itself holds, for
+            models created with ``init_module(empty_init=True)`` whose modules have no ``reset_parameters()``.
+        state_dict_type: what ``fabric.save`` writes: ``"sharded"`` (a folder) or ``"full"`` (one file).
+        start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
+            (``strategy="fsdp"``), ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
+        **kwargs: passed to ``torch.distributed.fsdp.fully_shard`` (e.g. ``shard_placement_fn``).
+
+    Raises:
+        ValueError, TypeError: an argument that is not accepted; the message names it and the choices.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        *,
+        auto_wrap_policy: AutoWrapPolicy = None,
+        reshard_after_forward: bool | None = None,
+        mixed_precision: MixedPrecisionPolicy | None = None,
+        cpu_offload: bool | CPUOffloadPolicy = False,
+        activation_checkpointing_policy: set[type[Module]] | None = None,
+        param_init_fn: ParamInitFn | None = None,
+        state_dict_type: Literal["sharded", "full"] = "sharded",
+        start_method: Literal["popen", "spawn", "fork"] = "popen",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        try:
+            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        except ImportError as err:
+            raise ImportError(
+                f"FSDPStrategy needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this is torch"
+                f" {torch.__version__}. Upgrade torch, or use strategy='ddp'."
+            ) from err
+        if start_method not in _START_METHODS:
+            raise ValueError(f"FSDPStrategy(start_method={start_method!r}) is not one of {_START_METHODS}.")
+        if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
+            raise TypeError(
+                f"FSDPStrategy(reshard_after_forward={reshard_after_forward!r}): expected True, False or None."
+            )
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
+            raise TypeError(
+                f"FSDPStrategy(mixed_precision={mixed_precision!r}): expected a"
+                " torch.distributed.fsdp.MixedPrecisionPolicy, or None to follow Fabric(precision=...)."
+            )
+        if not isinstance(cpu_offload, (bool, CPUOffloadPolicy)):
+            raise TypeError(
+                f"FSDPStrategy(cpu_offload={cpu_offload!r}): expected True, False or a"
+                " torch.distributed.fsdp.CPUOffloadPolicy."
+            )
+        if param_init_fn is not None and not callable(param_init_fn):
+            raise TypeError(f"FSDPStrategy(param_init_fn={param_init_fn!r}): expected a function fn(module).")
+        accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _OWN_ARGUMENTS]
+        unknown = sorted(set(kwargs) - set(accepted))
+        if unknown:
+            raise TypeError(
+                f"FSDPStrategy got unexpected keyword argument(s) {unknown}. Besides its own arguments it passes"
+                f" these to torch.distributed.fsdp.fully_shard: {accepted}."
+            )
+        self._auto_wrap_policy = _fsdp_setup.check_wrap_policy(auto_wrap_policy)
+        self._checkpointing = (
+            _fsdp_setup.module_classes(activation_checkpointing_policy, "activation_checkpointing_policy")
+            if activation_checkpointing_policy is not None
+            else frozenset()
+        )
+        self._reshard_after_forward = reshard_after_forward
+        self._mixed_precision = mixed_precision
+        #: ``True`` becomes a ``CPUOffloadPolicy`` at setup, pinning memory when the device is a GPU
+        self._cpu_offload: CPUOffloadPolicy | bool = cpu_offload
+        self._param_init_fn = param_init_fn
+        self.state_dict_type = state_dict_type
+        self._start_method = start_method
+        self._fsdp_kwargs = kwargs
+        self._device_mesh: DeviceMesh | None = None
+        #: the modules set up by this strategy, to find the module an optimizer belongs to
+        self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
+        self._no_sync_depth: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def start_method(self) -> str:
+        """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
+        return self._start_method
+
+    @property
+    def state_dict_type(self) -> str:
+        """What ``fabric.save`` writes: ``"sharded"`` (a folder, every rank its shards) or ``"full"`` (one file).
+
+        Settable, e.g. to save a full copy at the end of training::
+
+            fabric.strategy.state_dict_type = "full"
+            fabric.save("final.ckpt", state)
+        """
+        return self._state_dict_type
+
+    @state_dict_type.setter
+    def state_dict_type(self, value: str) -> None:
+        if value not in _STATE_DICT_TYPES:
+            raise ValueError(
+                f"FSDPStrategy(state_dict_type={value!r}) is not one of {_STATE_DICT_TYPES}: 'sharded' writes a folder"
+                " with every rank's shards, 'full' writes one file from rank 0."
+            )
+        self._state_dict_type = value
+
+    @property
+    def mixed_precision(self) -> MixedPrecisionPolicy:
+        """The ``MixedPrecisionPolicy`` in use: the one given, or the one that matches the precision."""
+        if self._mixed_precision is not None:
+            return self._mixed_precision
+        return _fsdp_setup.mixed_precision_policy(self.precision.precision)
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The one-dimensional mesh of all ranks that parameters are sharded over (created on first use)."""
+        if self._device_mesh is None:
+            import torch.distributed as dist
+            from torch.distributed.device_mesh import init_device_mesh
+
+            if not dist.is_initialized():
+                raise RuntimeError("FSDPStrategy needs the process group: call fabric.launch() first.")
+            self._device_mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        return self._device_mesh
+
+    def _fully_shard_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision, **self._fsdp_kwargs}
+        if self._reshard_after_forward is not None:
+            kwargs["reshard_after_forward"] = self._reshard_after_forward
+        if self._cpu_offload is True:
+            from torch.distributed.fsdp import CPUOffloadPolicy
+
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda")
+        elif self._cpu_offload:
+            kwargs["offload_policy"] = self._cpu_offload
+        return kwargs
+
+    # ------------------------------------------------------------------ modules and optimizers
+    @override
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer]
+    ) -> tuple[Module, list[Optimizer]]:
+        """Not possible: sharding replaces the module's parameters, so an optimizer created before would update
+        tensors the model no longer uses."""
+        raise NotImplementedError(
+            "FSDPStrategy cannot set up a module together with an optimizer created before it: sharding replaces"
+            " the module's parameters, so the optimizer would hold stale ones. Set up the module first, then create"
+            " the optimizer from its parameters: model = fabric.setup_module(model); optimizer ="
+            " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+        )
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        """Shard ``module`` in place with ``fully_shard``: the units chosen by ``auto_wrap_policy`` first, then the
+        whole module. A module created on the meta device is then materialised (see the class docstring).
+
+        Raises:
+            RuntimeError: the module is on the meta device and cannot be initialised (no ``reset_parameters`` and
+                no ``param_init_fn``), or holds meta and real tensors at once.
+        """
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        self._use_sharded_grad_scaler()
+        owners = _fsdp_setup.meta_owners(module)
+        if owners:
+            _fsdp_setup.check_initialisable(module, owners, self._param_init_fn)
+        if not isinstance(module, FSDPModule):  # a module the user sharded already keeps their settings
+            if self._checkpointing:  # before sharding, as torch requires
+                _fsdp_setup.apply_activation_checkpointing(module, self._checkpointing)
+            kwargs = self._fully_shard_kwargs()
+            for unit in _fsdp_setup.wrap_targets(module, self._auto_wrap_policy):
+                if not isinstance(unit, FSDPModule):
+                    fully_shard(unit, **kwargs)
+            fully_shard(module, **kwargs)
+        if owners:
+            # offloaded shards live on the CPU; only the buffers (never sharded) belong on the device
+            shard_device = torch.device("cpu") if self._cpu_offload else self.root_device
+            _fsdp_setup.materialize(module, owners, shard_device, self._param_init_fn, buffer_device=self.root_device)
+        self._modules.add(module)
+        return module
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Check that ``optimizer`` updates the sharded parameters of modules set up by this strategy.
+
+        Raises:
+            ValueError: it holds other tensors, typically because it was created before ``setup_module``.
+        """
+        owned = {id(p) for module in self._modules for p in module.parameters()}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        foreign = sum(1 for p in params if id(p) not in owned)
+        if foreign:
+            raise ValueError(
+                f"The {type(optimizer).__name__} optimizer holds {foreign} of {len(params)} parameter(s) that are not"
+                " the sharded parameters of a module set up with FSDPStrategy: it was created before"
+                " fabric.setup_module(model), whose sharding replaces the parameters. Create the optimizer after"
+                " setting up the module: model = fabric.setup_module(model); optimizer ="
+                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+            )
+        return optimizer
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        """Nothing: ``setup_module`` moves each rank's shards to the device (moving the whole model first would
+        need the memory that sharding saves, and a meta-device model cannot be moved)."""
+
+    @override
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """With ``empty_init=True`` a new module's parameters are created on the meta device (no memory, no
+        initialisation; ``setup_module`` allocates and initialises each rank's shards). Otherwise on the CPU, from
+        where ``setup_module`` moves each rank's shards to the device. In the precision's dtype either way."""
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(torch.device("meta"))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    def _use_sharded_grad_scaler(self) -> None:
+        """With ``"16-mixed"``, every rank must agree on skipping a step: a shard's inf/NaN is only seen by the rank
+        that holds it. torch's ``ShardedGradScaler`` all-reduces that finding; it replaces a plain ``GradScaler``,
+        with the same settings and state."""
+        precision = self.precision
+        if not isinstance(precision, MixedPrecision) or type(precision.scaler) is not torch.amp.GradScaler:
+            return
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        plain = precision.scaler
+        sharded = ShardedGradScaler(
+            device=precision.device,
+            init_scale=plain.get_scale(),
+            growth_factor=plain.get_growth_factor(),
+            backoff_factor=plain.get_backoff_factor(),
+            growth_interval=plain.get_growth_interval(),
+            enabled=plain.is_enabled(),
+        )
+        if plain.state_dict():
+            sharded.load_state_dict(plain.state_dict())
+        precision.scaler = sharded
+
+    # ------------------------------------------------------------------ training
+    @override
+    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Backward accumulates gradients locally, without the reduce-scatter, until a backward outside the context.
+
+        Memory trade-off: inside the context each rank keeps the *unsharded* (full-size) gradient of every unit it
+        runs backward through, so accumulating costs the full gradient memory that sharding otherwise saves. When
+        memory is the limit, synchronise every micro-batch instead (``enabled=False``: one reduce-scatter per
+        micro-batch, sharded gradients only).
+
+        Raises:
+            TypeError: ``module`` was not set up by this strategy.
+        """
+        if not enabled:
+            return nullcontext()
+        from torch.distributed.fsdp import FSDPModule
+
+        if not isinstance(module, FSDPModule):
+            raise TypeError(
+                f"Blocking backward sync is only possible for a module sharded by FSDPStrategy, got"
+                f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
+            )
+        return self._without_gradient_sync(module)
+
+    @contextmanager
+    def _without_gradient_sync(self, module: Any) -> Generator[None, None, None]:
+        key = id(module)
+        depth = self._no_sync_depth.get(key, 0)
+        if depth == 0:
+            module.set_requires_gradient_sync(False)
+        self._no_sync_depth[key] = depth + 1
+        try:
+            yield
+        finally:
+            self._no_sync_depth[key] -= 1
+            if self._no_sync_depth[key] == 0:
+                del self._no_sync_depth[key]
+                module.set_requires_gradient_sync(True)
+
+    @override
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Clip by the total norm over *all* shards (every rank computes and applies the same norm); returns it
+        before clipping, as a plain tensor that is the same on every rank."""
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        from torch.distributed.tensor import DTensor
+
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    # ------------------------------------------------------------------ checkpoints
+    def _owner(self, optimizer: Optimizer, state: dict[str, Any] | None = None) -> Module:
+        """The module whose parameters ``optimizer`` updates (the state dict APIs need both)."""
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + list(self._modules)
+        for module in candidates:
+            if any(id(p) in params for p in module.parameters()):
+                return module
+        raise ValueError(
+            f"The {type(optimizer).__name__} optimizer updates no module set up with FSDPStrategy, so its sharded"
+            " state cannot be saved or loaded. Create it from the parameters of a module returned by"
+            " fabric.setup_module(model), and set it up with fabric.setup_optimizers(...)."
+        )
+
+    @override
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file. Every rank must call it.
+
+        * ``"sharded"``: every rank writes its own shards into a temporary folder beside ``path``, DCP writes the
+          ``.metadata`` file last, and rank 0 then swaps the folder into place, so ``path`` is always either the
+          previous checkpoint or the complete new one. A previous checkpoint (folder or file) at ``path`` is
+          replaced; any other folder there is refused. On several nodes, ``path`` must be on a shared filesystem.
+        * ``"full"``: the state is gathered on rank 0 (on the CPU) and written atomically as one file, in the same
+          layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
+
+        Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
+
+        Example::
+
+            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
+        """
+        _fsdp_checkpoint.save(self, path, state, filter or {})
+
+    @override
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = True,
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from a sharded folder or a full file, whatever the world size it was saved
+        with, and return what was not restored. Every rank must call it.
+
+        The rules are those of :meth:`Strategy.load_checkpoint` (``strict`` raises ``KeyError`` naming the keys the
+        checkpoint lacks; plain values are written back into ``state``), with one difference for sharded folders:
+        the returned remainder holds their entries that are neither modules nor optimizers (a module's or
+        optimizer's state is only loaded into a module or optimizer; ``state=None`` returns everything, whole).
+        A full file may come from any strategy (a DDP checkpoint loads into a sharded model); its optimizer state
+        may be keyed by parameter name or by position. Sharded folders are always read with ``weights_only=True``.
+
+        Raises:
+            CheckpointError: ``path`` is a folder but no sharded checkpoint, one file of a sharded checkpoint, or
+                unreadable; the message names the path.
+            FileNotFoundError: nothing exists at ``path``.
+
+        Example::
+
+            remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
+        """
+        return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
+
+    # ------------------------------------------------------------------ teardown
+    @override
+    def teardown(self) -> None:
+        self._modules = weakref.WeakSet()
+        self._device_mesh = None
+        super().teardown()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(auto_wrap_policy={self._auto_wrap_policy!r}, state_dict_type="
+            f"{self._state_dict_type!r}, start_method={self._start_method!r})"
+        )

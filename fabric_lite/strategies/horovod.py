@@ -1,0 +1,483 @@
+"""Horovod: ``horovodrun`` starts one process per device; gradients are averaged by Horovod's optimizer.
+
+Horovod is optional. Nothing here imports it at module level: ``import fabric_lite`` works without it, and only
+creating a :class:`HorovodStrategy` (``Fabric(strategy="horovod")``) imports ``horovod.torch``, raising a
+``ModuleNotFoundError`` that gives the install command when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Generator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.horovod import HorovodEnvironment
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._tree import flatten, unflatten
+from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.utilities.exceptions import InvalidReduceOpError
+from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
+
+#: how to install Horovod with what fabric_lite needs (PyTorch, Gloo; no MPI, TensorFlow or MXNet)
+HOROVOD_INSTALL = (
+    "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1"
+    " HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation horovod==0.28.1"
+)
+_ReduceOp = torch.distributed.ReduceOp
+# while gradient sync is blocked, Horovod's per-parameter countdown starts here, so its hooks never fire an all-reduce
+_NEVER = 1 << 30
+
+
+def _import_horovod() -> Any:
+    """``horovod.torch``, or a ``ModuleNotFoundError`` that says how to install it."""
+    try:
+        hvd = importlib.import_module("horovod.torch")
+    except ImportError as err:  # not installed, or built without PyTorch / against another torch
+        raise ModuleNotFoundError(
+            f"strategy='horovod' needs Horovod with its PyTorch extension, which this Python ({sys.executable})"
+            f" cannot import ({type(err).__name__}: {err}). Install it with:\n    {HOROVOD_INSTALL}\nHorovod 0.28.1"
+            " builds from source and, against torch >= 2.1, only after switching its CMake files to C++17: the"
+            " README's section 'Horovod (optional)' shows how, and .ci/setup-horovod does it all into .venv-horovod."
+        ) from err
+    return hvd
+
+
+class HorovodStrategy(Strategy):
+    """Data-parallel training with Horovod: one process per device, started by ``horovodrun``.
+
+    fabric_lite starts no process for this strategy: ``horovodrun -np 2 -H localhost:2 python train.py`` starts
+    them, and ``fabric.launch()`` joins them (``hvd.init()``); without ``horovodrun`` the script runs alone, as
+    rank 0 of 1. The module is not wrapped. ``fabric.setup`` broadcasts its parameters and buffers from rank 0 and
+    wraps each optimizer in ``hvd.DistributedOptimizer``, with its state and hyperparameters broadcast from rank
+    0. Each ``fabric.backward`` then ends with the gradients averaged over every process (:meth:`post_backward`),
+    so gradient clipping and the step see the averaged gradients, as with DDP.
+
+    Mapping from the names of PyTorch Lightning's ``HorovodStrategy``: ``setup(trainer)`` is
+    :meth:`setup_module_and_optimizers`, ``model_to_device`` is :meth:`module_to_device` (both names work),
+    ``reduce`` is :meth:`all_reduce` (both names work). Unlike Lightning, the learning rate is not multiplied by
+    the number of processes: gradients are averaged, so training matches one process over the global batch, as
+    with ``strategy="ddp"``. Collectives run over every process; ``group`` must be ``None``.
+
+    Args:
+        accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given;
+            each process computes on ``parallel_devices[local_rank]``.
+
+    Raises:
+        ModuleNotFoundError: Horovod (with its PyTorch extension) cannot be imported; the message says how to
+            install it.
+
+    Example::
+
+        # horovodrun -np 2 -H localhost:2 python train.py
+        fabric = Fabric(strategy="horovod")
+        fabric.launch()
+        model, optimizer = fabric.setup(model, optimizer)
+    """
+
+    is_parallel = True
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision)
+        self._hvd = _import_horovod()
+        self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
+        self._cluster_environment = cluster_environment
+        self._initialised = False
+        self._owns_horovod = False
+        # every optimizer this strategy wrapped, and those whose gradients post_backward already averaged
+        self._optimizers: list[Any] = []
+        self._synchronized: set[int] = set()
+        self._sync_blocked = 0
+
+    # ------------------------------------------------------------------ configuration (filled in by Fabric)
+    @property
+    def parallel_devices(self) -> list[torch.device] | None:
+        return self._parallel_devices
+
+    @parallel_devices.setter
+    def parallel_devices(self, devices: list[torch.device]) -> None:
+        self._parallel_devices = list(devices)
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment:
+        if self._cluster_environment is None:
+            self._cluster_environment = HorovodEnvironment()
+        return self._cluster_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, environment: ClusterEnvironment) -> None:
+        self._cluster_environment = environment
+
+    # ------------------------------------------------------------------ ranks and devices
+    @property
+    @override
+    def global_rank(self) -> int:
+        return int(self._hvd.rank()) if self._initialised else self.cluster_environment.global_rank()
+
+    @property
+    @override
+    def local_rank(self) -> int:
+        return int(self._hvd.local_rank()) if self._initialised else self.cluster_environment.local_rank()
+
+    @property
+    @override
+    def node_rank(self) -> int:
+        return int(self._hvd.cross_rank()) if self._initialised else self.cluster_environment.node_rank()
+
+    @property
+    @override
+    def world_size(self) -> int:
+        return int(self._hvd.size()) if self._initialised else self.cluster_environment.world_size()
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        """This process's device: ``parallel_devices[local_rank]`` (``cuda:<local rank>`` on GPUs)."""
+        if not self._parallel_devices:
+            raise RuntimeError("HorovodStrategy has no devices yet; it is configured by Fabric(strategy=...).")
+        local_rank = self.local_rank
+        if not 0 <= local_rank < len(self._parallel_devices):
+            raise RuntimeError(
+                f"Horovod's local rank {local_rank} has no device: parallel_devices holds"
+                f" {len(self._parallel_devices)} ({[str(d) for d in self._parallel_devices]}). Start as many"
+                " processes per node as there are devices."
+            )
+        return self._parallel_devices[local_rank]
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    @property
+    def handles_gradient_accumulation(self) -> bool:
+        """``True``: inside :meth:`no_backward_sync` Horovod's optimizer defers its all-reduce itself, and the
+        next backward outside averages the accumulated gradients."""
+        return True
+
+    @override
+    def setup_environment(self) -> None:
+        """Join the Horovod job (``hvd.init()``) and select this process's device. Called by ``fabric.launch()``.
+
+        Raises:
+            RuntimeError: Horovod sees another world size than horovodrun's environment announced.
+        """
+        hvd = self._hvd
+        if not hvd.is_initialized():
+            hvd.init()
+            self._owns_horovod = True
+        self._initialised = True
+        environment = self.cluster_environment
+        if environment.creates_processes_externally and environment.world_size() != hvd.size():
+            raise RuntimeError(
+                f"Horovod joined {hvd.size()} processes, but the environment announced {environment.world_size()}."
+                " Start every process with the same horovodrun command."
+            )
+        super().setup_environment()
+
+    # ------------------------------------------------------------------ modules and optimizers
+    @override
+    def module_to_device(self, module: Module) -> None:
+        """Move the module to :attr:`root_device` (on CUDA, make it the current device first)."""
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        module.to(self.root_device)
+
+    def model_to_device(self, module: Module) -> None:
+        """The name PyTorch Lightning's ``HorovodStrategy`` used for :meth:`module_to_device`."""
+        self.module_to_device(module)
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        """Broadcast the module's parameters and buffers from rank 0 (in place); the module is not wrapped.
+
+        Every process must call it, with modules of the same structure.
+        """
+        self._hvd.broadcast_parameters(module.state_dict(), root_rank=0)
+        return module
+
+    @override
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer]
+    ) -> tuple[Module, list[Optimizer]]:
+        """Broadcast the module from rank 0 and wrap each optimizer in ``hvd.DistributedOptimizer`` (with the
+        module's parameter names, so Horovod's messages and timeline name them)."""
+        module = self.setup_module(module)
+        return module, [self._wrap_optimizer(optimizer, module) for optimizer in optimizers]
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` and give every process rank 0's state and
+        hyperparameters.
+
+        The optimizer that is returned steps the same parameter groups (the dicts are shared, so learning-rate
+        schedulers made on the original keep working) and starts from the original's state.
+        """
+        return self._wrap_optimizer(optimizer, None)
+
+    def _wrap_optimizer(self, optimizer: Optimizer, module: Module | None) -> Optimizer:
+        hvd = self._hvd
+        index = len(self._optimizers)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if module is not None:
+            owned = {id(p) for p in params}
+            names = {id(p): name for name, p in module.named_parameters() if id(p) in owned}
+        else:
+            names = {}
+        # unique across optimizers: Horovod matches the processes' all-reduces by name
+        named = [(f"fabric_lite.opt{index}.{names.get(id(p), f'param{i}')}", p) for i, p in enumerate(params)]
+        state = optimizer.state_dict()
+        wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=named)
+        if state["state"]:
+            wrapped.load_state_dict(state)  # DistributedOptimizer is a new optimizer over the same param groups
+        self._broadcast_optimizer_state(wrapped)
+        _accept_set_to_none(wrapped)
+        self._optimizers.append(wrapped)
+        return wrapped  # type: ignore[no-any-return]
+
+    def _broadcast_optimizer_state(self, optimizer: Any) -> None:
+        """Give every process rank 0's optimizer state and hyperparameters.
+
+        ``hvd.broadcast_optimizer_state`` initialises an empty state by stepping once with zero gradients, which
+        moves weight-decayed parameters and advances Adam's step count; it is used only where every process
+        already has a state. Otherwise rank 0's state dict is sent whole (small: it is empty or was just loaded).
+        """
+        hvd = self._hvd
+        if self.world_size == 1:
+            return
+        has_state = 1 if optimizer.state_dict()["state"] else 0
+        flags = torch.tensor([has_state, -has_state], dtype=torch.int32)
+        hvd.allreduce_(flags, op=hvd.Max, name=f"{BROADCAST_NAME}.has_state")
+        anyone, everyone = int(flags[0]) == 1, int(flags[1]) == -1
+        if anyone and everyone:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+            return
+        state = hvd.broadcast_object(optimizer.state_dict(), root_rank=0, name=f"{BROADCAST_NAME}.optimizer")
+        if self.global_rank != 0:
+            optimizer.load_state_dict(state)
+
+    # ------------------------------------------------------------------ backward and step
+    @override
+    def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        """Back-propagate, then (outside :meth:`no_backward_sync`) average the gradients: :meth:`post_backward`."""
+        super().backward(tensor, module, *args, **kwargs)
+        if self._sync_blocked == 0:
+            self.post_backward(tensor)
+
+    def post_backward(self, closure_loss: Tensor) -> None:
+        """Wait for the gradients' all-reduce (started by Horovod's hooks during backward) to finish, for every
+        optimizer set up with this strategy, so that the gradients are averaged before clipping and the step.
+
+        Every process must call it (``fabric.backward`` does).
+        """
+        for optimizer in self._optimizers:
+            optimizer.synchronize()
+            self._synchronized.add(id(optimizer))
+
+    @override
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """Step without all-reducing again when :meth:`post_backward` already did; otherwise Horovod's ``step``
+        all-reduces first (e.g. after a plain ``loss.backward()``)."""
+        if id(optimizer) in self._synchronized:
+            self._synchronized.discard(id(optimizer))
+            with optimizer.skip_synchronize():  # type: ignore[attr-defined]
+                return super().optimizer_step(optimizer, **kwargs)
+        return super().optimizer_step(optimizer, **kwargs)
+
+    @override
+    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Accumulate gradients locally: backward inside the context all-reduces nothing; the next
+        ``fabric.backward`` outside averages the accumulated gradients (Horovod's ``backward_passes_per_step``,
+        decided per step instead of fixed up front)."""
+        return self._block_sync() if enabled else nullcontext()
+
+    @contextmanager
+    def _block_sync(self) -> Generator[None, None, None]:
+        passes = [optimizer.backward_passes_per_step for optimizer in self._optimizers]
+        self._sync_blocked += 1
+        try:
+            if self._sync_blocked == 1:
+                for optimizer in self._optimizers:
+                    optimizer.set_backward_passes_per_step(_NEVER)
+            yield
+        finally:
+            self._sync_blocked -= 1
+            if self._sync_blocked == 0:
+                # resets each parameter's countdown, so the next backward all-reduces the accumulated gradients
+                for optimizer, count in zip(self._optimizers, passes, strict=False):
+                    optimizer.set_backward_passes_per_step(count)
+
+    # ------------------------------------------------------------------ collectives
+    def _check_group(self, name: str, group: Any | None) -> None:
+        if group is not None:
+            raise ValueError(
+                f"HorovodStrategy.{name}(group={group!r}): Horovod runs collectives over every process, not over"
+                " torch.distributed groups. Pass group=None."
+            )
+
+    @override
+    def all_reduce(
+        self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
+    ) -> TReduce:
+        """Reduce ``tensor`` (or every tensor in a collection) over every process, **in place**.
+
+        As in the other multi-process strategies: ``reduce_op`` is ``"mean"`` (default), ``"sum"``, ``"max"``,
+        ``"min"``, ``"product"`` or a ``ReduceOp``; ``None`` means sum; an integer mean is truncated toward zero;
+        on booleans sum and mean mean "any", product "all". Tensors that share a device and dtype travel in one
+        buffer. Every process must call it with the same shapes and dtypes, in the same order.
+
+        Example::
+
+            # rank 0: torch.tensor([1.0])   rank 1: torch.tensor([3.0])
+            strategy.all_reduce(t)  # every rank: tensor([2.])
+        """
+        self._check_group("all_reduce", group)
+        op = _collectives.resolve_reduce_op(reduce_op)
+        if op not in (_collectives._MEAN, _ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+            raise InvalidReduceOpError(
+                f"HorovodStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of 'mean',"
+                " 'sum', 'max', 'min', 'product'."
+            )
+        if not self._initialised:
+            return tensor
+        tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
+        for members in _collectives._group_by_device_dtype(tensors) if tensors else []:
+            aliases = [_collectives._alias(t) for t in members]
+            buffer = _collectives._flat_buffer(aliases)
+            all_reduce_(self._hvd, buffer, op, self.world_size)
+            _collectives._write_back(buffer, aliases)
+        return tensor
+
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> Any:
+        """The name PyTorch Lightning's ``HorovodStrategy`` used for :meth:`all_reduce` (``"mean"`` by default)."""
+        return self.all_reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        """Gather ``tensor`` (or every tensor in a collection) from every process into new tensors of shape
+        ``(world_size, *shape)``; with one process the input is returned unchanged (as ``Fabric.all_gather``
+        documents).
+
+        Shapes must match across processes. With ``sync_grads=True`` the result is differentiable and each
+        process's tensor receives the **sum** over processes of the gradients of its slice (as with DDP; Horovod's
+        own ``allgather`` would average them).
+
+        Example::
+
+            # rank 0: torch.tensor([1, 2])   rank 1: torch.tensor([3, 4])
+            strategy.all_gather(t)  # every rank: tensor([[1, 2], [3, 4]])
+        """
+        self._check_group("all_gather", group)
+        if not self._initialised or self.world_size == 1:
+            return tensor
+        leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
+        gathered = [self._gather_one(x, sync_grads) if isinstance(x, Tensor) else x for x in leaves]
+        return gathered[0] if spec is None else unflatten(spec, gathered)
+
+    def _gather_one(self, tensor: Tensor, sync_grads: bool) -> Tensor:
+        if sync_grads:
+            return HorovodAllGatherGrad.apply(tensor, self._hvd)  # type: ignore[no-any-return, no-untyped-call]
+        return all_gather(self._hvd, tensor.detach())
+
+    @override
+    def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
+        """Send ``obj`` from global rank ``src`` to every process (pickled); ``src`` gets ``obj`` itself, a tensor
+        arrives on each process's device. Every process must call it.
+
+        Example::
+
+            # rank 0: obj = {"lr": 0.1}   rank 1: obj = None
+            strategy.broadcast(obj, src=0)  # every rank: {"lr": 0.1}
+        """
+        if type(src) is not int or not 0 <= src < max(self.world_size, 1):
+            raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
+        if not self._initialised or self.world_size == 1:
+            return obj
+        # an explicit name: Horovod's default (the object's type name) differs between ranks that pass None
+        result = self._hvd.broadcast_object(obj, root_rank=src, name=BROADCAST_NAME)
+        if isinstance(result, Tensor) and self.global_rank != src:
+            result = result.to(self.root_device)
+        return result  # type: ignore[no-any-return]
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process has entered the barrier (``hvd.barrier()``)."""
+        if self._initialised and self.world_size > 1:
+            self._hvd.barrier()
+
+    @override
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """``all`` (or ``any``) of every process's decision, in one all-reduce; the same on every process."""
+        if not self._initialised or self.world_size == 1:
+            return bool(decision)
+        hvd = self._hvd
+        flag = torch.tensor([1 if decision else 0], dtype=torch.int32)
+        hvd.allreduce_(flag, op=hvd.Min if all else hvd.Max, name=f"{BROADCAST_NAME}.decision")
+        return bool(flag.item())
+
+    # ------------------------------------------------------------------ checkpoints and teardown
+    @override
+    def save_checkpoint(self, path: _PATH, state: dict[str, Any], filter: Any = None) -> None:
+        """Rank 0 writes atomically; every process then learns the outcome, so a failed write raises everywhere
+        and no process returns before the file is complete."""
+        message: str | None = None
+        error: Exception | None = None
+        try:
+            super().save_checkpoint(path, state, filter)
+        except Exception as err:
+            error, message = err, f"{type(err).__name__}: {err}"
+        message = self.broadcast(message, src=0)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
+
+    @override
+    def teardown(self) -> None:
+        """Wait for every process (``hvd.join()``), then shut Horovod down if this strategy started it."""
+        if self._initialised and self._hvd.is_initialized():
+            self._hvd.join()
+            if self._owns_horovod:
+                self._hvd.shutdown()
+        self._initialised = False
+        self._owns_horovod = False
+        self._optimizers.clear()
+        self._synchronized.clear()
+        super().teardown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(world_size={self.world_size})"
+
+
+def _accept_set_to_none(optimizer: Any) -> None:
+    """Horovod's ``DistributedOptimizer.zero_grad()`` takes no argument; give it torch's ``set_to_none``, keeping
+    Horovod's own check (no gradient may be cleared while its all-reduce is still in flight)."""
+    horovod_zero_grad = optimizer.zero_grad
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        if set_to_none:
+            horovod_zero_grad()
+            return
+        if getattr(optimizer, "_handles", None):
+            horovod_zero_grad()  # raises Horovod's own error about pending all-reduces
+        Optimizer.zero_grad(optimizer, set_to_none=False)
+
+    optimizer.zero_grad = zero_grad
