@@ -174,13 +174,21 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
         times = timed_rounds({"raw": raw, impl: wrapped}, rounds, steps, sync=dist.barrier)
         emit({"measure": f"ddp_step/{model_name}", "impl": impl, "rank": rank, "times": times})
 
+    world = dist.get_world_size()
+    _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     scalars = {f"m{i}": torch.tensor(float(i + rank)) for i in range(64)}
     flat = torch.arange(64, dtype=torch.float32)
     one = torch.tensor(1.0)
+    one_1d = one.reshape(1)  # raw gloo gathers 1-D tensors only
     collectives: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         # a dict of 64 scalars through the implementation, against one flat all_reduce of the same 64 values
         "all_reduce/dict64": (lambda: dist.all_reduce(flat), lambda: accel.all_reduce(scalars, reduce_op="sum")),
         "all_reduce/scalar": (lambda: dist.all_reduce(one), lambda: accel.all_reduce(one, reduce_op="sum")),
+        # a gather of one scalar into a new (world_size,) tensor
+        "all_gather/scalar": (
+            lambda: _all_gather_single(torch.empty(world), one_1d, group=None),
+            lambda: accel.all_gather(one),
+        ),
     }
     for name, numel in (("tensor1k", 1024), ("tensor4M", 1 << 20)):  # 1M floats are 4 MB
         tensor = torch.arange(numel, dtype=torch.float32)

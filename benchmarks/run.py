@@ -12,7 +12,8 @@ time, which has no raw counterpart, the interquartile range in seconds). The fig
 
 * ``import``: seconds that ``import fabric_lite`` (``lightning_fabric``, ``accelerate``) adds to ``import torch``.
 * ``step/*``: a single-process training step (``bench_core.py step``).
-* ``ddp_step/*``, ``all_reduce/*``, ``broadcast/*``: two ranks under torchrun, gloo (``bench_core.py ddp``).
+* ``ddp_step/*``, ``all_reduce/*``, ``all_gather/*``, ``broadcast/*``: two ranks under torchrun, gloo
+  (``bench_core.py ddp``).
 * ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
   first ``all_reduce`` (``bench_startup.py``).
 * ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).
@@ -43,7 +44,7 @@ from _common import IMPORTS, REPO, child_env, compared_impls, print_table, pytho
 
 CORE = str(REPO / "benchmarks" / "bench_core.py")
 #: the order of the table: by the part of a figure's name before the "/"
-FIGURES = ["import", "startup", "step", "ddp_step", "all_reduce", "broadcast", "memory"]
+FIGURES = ["import", "startup", "step", "ddp_step", "all_reduce", "all_gather", "broadcast", "memory"]
 
 
 def import_times(impls: list[str], runs: int) -> list[dict]:

@@ -10,8 +10,24 @@ Example::
     fabric.log("loss", 0.25, step=0)  # logs/lightning_logs/version_0/metrics.csv, written by global rank 0
 """
 
-from fabric_lite.loggers.csv_logs import CSVLogger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fabric_lite.loggers.logger import Logger
-from fabric_lite.loggers.tensorboard import TensorBoardLogger
+
+if TYPE_CHECKING:
+    from fabric_lite.loggers.csv_logs import CSVLogger
+    from fabric_lite.loggers.tensorboard import TensorBoardLogger
+
+# imported on first use, so that `import fabric_lite` stays fast
+_LAZY = {"CSVLogger": "fabric_lite.loggers.csv_logs", "TensorBoardLogger": "fabric_lite.loggers.tensorboard"}
 
 __all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

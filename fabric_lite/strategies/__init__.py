@@ -1,13 +1,30 @@
-"""Strategies: how training runs across devices and processes."""
+"""Strategies: how training runs across devices and processes.
+
+``DataParallelStrategy``, ``FSDPStrategy`` and ``HorovodStrategy`` are imported on first use (they pull in
+``torch.nn.DataParallel``, ``torch.distributed.fsdp`` and Horovod), so that ``import fabric_lite`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fabric_lite.strategies.ddp import DDPStrategy
-from fabric_lite.strategies.dp import DataParallelStrategy
-from fabric_lite.strategies.fsdp import FSDPStrategy
-from fabric_lite.strategies.horovod import HorovodStrategy
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
+
+if TYPE_CHECKING:
+    from fabric_lite.strategies.dp import DataParallelStrategy
+    from fabric_lite.strategies.fsdp import FSDPStrategy
+    from fabric_lite.strategies.horovod import HorovodStrategy
+
+_LAZY = {
+    "DataParallelStrategy": "fabric_lite.strategies.dp",
+    "FSDPStrategy": "fabric_lite.strategies.fsdp",
+    "HorovodStrategy": "fabric_lite.strategies.horovod",
+}
 
 __all__ = [
     "STRATEGY_REGISTRY",
@@ -19,3 +36,9 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

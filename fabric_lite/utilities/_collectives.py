@@ -235,6 +235,7 @@ class CollectiveMismatchError(ValueError):
 # tensors, so the exchange itself can never mismatch; small reductions and gathers are then complete in this one
 # collective (latency dominates small messages: 512 bytes cost what 4 bytes cost), larger ones follow.
 _SIGNATURE_BYTES = 32
+_SIGNATURE_FORMAT = "<4q"  # count, two 64-bit halves of the digest, payload bytes (or -1)
 _MESSAGE_BYTES = 512
 _PAYLOAD_BYTES = _MESSAGE_BYTES - _SIGNATURE_BYTES
 # the dtypes' bytes are packed largest element first, so that every slice of the message is aligned for its dtype
@@ -260,20 +261,25 @@ def _exchange(
         nbytes = sum(b.numel() * b.element_size() for b in payload)
         if nbytes > _PAYLOAD_BYTES:
             nbytes = _NO_PAYLOAD
-    message = torch.empty(_MESSAGE_BYTES, dtype=torch.uint8, device=device)
-    header = torch.tensor([*_signature(call, groups), nbytes], dtype=torch.int64)
-    message[:_SIGNATURE_BYTES].copy_(header.view(torch.uint8))
+    # built on the host with struct and buffer copies: a handful of small torch ops would cost tens of us
+    raw = bytearray(_MESSAGE_BYTES)
+    struct.pack_into(_SIGNATURE_FORMAT, raw, 0, *_signature(call, groups), nbytes)
     if nbytes != _NO_PAYLOAD and payload is not None:
         offset = _SIGNATURE_BYTES
         for buffer in payload:
-            size = buffer.numel() * buffer.element_size()
-            message[offset : offset + size].copy_(buffer.reshape(-1).view(torch.uint8))
+            data = buffer.reshape(-1).view(torch.uint8)
+            size = data.numel()
+            raw[offset : offset + size] = (data if data.device.type == "cpu" else data.cpu()).numpy().tobytes()
             offset += size
+    message = torch.frombuffer(raw, dtype=torch.uint8)
+    if device.type != "cpu":
+        message = message.to(device)
     gathered = torch.empty(world_size * _MESSAGE_BYTES, dtype=torch.uint8, device=device)
     _all_gather_flat(gathered, message, group)
     rows = gathered.view(world_size, _MESSAGE_BYTES)
-    signatures = rows[:, :_SIGNATURE_BYTES].view(torch.int64)
-    if not bool((signatures == signatures[0]).all()):
+    heads = rows[:, :_SIGNATURE_BYTES]
+    signatures = (heads if heads.device.type == "cpu" else heads.cpu()).numpy()
+    if not (signatures == signatures[0]).all():
         _raise_mismatch(call, tensors, group)
     return None if nbytes == _NO_PAYLOAD else rows[:, _SIGNATURE_BYTES:]
 
