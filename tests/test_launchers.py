@@ -299,6 +299,30 @@ def test_a_rank_that_exits_0_early_is_named_as_the_root_cause(strategy: str, rec
     assert done.seconds < 20
 
 
+def _communicate_or_explain(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """``proc.communicate(timeout)``; on timeout, fail with what every thread of the job was doing (a signal that
+    was never acted on leaves the main thread asleep; /proc shows where)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        lines = []
+        for pid in _session_members(proc.pid):
+            for task in sorted(os.listdir(f"/proc/{pid}/task")):
+                try:
+                    with open(f"/proc/{pid}/task/{task}/wchan") as f:
+                        wchan = f.read()
+                    with open(f"/proc/{pid}/task/{task}/status") as f:
+                        status = [
+                            x for x in f.read().splitlines() if x.startswith(("Name", "SigPnd", "ShdPnd", "SigBlk"))
+                        ]
+                except OSError:
+                    continue
+                lines.append(f"pid {pid} task {task}: {wchan} {' | '.join(status)}")
+        _kill_session(proc.pid)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"no exit within {timeout} s of the signal.\n" + "\n".join(lines) + f"\n{stdout}\n{stderr}")
+
+
 def _start_and_wait_ready(args: list[str], ranks: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, SCRIPT, *args],
@@ -345,7 +369,7 @@ def test_sigterm_to_the_launcher_reaches_every_rank(strategy: str, record_proper
     try:
         start = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = _communicate_or_explain(proc, 30)
         elapsed = time.monotonic() - start
         assert proc.returncode != 0
         assert "GOT SIGTERM rank=1" in stdout, stdout + stderr
@@ -365,7 +389,7 @@ def test_sigint_to_the_launcher_interrupts_every_rank() -> None:
     proc = _start_and_wait_ready(["--devices", "2", "--fail-rank", "-2", "--fail-mode", "sleep", "--fail-step", "0"], 2)
     try:
         os.kill(proc.pid, signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = _communicate_or_explain(proc, 30)
         assert proc.returncode != 0
         assert "received SIGINT; passing it on to the other ranks" in stderr, stdout + stderr
         deadline = time.monotonic() + 5
