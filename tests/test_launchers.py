@@ -323,9 +323,17 @@ def _communicate_or_explain(proc: subprocess.Popen[str], timeout: float) -> tupl
         pytest.fail(f"no exit within {timeout} s of the signal.\n" + "\n".join(lines) + f"\n{stdout}\n{stderr}")
 
 
+def _default_sigint() -> None:
+    # A job started from a background shell inherits SIGINT ignored (bash ignores it in asynchronous commands,
+    # e.g. `.ci/run &`), and so would this test's launcher: then SIGINT is meant to do nothing, and Python leaves
+    # it so. The test is about a launcher that can be interrupted, so it starts one with SIGINT at its default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_and_wait_ready(args: list[str], ranks: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, SCRIPT, *args],
+        preexec_fn=_default_sigint,
         env=base_env(),
         cwd=REPO,
         stdout=subprocess.PIPE,

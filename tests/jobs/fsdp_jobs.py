@@ -320,11 +320,11 @@ def train_and_save(fabric: Any, folder: str) -> dict[str, Any]:
         if rank == 0:
             torch.save(next_state, root / "next.pt")
         fabric.barrier()
-        return {
-            "files_on_return": files_on_return,
-            "full_file_on_return": full_file_on_return,
-            "leftovers": sorted(p.name for p in root.iterdir() if p.name.startswith(".")),
-        }
+        leftovers = sorted(p.name for p in root.iterdir() if p.name.startswith("."))
+        # every rank lists the folder before any rank goes on to the next check's saves (whose temporary folders
+        # would otherwise show up here)
+        fabric.barrier()
+        return {"files_on_return": files_on_return, "full_file_on_return": full_file_on_return, "leftovers": leftovers}
 
     def replace_and_fail() -> dict[str, Any]:
         fmodel = shared["fmodel"]
