@@ -2,48 +2,27 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from fabric_lite import strategies
 from fabric_lite._plan import Plan
 from fabric_lite.accelerators import ACCELERATORS, Accelerator
 from fabric_lite.plugins.environments import LightningEnvironment
 from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from fabric_lite.strategies.ddp import DDPStrategy
+from fabric_lite.strategies import loaded_instance
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
 
-_STRATEGY_CLASSES: dict[str, type[Strategy]] = {
-    "SingleDeviceStrategy": SingleDeviceStrategy,
-    "DDPStrategy": DDPStrategy,
-}
-# imported only when asked for, so that `import fabric_lite` stays fast
-_LAZY_STRATEGY_MODULES = {
-    "DataParallelStrategy": "fabric_lite.strategies.dp",
-    "FSDPStrategy": "fabric_lite.strategies.fsdp",
-    "HorovodStrategy": "fabric_lite.strategies.horovod",
-}
-
 
 def _strategy_class(name: str) -> type[Strategy]:
-    if name in _STRATEGY_CLASSES:
-        return _STRATEGY_CLASSES[name]
-    cls: type[Strategy] = getattr(importlib.import_module(_LAZY_STRATEGY_MODULES[name]), name)
+    """The class a registry entry names; the rarely used ones are imported here, on first use."""
+    cls: type[Strategy] = getattr(strategies, name)
     return cls
-
-
-def _instance_of(obj: object, name: str) -> bool:
-    """``isinstance(obj, <the lazily imported strategy class name>)``; False while its module is not loaded (then
-    no instance of it can exist)."""
-    module = sys.modules.get(_LAZY_STRATEGY_MODULES[name])
-    cls = getattr(module, name, None) if module is not None else None
-    return cls is not None and isinstance(obj, cls)
 
 
 def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
@@ -86,10 +65,10 @@ def build_strategy(
             instance = SingleDeviceStrategy(device=devices[0], accelerator=accelerator_obj, precision=precision)
         else:
             instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
-    dp_or_horovod = _instance_of(instance, "DataParallelStrategy") or _instance_of(instance, "HorovodStrategy")
+    dp_or_horovod = loaded_instance(instance, "DataParallelStrategy") or loaded_instance(instance, "HorovodStrategy")
     if dp_or_horovod and instance.parallel_devices is None:  # type: ignore[attr-defined]
         instance.parallel_devices = devices  # type: ignore[attr-defined]
-    if _instance_of(instance, "HorovodStrategy") and instance._cluster_environment is None:  # type: ignore[attr-defined]
+    if loaded_instance(instance, "HorovodStrategy") and instance._cluster_environment is None:  # type: ignore[attr-defined]
         instance.cluster_environment = plan.cluster_environment  # type: ignore[attr-defined]
     if isinstance(instance, ParallelStrategy):
         if instance.parallel_devices is None:

@@ -24,6 +24,7 @@ from fabric_lite.plugins.environments import (
 from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies import loaded_instance
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.exceptions import MisconfigurationException
@@ -424,7 +425,7 @@ def resolve_plan(
             " selected. Use strategy='auto' on MPS, or accelerator='cuda' on a machine with GPUs."
         )
     # horovodrun (not fabric_lite, torchrun or SLURM) started the processes of a Horovod job: its variables count
-    horovod = strategy_name == "horovod" or _instance_of(strategy, "fabric_lite.strategies.horovod", "HorovodStrategy")
+    horovod = strategy_name == "horovod" or loaded_instance(strategy, "HorovodStrategy")
     environment = HorovodEnvironment(env) if horovod and not environment_plugins else _detect_environment(env, plugins)
     external = environment.creates_processes_externally
 
@@ -453,9 +454,7 @@ def resolve_plan(
     if strategy_name == "instance":
         parallel = bool(getattr(strategy, "is_parallel", False))
         start_method = getattr(strategy, "start_method", None) if parallel else None
-        multi_device = (
-            _instance_of(strategy, "fabric_lite.strategies.dp", "DataParallelStrategy") and accelerator_name != "cpu"
-        )
+        multi_device = loaded_instance(strategy, "DataParallelStrategy") and accelerator_name != "cpu"
     else:
         entry = STRATEGY_REGISTRY[strategy_name]
         parallel, start_method, multi_device = entry.parallel, entry.start_method, entry.multi_device
@@ -552,11 +551,3 @@ def resolve_debug(debug: bool | None, env: Mapping[str, str]) -> bool:
     raise ValueError(
         f"{ENV_DEBUG}={env[ENV_DEBUG]!r} is not understood: set it to 1 (check every collective across ranks) or 0."
     )
-
-
-def _instance_of(obj: object, module: str, name: str) -> bool:
-    """``isinstance(obj, module.name)`` without importing ``module``: while it is not loaded, no instance of its
-    classes can exist (keeps the rarely used strategies out of ``import fabric_lite``)."""
-    loaded = sys.modules.get(module)
-    cls = getattr(loaded, name, None) if loaded is not None else None
-    return cls is not None and isinstance(obj, cls)

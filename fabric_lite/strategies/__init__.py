@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from fabric_lite.strategies.ddp import DDPStrategy
@@ -36,6 +37,14 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
 ]
+
+
+def loaded_instance(obj: object, name: str) -> bool:
+    """``isinstance(obj, <the lazily imported strategy class name>)`` without importing it: while its module is
+    not loaded, no instance of the class can exist."""
+    module = sys.modules.get(_LAZY[name])
+    cls = getattr(module, name, None) if module is not None else None
+    return cls is not None and isinstance(obj, cls)
 
 
 def __getattr__(name: str) -> Any:
