@@ -9,8 +9,9 @@ import torch
 
 from fabric_lite import strategies
 from fabric_lite._plan import Plan
-from fabric_lite.accelerators import ACCELERATORS, Accelerator
+from fabric_lite.accelerators import ACCELERATOR_REGISTRY, ACCELERATORS, Accelerator
 from fabric_lite.plugins.environments import LightningEnvironment
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
 from fabric_lite.strategies import loaded_instance
 from fabric_lite.strategies.parallel import ParallelStrategy
@@ -49,7 +50,13 @@ def build_strategy(
     plan: Plan, strategy: str | Strategy, accelerator: str | Accelerator, plugins: Sequence[Any]
 ) -> Strategy:
     """Create (or complete, for a user's instance) the strategy the plan describes, with its launcher."""
-    accelerator_obj = accelerator if isinstance(accelerator, Accelerator) else ACCELERATORS[plan.accelerator]()
+    if isinstance(accelerator, Accelerator):
+        accelerator_obj = accelerator
+    elif isinstance(accelerator, str) and accelerator in ACCELERATOR_REGISTRY:
+        # a name the registry knows, a built-in's or a user's (the plan checked its kind): built from its entry
+        accelerator_obj = ACCELERATOR_REGISTRY.get(accelerator)
+    else:
+        accelerator_obj = ACCELERATORS[plan.accelerator]()
     precision = _precision(plan, plugins)
     devices = _devices(plan)
     if isinstance(strategy, Strategy):
@@ -65,6 +72,9 @@ def build_strategy(
             instance = SingleDeviceStrategy(device=devices[0], accelerator=accelerator_obj, precision=precision)
         else:
             instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
+    for plugin in plugins:
+        if isinstance(plugin, CheckpointIO):
+            instance.checkpoint_io = plugin  # strategies that write their own checkpoints (FSDP) refuse it here
     dp_or_horovod = loaded_instance(instance, "DataParallelStrategy") or loaded_instance(instance, "HorovodStrategy")
     if dp_or_horovod and instance.parallel_devices is None:  # type: ignore[attr-defined]
         instance.parallel_devices = devices  # type: ignore[attr-defined]

@@ -14,15 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fabric_lite.accelerators import Accelerator
+from fabric_lite.accelerators import ACCELERATOR_REGISTRY, Accelerator
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
+    KubeflowEnvironment,
     LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
 from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies import loaded_instance
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
@@ -104,10 +108,29 @@ def _accelerator_name(accelerator: Any) -> str:
         return type(accelerator).name
     if isinstance(accelerator, str) and accelerator.lower() in _ACCELERATOR_CHOICES:
         return accelerator.lower()
+    if isinstance(accelerator, str) and accelerator in ACCELERATOR_REGISTRY:
+        return registered_accelerator_kind(accelerator)
+    registered = sorted(set(ACCELERATOR_REGISTRY.available_accelerators()) - set(_ACCELERATOR_CHOICES))
+    also = f", a name registered in ACCELERATOR_REGISTRY ({', '.join(map(repr, registered))})" if registered else ""
     raise ValueError(
         f"You selected an invalid accelerator name: accelerator={accelerator!r}."
-        f" Choose one of {', '.join(repr(c) for c in _ACCELERATOR_CHOICES)}, or pass an Accelerator instance."
+        f" Choose one of {', '.join(repr(c) for c in _ACCELERATOR_CHOICES)}{also}, or pass an Accelerator instance."
     )
+
+
+def registered_accelerator_kind(name: str) -> str:
+    """The device kind (``"cpu"``, ``"cuda"`` or ``"mps"``) of the accelerator a user registered under ``name`` in
+    ``ACCELERATOR_REGISTRY``: it must derive from one of the built-in accelerators, whose devices fabric_lite knows
+    how to count, select and launch on."""
+    cls = ACCELERATOR_REGISTRY[name]["accelerator"]
+    kind = getattr(cls, "name", "")
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(
+            f"Fabric(accelerator={name!r}): ACCELERATOR_REGISTRY has {getattr(cls, '__name__', cls)!r} under that"
+            f" name, whose device kind {kind!r} fabric_lite cannot run on. A registered accelerator must subclass"
+            " CPUAccelerator, CUDAAccelerator or MPSAccelerator (and may override their methods)."
+        )
+    return str(kind)
 
 
 def _available(machine: Machine) -> list[str]:
@@ -257,11 +280,17 @@ def _detect_environment(env: Mapping[str, str], plugins: Sequence[Any]) -> Clust
     for plugin in plugins:
         if isinstance(plugin, ClusterEnvironment):
             return plugin
-    # torchrun first: a torchrun inside a SLURM allocation started these processes, not srun
+    # Lightning Fabric's order. torchrun first: a torchrun inside a SLURM allocation started these processes, not
+    # srun. MPI last: its check imports mpi4py (which initialises MPI), and only when a launcher's variable is set.
+    # Kubeflow is never detected (its variables are torchrun's and anyone's): it is passed as a plugin.
     if TorchElasticEnvironment.detect(env):
         return TorchElasticEnvironment(env)
     if SLURMEnvironment.detect(env):
-        return SLURMEnvironment(env)
+        return SLURMEnvironment(env=env)
+    if LSFEnvironment.detect(env):
+        return LSFEnvironment(env)
+    if MPIEnvironment.detect(env):
+        return MPIEnvironment(env)
     return LightningEnvironment(env)
 
 
@@ -276,7 +305,11 @@ def _external_local_count(environment: ClusterEnvironment) -> int | None:
         return per_node
     if isinstance(environment, HorovodEnvironment):
         return environment.local_world_size()
-    return None
+    if isinstance(environment, MPIEnvironment):
+        return environment.local_world_size()
+    if isinstance(environment, KubeflowEnvironment):
+        return 1  # one process per pod
+    return None  # LSF: jsrun does not say how many tasks it started on this node
 
 
 def _strategy_choice(strategy: Any) -> str:
@@ -390,13 +423,24 @@ def resolve_plan(
     warnings += precision_warnings
     precision_plugins = [p for p in plugins if isinstance(p, Precision)]
     environment_plugins = [p for p in plugins if isinstance(p, ClusterEnvironment)]
+    io_plugins = [p for p in plugins if isinstance(p, CheckpointIO)]
     for plugin in plugins:
-        if not isinstance(plugin, (Precision, ClusterEnvironment)):
+        if not isinstance(plugin, (Precision, ClusterEnvironment, CheckpointIO)):
             raise TypeError(
                 f"Fabric(plugins=...) got {plugin!r} of type {type(plugin).__name__}. Accepted plugins are"
-                " fabric_lite.plugins.Precision and fabric_lite.plugins.environments.ClusterEnvironment instances."
+                " fabric_lite.plugins.Precision, fabric_lite.plugins.environments.ClusterEnvironment and"
+                " fabric_lite.plugins.io.CheckpointIO instances."
             )
-    for kind, found in (("Precision", precision_plugins), ("ClusterEnvironment", environment_plugins)):
+    if io_plugins and isinstance(strategy, Strategy) and strategy._checkpoint_io is not None:
+        raise ValueError(
+            f"Fabric(plugins=[{type(io_plugins[0]).__name__}(...)]) and {type(strategy).__name__}(checkpoint_io="
+            f"{type(strategy._checkpoint_io).__name__}(...)) both set the checkpoint IO: choose one."
+        )
+    for kind, found in (
+        ("Precision", precision_plugins),
+        ("ClusterEnvironment", environment_plugins),
+        ("CheckpointIO", io_plugins),
+    ):
         if len(found) > 1:
             raise ValueError(
                 f"Fabric(plugins=...) got multiple {kind} plugins ({', '.join(type(p).__name__ for p in found)});"

@@ -5,6 +5,9 @@ runs ``SCRIPT`` exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__mai
 script's folder first on ``sys.path``), inside torch's error recorder: an exception that ends the script is
 written to the file torchrun's agent reads, so the agent's root-cause report shows the failing rank's
 exception and traceback instead of only an exit code.
+
+It also marks the process as started by the command line (``FABRIC_LITE_CLI_USED``, Lightning's ``LT_CLI_USED``):
+``Fabric()`` then joins the process group at once, so the script needs no ``fabric.launch()``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+
+from fabric_lite._cli_env import CLI_USED_ENV_VAR
 
 
 def main() -> None:
@@ -30,6 +35,7 @@ def main() -> None:
     sys.argv = sys.argv[1:]
     # `python -m` put the working directory first on sys.path; `python script.py` puts the script's folder there
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    os.environ[CLI_USED_ENV_VAR] = "1"
     record(runpy.run_path)(script, run_name="__main__")
 
 

@@ -1,16 +1,24 @@
-"""``fabric-lite run``: start a training script on one machine or several, with torch's elastic agent.
+"""``fabric-lite run``: start a training script on one machine or several, with torch's elastic agent;
+``fabric-lite consolidate``: turn a sharded checkpoint folder into one file.
 
 The command checks its flags, then hands process management to ``torch.distributed.run`` (torchrun): it starts
 ``--devices`` processes on this node, joins the other nodes' agents at ``--main-address:--main-port``, restarts
 the whole group after a failure (``--max-restarts``) and reports the first failure as the root cause. The flags
 reach ``Fabric(...)`` in the script through the environment (``FABRIC_LITE_ACCELERATOR``, ``..._STRATEGY``,
 ``..._DEVICES``, ``..._NUM_NODES``, ``..._PRECISION``), so the script can say just ``Fabric()``; an argument the
-script does give must agree with the flag, or ``Fabric(...)`` raises naming both.
+script does give must agree with the flag, or ``Fabric(...)`` raises naming both. ``Fabric()`` joins the process
+group as it is created, so the script needs no ``fabric.launch()`` (calling it does no harm).
+
+The command line is Lightning's (``fabric run``): its flags may come before or after SCRIPT, in either spelling
+(``--num-nodes`` or ``--num_nodes``, ``--devices 2`` or ``--devices=2``); every other argument after SCRIPT, and
+everything after ``--``, goes to the script.
 
 Example::
 
     fabric-lite run --accelerator cpu --devices 2 train.py --epochs 3
+    fabric-lite run train.py --accelerator=cpu --devices=2 --epochs 3             # the same, Lightning's order
     python -m fabric_lite run --accelerator cpu --devices 2 train.py --epochs 3   # the same
+    fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from fabric_lite._plan import (
     resolve_plan,
 )
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
+from fabric_lite.utilities.consolidate import add_consolidate_arguments, run_consolidate
 
 #: strategies torchrun can run: one process per node, or one per device started like a script re-run (``popen``);
 #: spawn/fork strategies start their own processes, and those started by another launcher (horovodrun) need it
@@ -48,7 +57,8 @@ Run SCRIPT on this machine's devices, and with --num-nodes on several machines, 
 and reports the first failure as the root cause. Fabric() in the script takes its settings from these flags;
 an argument given to Fabric(...) that disagrees with a flag is an error naming both.
 
-Flags for fabric-lite come before SCRIPT; everything after SCRIPT is passed to the script unchanged."""
+The flags below may come before or after SCRIPT (as with Lightning's `fabric run`); any other argument after
+SCRIPT, and everything after `--`, is passed to the script unchanged."""
 
 _EXAMPLES = """\
 examples:
@@ -66,6 +76,12 @@ examples:
 
   # the same without the console script
   python -m fabric_lite run --accelerator cpu --devices 2 train.py
+
+  # Lightning's order and spellings: flags after SCRIPT, --devices=2, --num_nodes; --epochs goes to train.py
+  fabric-lite run train.py --accelerator=cpu --devices=2 --num_nodes=1 --epochs 3
+
+  # a script flag with the same name as one of these: put the script's arguments after --
+  fabric-lite run --devices 2 train.py -- --devices 4
 
 On several machines, every node needs to reach --main-address:--main-port, and gloo must use the network
 interface that carries that address: set GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME for NCCL), e.g. eth0."""
@@ -105,21 +121,75 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """The parser of a ``fabric-lite`` command. One that runs a script (``run``: it has ``script_args``) takes its
+    flags anywhere, before or after SCRIPT, as Lightning's ``fabric run`` does (click's interspersed options), and
+    gives the script every other argument after SCRIPT."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if not any(action.dest == "script_args" for action in self._actions):
+            return super().parse_known_args(args, namespace)
+        ours, script_args = self._split(list(sys.argv[1:] if args is None else args))
+        parsed, unknown = super().parse_known_args(ours, namespace)
+        parsed.script_args = [*parsed.script_args, *script_args]
+        return parsed, unknown
+
+    def _split(self, tokens: list[str]) -> tuple[list[str], list[str]]:
+        """(``run``'s flags with SCRIPT last, the script's arguments)."""
+        takes_value = {
+            flag: action.nargs != 0 for action in self._actions for flag in action.option_strings
+        }  # --help takes none
+        ours: list[str] = []
+        script: list[str] = []
+        script_args: list[str] = []
+        index = 0
+        while index < len(tokens):
+            token = tokens[index]
+            index += 1
+            if token == "--":
+                rest = tokens[index:]
+                if not script and rest:
+                    script, rest = ["--", rest[0]], rest[1:]  # `--` keeps a SCRIPT that starts with "-" a SCRIPT
+                script_args += rest
+                break
+            flag = token.split("=", 1)[0]
+            if flag in takes_value:
+                ours.append(token)
+                if takes_value[flag] and "=" not in token and index < len(tokens):
+                    ours.append(tokens[index])
+                    index += 1
+            elif script:
+                script_args.append(token)
+            elif token.startswith("-") and token != "-":
+                ours.append(token)  # an unknown flag before SCRIPT: argparse reports it
+            else:
+                script = [token]
+        return [*ours, *script], script_args
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``fabric-lite``, with its ``run`` command.
+    """The argument parser of ``fabric-lite``, with its ``run`` and ``consolidate`` commands.
+
+    ``run``'s flags may come before or after SCRIPT (Lightning's ``fabric run``); other arguments after SCRIPT, and
+    everything after ``--``, are the script's.
 
     Example::
 
         args = build_parser().parse_args(["run", "--devices", "2", "train.py", "--lr", "0.1"])
         args.devices, args.script, args.script_args   # ('2', 'train.py', ['--lr', '0.1'])
+        args = build_parser().parse_args(["run", "train.py", "--devices=2", "--lr", "0.1"])  # the same
     """
     parser = argparse.ArgumentParser(
         prog="fabric-lite",
-        description="fabric_lite's command line. `fabric-lite run --help` explains the run command.",
-        epilog="example:\n  fabric-lite run --accelerator cpu --devices 2 train.py --lr 0.1",
+        description="fabric_lite's command line. `fabric-lite run --help` and `fabric-lite consolidate --help`"
+        " explain the commands.",
+        epilog="examples:\n  fabric-lite run --accelerator cpu --devices 2 train.py --lr 0.1\n"
+        "  fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     run = commands.add_parser(
         "run",
         help="run a training script on one or more processes and machines (see `fabric-lite run --help`)",
@@ -193,6 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
         " the start (TORCHELASTIC_RESTART_COUNT tells which attempt), so it should resume from its last"
         " checkpoint (e.g. --max-restarts 3). Default: 0.",
     )
+    # Lightning's spellings with underscores (its click options take both): the same settings, not listed twice
+    for action in list(run._actions):
+        for flag in action.option_strings:
+            if flag.startswith("--") and "-" in flag[2:]:
+                alias = run.add_argument(
+                    "--" + flag[2:].replace("-", "_"),
+                    dest=action.dest,
+                    metavar=action.metavar,
+                    default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS,
+                )
+                alias.type = action.type
     run.add_argument("script", metavar="SCRIPT", help="the Python script to run (e.g. train.py)")
     run.add_argument(
         "script_args",
@@ -200,6 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SCRIPT_ARGS",
         help="arguments for the script, passed unchanged (e.g. --lr 0.1)",
     )
+    consolidate = commands.add_parser(
+        "consolidate",
+        help="turn a sharded checkpoint folder (FSDPStrategy) into one file (see `fabric-lite consolidate --help`)",
+        description=_CONSOLIDATE_DESCRIPTION,
+        epilog="example:\n  fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    add_consolidate_arguments(consolidate)
     return parser
 
 
@@ -278,6 +369,11 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
     return LaunchCommand(torchrun_args=torchrun_args, env=env, nproc_per_node=nproc)
 
 
+_CONSOLIDATE_DESCRIPTION = """\
+Convert a sharded checkpoint folder (what fabric.save writes with FSDPStrategy()) into a single file that
+torch.load reads, without fabric_lite, a process group or a GPU (Lightning's `fabric consolidate`)."""
+
+
 def _run_torchrun(torchrun_args: list[str]) -> int:
     # imported here: `fabric-lite --help` and flag errors should not wait for torch's elastic package
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -302,9 +398,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Example::
 
         main(["run", "--accelerator", "cpu", "--devices", "2", "train.py", "--lr", "0.1"])   # 0 on success
+        main(["consolidate", "checkpoints/step-1000", "--output_file", "step-1000.ckpt"])   # 0 on success
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "consolidate":
+        return run_consolidate(args)
     if args.command != "run":
         parser.print_help(sys.stderr)
         return 2
@@ -314,4 +413,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"usage: fabric-lite run [flags] SCRIPT [SCRIPT_ARGS...]\nfabric-lite run: error: {err}", file=sys.stderr)
         return 2
     os.environ.update(command.env)  # the workers inherit this process's environment
+    # torchrun gives every worker OMP_NUM_THREADS=1 when it is unset (with a warning); share this machine's cores
+    # among the processes instead (Lightning's `fabric run` gives each of them all the cores, oversubscribing)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(command.nproc_per_node)))
     return _run_torchrun(command.torchrun_args)
+
+
+def threads_per_process(nproc_per_node: int) -> int:
+    """The CPU threads each of ``nproc_per_node`` processes gets when ``OMP_NUM_THREADS`` is unset: the cores this
+    process may use, shared out evenly, at least one.
+
+    Example::
+
+        threads_per_process(2)  # 8 on a 16-core machine
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, nproc_per_node))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -18,6 +19,7 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_lite._build import build_strategy
+from fabric_lite._cli_env import launched_by_cli
 from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
 from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
@@ -34,6 +36,7 @@ from fabric_lite.utilities.data import (
     has_iterable_dataset,
     replace_sampler,
 )
+from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 from fabric_lite.utilities.seed import seed_everything
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast
 from fabric_lite.wrappers import (
@@ -47,6 +50,34 @@ from fabric_lite.wrappers import (
 
 def _do_nothing(*_: Any) -> None:
     pass
+
+
+def _launches_processes(run: Callable[..., Any]) -> Callable[..., Any]:
+    """Make a ``run`` method start the strategy's processes and run its body in each of them, as
+    :meth:`Fabric.launch` does with a function. Applied once per class, when the class is created."""
+
+    @functools.wraps(run)
+    def launching_run(self: Fabric, *args: Any, **kwargs: Any) -> Any:
+        if self._environment_ready:
+            # already inside the processes (a `super().run(...)` call, or a script started by `fabric-lite run`)
+            return run(self, *args, **kwargs)
+        return self.launch(_RunBody(type(self)), *args, **kwargs)
+
+    launching_run.__dict__["_fabric_lite_launches"] = True
+    return launching_run
+
+
+class _RunBody:
+    """The user's ``run`` body of ``owner`` as a function of the Fabric object, for :meth:`Fabric.launch`.
+
+    It holds the class, not the function: a spawn launcher pickles it, and a class pickles by its import path
+    (a function wrapped at class creation would not: its path leads to the wrapper)."""
+
+    def __init__(self, owner: type[Fabric]) -> None:
+        self.owner = owner
+
+    def __call__(self, fabric: Fabric, *args: Any, **kwargs: Any) -> Any:
+        return self.owner.run.__wrapped__(fabric, *args, **kwargs)  # type: ignore[attr-defined]
 
 
 class Fabric:
@@ -65,7 +96,9 @@ class Fabric:
         num_nodes: how many machines take part.
         precision: ``"32-true"`` (default), ``"64-true"``, ``"16-mixed"``, ``"bf16-mixed"``, ``"16-true"`` or
             ``"bf16-true"``; Lightning's legacy ``32``, ``64``, ``16`` and ``"bf16"`` are accepted too.
-        plugins: a ``Precision`` or ``ClusterEnvironment`` instance, or a list of them.
+        plugins: a ``Precision``, ``ClusterEnvironment`` or ``CheckpointIO`` instance (at most one of each kind),
+            or a list of them. A ``CheckpointIO`` is what :meth:`save` and :meth:`load` write and read through, with
+            the strategies that write one file (``FSDPStrategy`` refuses one, as in Lightning).
         callbacks: objects whose methods :meth:`call` invokes by name.
         loggers: objects with a ``log_metrics(metrics, step)`` method, used by :meth:`log` and :meth:`log_dict`.
         debug: check every collective across ranks before running it (``all_reduce`` and ``all_gather`` are always
@@ -128,6 +161,18 @@ class Fabric:
         if self.global_rank == 0:
             for message in plan.warnings:
                 warnings.warn(message, UserWarning, stacklevel=2)
+        if launched_by_cli(os.environ):
+            # `fabric-lite run` started this process and its peers: join them now (as Lightning does), so that the
+            # script needs no launch() call and every method works right after Fabric()
+            self._launched = True
+            self._setup_environment()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that overrides :meth:`run` gets a ``run`` that starts the processes first, like the base's."""
+        super().__init_subclass__(**kwargs)
+        run = cls.__dict__.get("run")
+        if callable(run) and not getattr(run, "_fabric_lite_launches", False):
+            cls.run = _launches_processes(run)  # type: ignore[method-assign]
 
     # ------------------------------------------------------------------ properties
     @property
@@ -184,6 +229,29 @@ class Fabric:
         return self._loggers[0]
 
     # ------------------------------------------------------------------ launching
+    @_launches_processes
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Override this method with the training code; calling it starts the processes and runs it in each.
+
+        ``MyFabric(...).run(*args, **kwargs)`` is ``launch(fn, *args, **kwargs)`` with ``fn`` the body of ``run``:
+        with ``strategy="ddp"`` every process runs it and gets its own result, with ``"ddp_spawn"``/``"ddp_fork"``
+        new processes run it and rank 0's result is returned, and on one device it runs here. Inside the processes
+        (and in a script started by ``fabric-lite run``) it is a plain method call. The base method does nothing
+        and returns ``None``.
+
+        Example::
+
+            class MyFabric(Fabric):
+                def run(self, epochs):
+                    model, optimizer = self.setup(MyModel(), torch.optim.SGD(...))
+                    ...
+                    return self.global_rank
+
+            if __name__ == "__main__":
+                MyFabric(accelerator="cpu", devices=2, strategy="ddp_spawn").run(epochs=3)  # 0, from rank 0
+        """
+        return None
+
     def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Start the processes the strategy needs and join them in a process group.
 
@@ -193,6 +261,8 @@ class Fabric:
         * ``"ddp_spawn"``/``"ddp_fork"``: ``launch(fn, ...)`` runs ``fn(fabric, ...)`` in one new process per device
           and returns the result of global rank 0 (the script must be guarded by ``if __name__ == "__main__":``).
         * under torchrun or SLURM no process is started; the process group is joined.
+        * in a script started by ``fabric-lite run``, ``Fabric()`` has joined the process group already:
+          ``launch()`` does nothing and ``launch(fn)`` runs ``fn(fabric)`` here (Lightning raises instead).
         * one device: nothing to start; ``launch(fn)`` runs ``fn(fabric)`` here.
 
         A failing rank ends the whole job, and its traceback is reported as the cause. Calling ``launch()`` again
@@ -240,11 +310,17 @@ class Fabric:
             return launcher.launch(to_run, *args, **kwargs)
         return to_run(*args, **kwargs)
 
-    def _run_with_setup(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _setup_environment(self) -> None:
         if not self._environment_ready:
             self._strategy.setup_environment()
             self._environment_ready = True
+            # e.g. SLURM's auto-requeue signal handler, now that the global rank is known
+            environment = getattr(self._strategy, "cluster_environment", None) or self._plan.cluster_environment
+            environment._on_setup(self.global_rank)
             self._prepare_loggers()
+
+    def _run_with_setup(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._setup_environment()
         if function is _do_nothing:
             return None
         # the end of the launched function is the end of the run: write what the loggers buffered (under
@@ -311,6 +387,7 @@ class Fabric:
         fabric_module = _FabricModule(module, self._strategy, original_module=original)
         fabric_optimizers = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in wrapped]
         self._models_setup += 1
+        self._attach_lightning_module(original, fabric_optimizers)
         self.call("on_after_setup", fabric=self, module=fabric_module)
         if scheduler is not None:
             return (fabric_module, *fabric_optimizers, scheduler)
@@ -332,8 +409,23 @@ class Fabric:
         if move_to_device:
             self._strategy.module_to_device(module)
         fabric_module = _FabricModule(self._strategy.setup_module(module), self._strategy, original_module=original)
+        self._attach_lightning_module(original, None)
         self._models_setup += 1
         return fabric_module
+
+    def _attach_lightning_module(self, module: nn.Module, optimizers: list[_FabricOptimizer] | None) -> None:
+        """What Lightning Fabric does for a ``LightningModule`` (recognised, as there, by its ``_fabric`` attribute):
+        point it at this Fabric, so that its ``log``, ``all_gather``, ``logger``, ``fabric``, ``trainer.*``,
+        ``optimizers()`` and ``manual_backward`` work, and make it a callback, so that ``fabric.call(...)`` reaches
+        its hooks."""
+        if not hasattr(module, "_fabric"):
+            return
+        # setattr: a LightningModule's attributes are not known to nn.Module's typing
+        setattr(module, "_fabric", self)  # noqa: B010
+        if optimizers is not None:
+            setattr(module, "_fabric_optimizers", optimizers)  # noqa: B010
+        if not any(callback is module for callback in self._callbacks):
+            self._callbacks.append(module)
 
     def setup_optimizers(self, *optimizers: Optimizer) -> _FabricOptimizer | tuple[_FabricOptimizer, ...]:
         """Set up one or more optimizers; returns one wrapped optimizer, or a tuple for several.
@@ -546,6 +638,19 @@ class Fabric:
                 f" `model = fabric.setup(model, ...)`. Got {type(module).__name__}."
             )
         return self._strategy.no_backward_sync(module._forward_module, enabled)
+
+    def sharded_model(self) -> AbstractContextManager[Any]:
+        """Deprecated (as in Lightning): use :meth:`init_module`, which this calls.
+
+        Warns with ``LightningDeprecationWarning`` (a ``DeprecationWarning``), on global rank 0.
+
+        Example::
+
+            with fabric.init_module():  # instead of: with fabric.sharded_model():
+                model = GPT(config)
+        """
+        rank_zero_deprecation("`Fabric.sharded_model()` is deprecated in favor of `Fabric.init_module()`.")
+        return self.init_module()
 
     def init_tensor(self) -> AbstractContextManager[Any]:
         """Tensors created inside are created on :attr:`device`, in the precision's dtype.

@@ -7,6 +7,8 @@ not change the forward, and the dataloader wrapper moves batches only when they 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -18,6 +20,9 @@ from torch.utils.data import DataLoader
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
+
+#: methods of a LightningModule that are routed through the strategy's forward without mark_forward_method
+_LIGHTNING_MODULE_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
 class _FabricModule(nn.Module):
@@ -37,7 +42,8 @@ class _FabricModule(nn.Module):
         # decided once here, not on every call: the forward hooks of full precision do nothing
         object.__setattr__(self, "_call", forward_module)
         object.__setattr__(self, "_precision", precision if precision.changes_forward() else None)
-        object.__setattr__(self, "_forward_methods", set())
+        # a LightningModule's step methods run through the strategy's forward as in Lightning (for DDP's hooks)
+        object.__setattr__(self, "_forward_methods", set(_LIGHTNING_MODULE_STEP_METHODS))
         object.__setattr__(self, "_fabric_module_initialized", True)
 
     @property
@@ -106,7 +112,42 @@ class _FabricModule(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(super().__getattr__("_original_module"), name)
+            original = super().__getattr__("_original_module")
+            attribute = getattr(original, name)
+            if inspect.ismethod(attribute) and super().__getattr__("_forward_module") is not original:
+                return self._guard_unmarked_method(attribute, name)
+            return attribute
+
+    def _guard_unmarked_method(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        """``method`` (not marked with :meth:`mark_forward_method`) of a module the strategy wrapped, called so that
+        a submodule that runs inside it with gradients enabled raises: its computation would bypass the strategy's
+        forward (DDP would not prepare the gradient reduction for it), and training would go wrong quietly.
+
+        Lightning raises whenever a submodule runs, gradients or not; under ``torch.no_grad()`` (acting, sampling,
+        evaluating) nothing can go wrong, so fabric_lite lets that run.
+        """
+        original = self._original_module
+
+        def refuse_with_gradients(module: nn.Module, _: Any) -> None:
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    f"You are calling the method `{type(original).__name__}.{name}()` from outside the model, and"
+                    f" it runs the submodule {type(module).__name__} with gradients enabled: that bypasses the"
+                    " strategy's forward (DDP would not synchronise those gradients correctly). Mark it as a forward"
+                    f" method with `fabric_model.mark_forward_method({name!r})` after `fabric.setup()`, or call it"
+                    " under `torch.no_grad()` if it does not train."
+                )
+
+        @functools.wraps(method)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            handles = [module.register_forward_pre_hook(refuse_with_gradients) for module in original.modules()]
+            try:
+                return method(*args, **kwargs)
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+        return guarded
 
     def __setattr__(self, name: str, value: Any) -> None:
         if not self.__dict__.get("_fabric_module_initialized", False):

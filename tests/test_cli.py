@@ -11,6 +11,7 @@ started (torchrun's workers live in sessions of their own) must be gone when it 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from fabric_lite._plan import Machine, resolve_plan
 from fabric_lite.accelerators import CPUAccelerator, CUDAAccelerator
 from fabric_lite.cli import CLI_STRATEGIES, build_parser, launch_command, main
 from fabric_lite.strategies import DDPStrategy
-from tests._harness import REPO, Completed
+from tests._harness import REPO, Completed, base_env, lightning_python, run_python
 from tests.cluster.processes import run_tagged
 from tests.scripts.cli_train import GLOBAL_BATCH, model_optimizer_data
 
@@ -96,9 +97,59 @@ def test_one_node_uses_a_port_torchrun_binds_itself() -> None:
     ]  # fmt: skip
 
 
-def test_flags_after_the_script_belong_to_the_script() -> None:
-    args = build_parser().parse_args(["run", "--devices", "2", ABS_SCRIPT, "--devices", "3", "--max-restarts", "9"])
-    assert (args.devices, args.max_restarts, args.script_args) == ("2", 0, ["--devices", "3", "--max-restarts", "9"])
+# Lightning's `fabric run` (click, interspersed options) takes its flags before or after SCRIPT, in both spellings;
+# every other argument after SCRIPT, and all after `--`, is the script's. (argv, the settings, the script's arguments)
+LIGHTNING_ORDER = [
+    (["--devices", "2", "S", "--lr", "0.1"], {"devices": "2"}, ["--lr", "0.1"]),
+    (["S", "--accelerator=cpu", "--devices=2", "--strategy=ddp", "--lr=0.1", "-x"],
+     {"accelerator": "cpu", "devices": "2", "strategy": "ddp"}, ["--lr=0.1", "-x"]),
+    (["--devices", "2", "S", "--devices", "3", "--epochs", "4"], {"devices": "3"}, ["--epochs", "4"]),
+    (["S", "--", "--devices", "3"], {"devices": "1"}, ["--devices", "3"]),
+    (["--num_nodes", "2", "--node_rank=1", "--main_address", "10.0.0.1", "--main_port", "1234", "S", "a"],
+     {"num_nodes": 2, "node_rank": 1, "main_address": "10.0.0.1", "main_port": 1234}, ["a"]),
+    (["S", "--num-nodes=3", "--node-rank", "2", "--precision", "bf16-mixed", "b", "--c"],
+     {"num_nodes": 3, "node_rank": 2, "precision": "bf16-mixed"}, ["b", "--c"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "settings", "script_args"), LIGHTNING_ORDER)
+def test_flags_before_or_after_the_script_as_lightning_parses_them(
+    argv: list[str], settings: dict[str, Any], script_args: list[str]
+) -> None:
+    args = build_parser().parse_args(["run", *[ABS_SCRIPT if a == "S" else a for a in argv]])
+    assert {name: getattr(args, name) for name in settings} == settings
+    assert (args.script, args.script_args) == (ABS_SCRIPT, script_args)
+
+
+@pytest.mark.compat
+def test_lightning_parses_the_same_command_lines(tmp_path: Path) -> None:
+    python = lightning_python()
+    if python is None:
+        pytest.skip("no Lightning Fabric venv: run .ci/setup (or set LIGHTNING_PYTHON)")
+    code = (
+        "import json, sys; from lightning_fabric.cli import _run\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    params = _run.make_context('run', argv).params\n"
+        "    print(json.dumps({**params, 'script_args': list(params['script_args'])}))\n"
+    )
+    argvs = [[ABS_SCRIPT if a == "S" else a for a in argv] for argv, _, _ in LIGHTNING_ORDER]
+    done = run_python(["-c", code, json.dumps(argvs)], timeout=120, python=python)
+    assert done.returncode == 0, done.output
+    for argv, line in zip(argvs, done.stdout.splitlines(), strict=True):
+        lightning, ours = json.loads(line), vars(build_parser().parse_args(["run", *argv]))
+        names = ["accelerator", "strategy", "devices", "num_nodes", "node_rank", "precision", "script", "script_args"]
+        assert {n: ours[n] for n in names} == {n: lightning[n] for n in names}, argv
+        given = [a.split("=")[0] for a in argv if a.startswith("--main")]
+        for name in ("main_address", "main_port"):  # ours default to a free port; compare what was given
+            if f"--{name}" in given or f"--{name.replace('_', '-')}" in given:
+                assert ours[name] == lightning[name], (argv, name)
+
+
+def test_unknown_flag_before_the_script_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--lr", "0.1", ABS_SCRIPT])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --lr" in capsys.readouterr().err
 
 
 def test_multi_node_command() -> None:
@@ -351,3 +402,154 @@ def test_max_restarts_resumes_from_the_last_checkpoint_to_the_same_weights(
     assert resumed.keys() == reference.keys()
     for key in resumed:
         assert torch.equal(resumed[key], reference[key]), key
+
+
+# ------------------------------------------------------------------- Lightning's launch semantics: no launch() call
+NO_LAUNCH = "tests/scripts/cli_no_launch.py"
+
+
+def check_trained_two_ranks(done: Completed, final: Path) -> list[dict[str, Any]]:
+    """Both ranks joined one group of 2 right after Fabric(), ran rank-dependent collectives, got their halves of
+    the data from a DistributedSampler, and trained to the weights of one process on the whole global batch."""
+    assert done.returncode == 0, done.output
+    rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    rows.sort(key=lambda row: row["rank"])
+    assert [r["rank"] for r in rows] == [0, 1], done.output
+    for row in rows:
+        assert (row["world"], row["initialized"], row["group_world"]) == (2, True, 2)
+        assert row["total"] == 3.0 and row["gathered"] == [10, 20]
+        assert row["sampler"] == "DistributedSampler" and row["loader_sampler_is_distributed"]
+    assert rows[0]["indices"] == [0, 2, 4, 6, 8, 10] and rows[1]["indices"] == [1, 3, 5, 7, 9, 11]
+    trained, reference = load(final), plain_pytorch_weights(STEPS)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], rtol=0, atol=1e-6)
+    return rows
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_script_without_launch_runs_under_the_console_script(tmp_path: Path) -> None:
+    if not CONSOLE_SCRIPT.is_file():
+        pytest.fail(f"{CONSOLE_SCRIPT} is missing: reinstall fabric_lite (`pip install -e .`, as .ci/setup does)")
+    # Lightning's order: the flags after SCRIPT, with `=`; --out and --steps are the script's
+    args = ["run", NO_LAUNCH, "--accelerator=cpu", "--devices=2", "--strategy=ddp"]
+    args += ["--out", str(tmp_path / "final.pt"), "--steps", str(STEPS)]
+    done = run_tagged(args, timeout=150, python=str(CONSOLE_SCRIPT))
+    check_trained_two_ranks(done, tmp_path / "final.pt")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_launch_in_a_script_started_by_the_cli_is_harmless(tmp_path: Path) -> None:
+    done = fabric_lite_run(
+        "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", NO_LAUNCH,
+        "--out", str(tmp_path / "final.pt"), "--steps", str(STEPS), "--then-launch",
+    )  # fmt: skip
+    rows = check_trained_two_ranks(done, tmp_path / "final.pt")
+    for row in rows:
+        # launch() returns at once; launch(fn, 5) runs fn(fabric, 5) in this process, in the same process group
+        assert row["launch_returns"] is None and row["launch_fn_returns"] == 5 * (1 + 2)
+        assert row["same_group"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_fabric_subclass_run_under_the_cli(tmp_path: Path) -> None:
+    done = fabric_lite_run(
+        "--accelerator=cpu", "--devices=2", "--strategy=ddp", NO_LAUNCH,
+        "--out", str(tmp_path / "final.pt"), "--steps", str(STEPS), "--run-method",
+    )  # fmt: skip
+    rows = check_trained_two_ranks(done, tmp_path / "final.pt")
+    assert [row["via"] for row in rows] == ["run", "run"]
+
+
+# ------------------------------------------------------------------------------------- fabric-lite consolidate
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded checkpoint folder that 2 FSDP ranks wrote, started by `fabric-lite run --strategy=fsdp`."""
+    folder = tmp_path_factory.mktemp("fsdp")
+    done = fabric_lite_run(
+        "--accelerator=cpu", "--devices=2", "--strategy=fsdp", "tests/scripts/fsdp_save.py", str(folder), timeout=200
+    )
+    assert done.returncode == 0, done.output
+    return folder
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_consolidate_a_two_rank_fsdp_checkpoint_into_a_file_torch_loads(sharded_checkpoint: Path) -> None:
+    target = sharded_checkpoint / "whole.ckpt"
+    done = run_python(["-m", "fabric_lite", "consolidate", str(sharded_checkpoint / "sharded"),
+                       f"--output_file={target}"], timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.output
+    assert f"wrote {target}" in done.stdout
+    checkpoint = torch.load(target, weights_only=True)
+    assert sorted(checkpoint) == ["model", "optimizer", "step"] and checkpoint["step"] == 3
+    expected = torch.load(sharded_checkpoint / "expected.pt", weights_only=True)
+    assert checkpoint["model"].keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(checkpoint["model"][key], expected[key]), key
+    # the whole weights load into the plain model, without fabric_lite
+    plain = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    plain.load_state_dict(checkpoint["model"])
+    assert torch.equal(plain[2].weight, expected["2.weight"])
+    # an existing output file is never overwritten (as in Lightning)
+    again = run_python(["-m", "fabric_lite", "consolidate", str(sharded_checkpoint / "sharded"),
+                        "--output_file", str(target)], timeout=60)  # fmt: skip
+    assert again.returncode == 1 and "exists already" in again.stderr and str(target) in again.stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_consolidate_writes_beside_the_folder_by_default(sharded_checkpoint: Path) -> None:
+    assert main(["consolidate", str(sharded_checkpoint / "sharded")]) == 0
+    written = sharded_checkpoint / "sharded.consolidated"  # Lightning's default name
+    expected = torch.load(sharded_checkpoint / "expected.pt", weights_only=True)
+    model = torch.load(written, weights_only=True)["model"]
+    assert all(torch.equal(model[key], expected[key]) for key in expected)
+
+
+def test_consolidate_reports_a_missing_or_non_checkpoint_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope"
+    assert main(["consolidate", str(missing), "--output_file", str(tmp_path / "out.pt")]) == 1
+    assert f"The checkpoint folder {str(missing)!r} does not exist" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("hi")
+    assert main(["consolidate", str(plain)]) == 1
+    err = capsys.readouterr().err
+    assert "is not a sharded checkpoint" in err and "notes.txt" in err and str(plain) in err
+    assert not (tmp_path / "out.pt").exists() and not (tmp_path / "plain.consolidated").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["consolidate"])
+    assert exit_info.value.code == 2
+    assert "CHECKPOINT_FOLDER" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_workers_share_the_cores_when_omp_num_threads_is_unset(tmp_path: Path) -> None:
+    """torchrun would give every worker one thread (and warn); Lightning's CLI gives each all the cores."""
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import os, torch\n"
+        "print('THREADS', os.environ['RANK'], os.environ['OMP_NUM_THREADS'], torch.get_num_threads(), flush=True)\n"
+    )
+    env = base_env()
+    env.pop("OMP_NUM_THREADS", None)
+    cores = len(os.sched_getaffinity(0))
+    for devices in (1, 2):
+        done = run_python(
+            ["-m", "fabric_lite", "run", "--accelerator=cpu", f"--devices={devices}", str(script)], env=env
+        )
+        assert done.returncode == 0, done.output
+        expected = str(max(1, cores // devices))
+        rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("THREADS"))
+        assert rows == [[str(rank), expected, expected] for rank in range(devices)], done.output
+        assert "Setting OMP_NUM_THREADS" not in done.stderr
+    # a value the user set is kept
+    env["OMP_NUM_THREADS"] = "1"
+    done = run_python(["-m", "fabric_lite", "run", "--accelerator=cpu", "--devices=2", str(script)], env=env)
+    assert sorted(line.split()[2] for line in done.stdout.splitlines() if line.startswith("THREADS")) == ["1", "1"]

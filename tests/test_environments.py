@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite._plan import Machine, _detect_environment, resolve_plan
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
+    KubeflowEnvironment,
     LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
 from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun, first_host
+from tests._harness import base_env, lightning_python, run_python
 
 TORCHRUN = {
     "TORCHELASTIC_RUN_ID": "run-1",
@@ -827,6 +837,346 @@ def test_torchelastic_store_host_and_attempt_prefix(env: dict, rank: int, hosts:
 
 @pytest.mark.parametrize("cls", [LightningEnvironment, SLURMEnvironment])
 def test_other_environments_host_on_rank_zero_without_prefix(cls: type) -> None:
-    environment = cls({})
+    environment = cls(env={})
     assert environment.hosts_store(0) is True and environment.hosts_store(1) is False
     assert environment.store_prefix() == ""
+
+
+# ----------------------------------------------------------------------------------- Kubeflow and LSF vs Lightning
+
+KUBEFLOW = {
+    "KUBERNETES_PORT": "tcp://10.0.0.1:443",
+    "MASTER_ADDR": "job-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "4",
+    "RANK": "2",
+}
+HOST = socket.gethostname()
+
+
+def lsf_env(rankfile: Path, lines: list[str], **extra: str) -> dict[str, str]:
+    rankfile.write_text("".join(f"{line}\n" for line in lines))
+    env = {
+        "LSB_JOBID": "123456",
+        "LSB_DJOB_RANKFILE": str(rankfile),
+        "JSM_NAMESPACE_RANK": "3",
+        "JSM_NAMESPACE_LOCAL_RANK": "1",
+        "JSM_NAMESPACE_SIZE": "4",
+    }
+    return {**env, **extra}
+
+
+def comparison_cases(tmp: Path) -> list[tuple[str, str, dict[str, str], dict[str, Any]]]:
+    """(id, class, env, what fabric_lite must report): the same variables are given to Lightning's class."""
+    kubeflow = {
+        "creates_processes_externally": True,
+        "main_address": "job-master-0",
+        "main_port": 23456,
+        "world_size": 4,
+        "global_rank": 2,
+        "local_rank": 0,
+        "node_rank": 2,
+    }
+    lsf_first = {
+        "creates_processes_externally": True,
+        "main_address": HOST,
+        "main_port": 10456,  # 10000 + 123456 % 1000
+        "world_size": 4,
+        "global_rank": 3,
+        "local_rank": 1,
+        "node_rank": 0,
+    }
+    return [
+        ("kubeflow", "KubeflowEnvironment", KUBEFLOW, {"detect": "NotImplementedError", **kubeflow}),
+        (
+            "kubeflow-rank0",
+            "KubeflowEnvironment",
+            {**KUBEFLOW, "RANK": "0", "WORLD_SIZE": "1"},
+            {"detect": "NotImplementedError", **kubeflow, "world_size": 1, "global_rank": 0, "node_rank": 0},
+        ),
+        (
+            "kubeflow-no-rank",
+            "KubeflowEnvironment",
+            without(KUBEFLOW, "RANK"),
+            {"detect": "NotImplementedError", **kubeflow, "global_rank": "error", "node_rank": "error"},
+        ),
+        (
+            "lsf-first-host",
+            "LSFEnvironment",
+            lsf_env(tmp / "a", ["batch1", HOST, HOST, "other7", "other7"]),
+            {"detect": True, **lsf_first},
+        ),
+        (
+            "lsf-second-host-master-port",
+            "LSFEnvironment",
+            lsf_env(tmp / "b", ["batch1", "nodeA", "nodeA", HOST, HOST], MASTER_PORT="29400"),
+            {"detect": True, **lsf_first, "main_address": "nodeA", "main_port": 29400, "node_rank": 1},
+        ),
+        (
+            "lsf-third-host",
+            "LSFEnvironment",
+            lsf_env(tmp / "c", ["launch", "n1", "n2", "n2", HOST], LSB_JOBID="7"),
+            {"detect": True, **lsf_first, "main_address": "n1", "main_port": 10007, "node_rank": 2},
+        ),
+        (
+            "lsf-no-size",
+            "LSFEnvironment",
+            without(lsf_env(tmp / "d", ["batch1", HOST]), "JSM_NAMESPACE_SIZE"),
+            {"detect": False, **lsf_first, "world_size": "error"},
+        ),
+        (
+            "lsf-empty-rankfile-variable",
+            "LSFEnvironment",
+            {**lsf_env(tmp / "e", ["batch1", HOST]), "LSB_DJOB_RANKFILE": ""},
+            {"detect": True, "construct": "error"},
+        ),
+    ]
+
+
+def observe(python: str | None, impl: str, cases: list[dict[str, Any]], tmp: Path) -> list[dict[str, Any]]:
+    path = tmp / f"cases-{impl}.json"
+    path.write_text(json.dumps(cases))
+    done = run_python(["tests/scripts/environment_observer.py", impl, str(path)], timeout=120, python=python)
+    assert done.returncode == 0, done.output
+    line = next(line for line in done.stdout.splitlines() if line.startswith("OBS "))
+    return json.loads(line[4:])  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(240)
+def test_kubeflow_and_lsf_report_what_lightning_reports(tmp_path: Path) -> None:
+    cases = comparison_cases(tmp_path)
+    payload = [{"cls": cls, "env": env} for _, cls, env, _ in cases]
+    ours = observe(None, "fabric_lite", payload, tmp_path)
+    for (case_id, _, _, expected), row in zip(cases, ours):
+        assert {key: row[key] for key in expected if key in row} == expected, (case_id, row)
+        assert row["construct"] == expected.get("construct", "ok"), (case_id, row)
+    python = lightning_python()
+    if python is None:
+        pytest.skip("no Lightning Fabric venv to compare with: run .ci/setup (or set LIGHTNING_PYTHON)")
+    theirs = observe(python, "lightning", payload, tmp_path)
+    for (case_id, *_), mine, lightning in zip(cases, ours, theirs):
+        assert mine == lightning, f"{case_id}: fabric_lite {mine} != Lightning {lightning}"
+
+
+def test_kubeflow_reads_the_mapping_not_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "9")
+    environment = KubeflowEnvironment(env=KUBEFLOW)
+    assert (environment.global_rank(), environment.node_rank(), environment.local_rank()) == (2, 2, 0)
+    environment.set_global_rank(5)
+    environment.set_world_size(9)
+    assert (environment.global_rank(), environment.world_size()) == (2, 4)
+    with pytest.raises(NotImplementedError, match="pass Fabric\\(plugins=\\[KubeflowEnvironment\\(\\)\\]\\)"):
+        KubeflowEnvironment.detect(KUBEFLOW)
+    with pytest.raises(RuntimeError, match="MASTER_ADDR is not set"):
+        KubeflowEnvironment(env=without(KUBEFLOW, "MASTER_ADDR")).main_address  # noqa: B018
+
+
+def test_kubeflow_in_the_plan() -> None:
+    plan = resolve_plan(accelerator="cpu", num_nodes=4, plugins=[KubeflowEnvironment(env=KUBEFLOW)], env=KUBEFLOW,
+                        machine=Machine())  # fmt: skip
+    assert (plan.strategy, plan.devices, plan.world_size, plan.start_method) == ("ddp", (0,), 4, None)
+    # never detected from its variables (as in Lightning): torchrun and people set the same ones
+    assert type(resolve_plan(accelerator="cpu", env=KUBEFLOW, machine=Machine()).cluster_environment) is (
+        LightningEnvironment
+    )
+    with pytest.raises(ValueError, match="Set devices=1, num_nodes=4"):
+        resolve_plan(accelerator="cpu", plugins=[KubeflowEnvironment(env=KUBEFLOW)], env=KUBEFLOW, machine=Machine())
+
+
+def test_lsf_hosts_from_lsb_hosts_without_a_rankfile() -> None:
+    env = {"LSB_JOBID": "42", "LSB_HOSTS": f"batch1 {HOST} {HOST} n2", "JSM_NAMESPACE_RANK": "0",
+           "JSM_NAMESPACE_LOCAL_RANK": "0", "JSM_NAMESPACE_SIZE": "3"}  # fmt: skip
+    environment = LSFEnvironment(env=env)
+    assert (environment.main_address, environment.main_port, environment.node_rank()) == (HOST, 10042, 0)
+    assert LSFEnvironment.detect(env) is False  # detection needs jsrun's rank file, as in Lightning
+
+
+@pytest.mark.parametrize(
+    ("lines", "extra", "message"),
+    [
+        pytest.param(["batch1"], {}, "lists no compute host after the launch node", id="launch-node-only"),
+        pytest.param(["batch1", "n1"], {"LSB_JOBID": "x"}, "LSB_JOBID='x' is not an integer", id="bad-job-id"),
+        pytest.param(["b", "n1", "n2"], {"LSB_DJOB_RANKFILE": "/nonexistent/rankfile"}, "Cannot read", id="no-file"),
+    ],
+)
+def test_lsf_errors_at_construction(tmp_path: Path, lines: list[str], extra: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LSFEnvironment(env={**lsf_env(tmp_path / "rankfile", lines), **extra})
+
+
+def test_lsf_host_not_in_the_rankfile(tmp_path: Path) -> None:
+    environment = LSFEnvironment(env=lsf_env(tmp_path / "rankfile", ["batch1", "n1", "n2"]))
+    assert environment.main_address == "n1"
+    with pytest.raises(RuntimeError, match=f"host name {HOST!r} is not among the LSF job's compute hosts"):
+        environment.node_rank()
+
+
+def test_lsf_in_the_plan(tmp_path: Path) -> None:
+    env = lsf_env(tmp_path / "rankfile", ["batch1", HOST, HOST], JSM_NAMESPACE_SIZE="2", JSM_NAMESPACE_RANK="1")
+    plan = resolve_plan(accelerator="cpu", devices=2, env=env, machine=Machine())
+    assert type(plan.cluster_environment) is LSFEnvironment
+    assert (plan.strategy, plan.world_size, plan.start_method) == ("ddp", 2, None)
+    assert plan.cluster_environment.global_rank() == 1
+
+
+# ------------------------------------------------------------------------------------------------------------ MPI
+
+
+class _ImportRecorder:
+    """A meta-path finder that records every attempt to import mpi4py and finds nothing."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.split(".")[0] == "mpi4py":
+            self.names.append(name)
+
+
+@pytest.fixture
+def mpi4py_imports(monkeypatch: pytest.MonkeyPatch) -> _ImportRecorder:
+    for name in ("mpi4py", "mpi4py.MPI"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    recorder = _ImportRecorder()
+    monkeypatch.setattr(sys, "meta_path", [recorder, *sys.meta_path])
+    return recorder
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="plain-run"),
+        pytest.param(TORCHRUN, id="torchrun"),
+        pytest.param({"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0"}, id="mpirun-np-1"),
+        pytest.param({"PMI_SIZE": "1"}, id="hydra-np-1"),
+    ],
+)
+def test_mpi_detect_imports_nothing_without_an_mpi_launcher(
+    mpi4py_imports: _ImportRecorder, env: dict[str, str]
+) -> None:
+    assert MPIEnvironment.detect(env) is False
+    assert type(_detect_environment(env, ())) is not MPIEnvironment
+    assert mpi4py_imports.names == []
+
+
+def test_mpi_detect_under_a_launcher_without_mpi4py(mpi4py_imports: _ImportRecorder) -> None:
+    env = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}
+    if "mpi4py" in {m.name for m in __import__("pkgutil").iter_modules()}:
+        pytest.skip("mpi4py is installed in this interpreter")
+    assert MPIEnvironment.detect(env) is False  # as Lightning: without mpi4py, not MPI
+    assert mpi4py_imports.names == ["mpi4py"]
+    assert type(resolve_plan(accelerator="cpu", env=env, machine=Machine()).cluster_environment) is (
+        LightningEnvironment
+    )
+
+
+def test_mpi_environment_without_mpi4py_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if not installed, even where it is
+    with pytest.raises(ModuleNotFoundError, match=r"needs the mpi4py package.*`pip install mpi4py`"):
+        MPIEnvironment()
+
+
+# -------------------------------------------------------------------------------------------- detection order
+
+
+def test_detection_order_follows_lightning(tmp_path: Path) -> None:
+    lsf = lsf_env(tmp_path / "rankfile", ["batch1", HOST, HOST], JSM_NAMESPACE_SIZE="2", JSM_NAMESPACE_RANK="1")
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0"}
+
+    def detected(env: dict[str, str]) -> type[ClusterEnvironment]:
+        return type(resolve_plan(accelerator="cpu", devices=2, env=env, machine=Machine()).cluster_environment)
+
+    assert detected({**TORCHRUN, "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", **slurm, **lsf}) is TorchElasticEnvironment
+    assert detected({**slurm, **lsf}) is SLURMEnvironment
+    assert detected({**lsf, **KUBEFLOW, "OMPI_COMM_WORLD_SIZE": "2"}) is LSFEnvironment
+    # an explicit plugin always wins
+    plugin = KubeflowEnvironment(env={**KUBEFLOW, "WORLD_SIZE": "2"})
+    plan = resolve_plan(accelerator="cpu", num_nodes=2, plugins=[plugin], env={**slurm, **lsf}, machine=Machine())
+    assert plan.cluster_environment is plugin
+
+
+# ------------------------------------------------------------------------------------------ SLURM auto-requeue
+
+
+def test_slurm_signature_matches_lightning() -> None:
+    environment = SLURMEnvironment(env=SLURM)
+    assert environment.auto_requeue is True
+    assert environment.requeue_signal is signal.SIGUSR1
+    environment = SLURMEnvironment(False, signal.SIGUSR2, env=SLURM)
+    assert (environment.auto_requeue, environment.requeue_signal) == (False, signal.SIGUSR2)
+    assert SLURMEnvironment(requeue_signal=signal.SIGHUP, env=SLURM).requeue_signal is signal.SIGHUP
+    with pytest.raises(TypeError, match=r"auto_requeue=\{.*must be True or False.*SLURMEnvironment\(env="):
+        SLURMEnvironment(SLURM)  # type: ignore[arg-type]  # the old positional mapping
+    with pytest.raises(ValueError, match=r"requeue_signal=12345.* is not a signal"):
+        SLURMEnvironment(requeue_signal=12345, env=SLURM)  # type: ignore[arg-type]
+
+
+def test_slurm_static_helpers_match_lightning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    assert (SLURMEnvironment.job_name(), SLURMEnvironment.job_id()) == ("train", 4242)
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
+    assert SLURMEnvironment.job_id() is None
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    assert SLURMEnvironment.job_id() is None
+    assert SLURMEnvironment.resolve_root_node_address("node[3-5,9] other") == "node3"
+
+
+@pytest.fixture
+def fake_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An ``scontrol`` first on PATH that appends its arguments to a file (SLURM itself: tests/test_slurm.py)."""
+    calls = tmp_path / "calls"
+    tool = tmp_path / "bin" / "scontrol"
+    tool.parent.mkdir()
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{base_env()['PATH']}")
+    return calls
+
+
+def _requeue_signal_received(environment: SLURMEnvironment, rank: int) -> None:
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        environment._on_setup(rank)
+        signal.raise_signal(signal.SIGUSR1)  # the handler runs before raise_signal returns (main thread)
+    finally:
+        environment.teardown()
+        assert signal.getsignal(signal.SIGUSR1) == previous
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "auto_requeue", "expected"),
+    [
+        pytest.param(SLURM, 0, True, "requeue 987654321\n", id="rank0-requeues"),
+        pytest.param(SLURM, 1, True, None, id="rank1-does-not"),
+        pytest.param(SLURM, 0, False, None, id="auto-requeue-off"),
+        pytest.param(
+            {**SLURM, "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"},
+            0,
+            True,
+            "requeue 77_3\n",
+            id="array-task",
+        ),
+    ],
+)
+def test_slurm_requeue_handler(
+    fake_scontrol: Path, env: dict[str, str], rank: int, auto_requeue: bool, expected: str | None
+) -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        _requeue_signal_received(SLURMEnvironment(auto_requeue, env=env), rank)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert (fake_scontrol.read_text() if fake_scontrol.exists() else None) == expected
+    assert seen == [signal.SIGUSR1]  # the handler that was there before still runs
+
+
+def test_slurm_requeue_handler_only_from_the_main_thread(fake_scontrol: Path) -> None:
+    environment = SLURMEnvironment(env=SLURM)
+    before = signal.getsignal(signal.SIGUSR1)
+    worker = threading.Thread(target=environment._on_setup, args=(0,))
+    worker.start()
+    worker.join()
+    assert signal.getsignal(signal.SIGUSR1) == before

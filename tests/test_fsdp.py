@@ -11,6 +11,9 @@ fabric_lite's own script launcher (tests/jobs/fsdp_jobs.py), grouped into four l
 * one and three ranks (``Fabric(strategy="fsdp")``): those checkpoints, their consolidation and a DDP checkpoint
   load exactly, and the next step lands where it did on two ranks;
 * two ranks with ``16-mixed``, activation checkpointing, CPU offload and a size-based wrap policy.
+* Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` on two ranks gives exactly FULL_SHARD's losses,
+  ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks and ``NO_SHARD`` on two match torch's plain ``fully_shard``; each
+  saves and loads sharded and full checkpoints. Unit checks map Lightning's other FSDP1-shaped arguments.
 """
 
 from __future__ import annotations
@@ -18,18 +21,24 @@ from __future__ import annotations
 import json
 import pickle
 import tempfile
+import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
+from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
 
 from fabric_lite import Fabric
 from fabric_lite.strategies import FSDPStrategy
+from fabric_lite.strategies._fsdp_options import mesh_shape
 from fabric_lite.strategies._fsdp_setup import mixed_precision_policy, wrap_targets
 from fabric_lite.utilities import CheckpointError, consolidate_checkpoint
 from fabric_lite.utilities._dcp import check_sharded_checkpoint
+from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
 from tests._harness import per_rank, run_python
 from tests.jobs.fsdp_jobs import Block, Net
 
@@ -63,7 +72,18 @@ def fsdp_job(job: str, nprocs: int, **options: Any) -> list[dict[str, Any]]:
         ({"cpu_offload": "yes"}, TypeError, "cpu_offload='yes'"),
         ({"mixed_precision": "bf16"}, TypeError, "MixedPrecisionPolicy"),
         ({"param_init_fn": 3}, TypeError, "param_init_fn=3"),
-        ({"sharding_strategy": "FULL_SHARD"}, TypeError, "sharding_strategy"),
+        ({"sharding_strategy": "FULL"}, ValueError, "sharding_strategy='FULL'"),
+        (
+            {"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True},
+            ValueError,
+            "reshard_after_forward=True",
+        ),
+        ({"device_mesh": (2, 2)}, ValueError, "HYBRID_SHARD"),
+        ({"sharding_strategy": "HYBRID_SHARD", "device_mesh": (2, 0)}, TypeError, "device_mesh=(2, 0)"),
+        ({"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}, TypeError, "device_mesh=[2, 2]"),
+        ({"sharding_strategy": "NO_SHARD", "device_mesh": (2, 1)}, ValueError, "NO_SHARD takes none"),
+        ({"activation_checkpointing": Block, "activation_checkpointing_policy": {Block}}, ValueError, "both"),
+        ({"activation_checkpointing": "Block"}, TypeError, "activation_checkpointing='Block'"),
         ({"timeout": 5}, TypeError, "timedelta"),
     ],
 )
@@ -86,6 +106,108 @@ def test_accepted_policies() -> None:
     assert FSDPStrategy(auto_wrap_policy=[Block, nn.Linear])._auto_wrap_policy == {Block, nn.Linear}
     assert FSDPStrategy(auto_wrap_policy=10_000)._auto_wrap_policy == 10_000
     FSDPStrategy(shard_placement_fn=None, cpu_offload=True, reshard_after_forward=False)  # passed to fully_shard
+
+
+# Lightning's (FSDP1-shaped) arguments, mapped onto fully_shard
+def test_lightning_positional_order_is_accepted() -> None:
+    strategy = FSDPStrategy(
+        None, None, None, None, "gloo", timedelta(seconds=5), True, None, {Block}, None, {Block}, "SHARD_GRAD_OP",
+        "full", None,
+    )  # fmt: skip
+    assert strategy._cpu_offload is True and strategy._auto_wrap_policy == {Block}
+    assert strategy._checkpointing == {Block} and strategy.sharding_strategy == "SHARD_GRAD_OP"
+    assert strategy.state_dict_type == "full" and strategy._reshard_after_forward is False
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, False), (False, False), (True, True), (CPUOffload(), False), (CPUOffload(offload_params=True), True)],
+)
+def test_cpu_offload_accepts_none_and_fsdp1_objects(value: Any, expected: bool) -> None:
+    assert FSDPStrategy(cpu_offload=value)._cpu_offload is expected
+    policy = CPUOffloadPolicy(pin_memory=False)
+    assert FSDPStrategy(cpu_offload=policy)._cpu_offload is policy
+
+
+def test_fsdp1_mixed_precision_maps_to_a_policy_and_warns_about_what_is_dropped() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is dropped: no warning
+        policy = FSDPStrategy(mixed_precision=FSDP1MixedPrecision(torch.bfloat16, torch.float32)).mixed_precision
+    assert policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = FSDP1MixedPrecision(param_dtype=torch.float16, buffer_dtype=torch.float16, keep_low_precision_grads=True)
+    with pytest.warns(UserWarning, match=r"buffer_dtype=torch.float16, keep_low_precision_grads=True") as record:
+        policy = FSDPStrategy(mixed_precision=mp).mixed_precision
+    assert record[0].filename == __file__  # points at the FSDPStrategy(...) call
+    assert policy == MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=None, cast_forward_inputs=True)
+    no_cast = FSDP1MixedPrecision(param_dtype=torch.float16, cast_root_forward_inputs=False)
+    assert FSDPStrategy(mixed_precision=no_cast).mixed_precision.cast_forward_inputs is False
+    given = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    assert FSDPStrategy(mixed_precision=given).mixed_precision is given
+
+
+@pytest.mark.parametrize(("value", "classes"), [(Block, {Block}), ([Block, nn.Linear], {Block, nn.Linear})])
+def test_deprecated_activation_checkpointing_warns_as_lightning_does(value: Any, classes: set[type]) -> None:
+    expected = (
+        f"`FSDPStrategy(activation_checkpointing={value})` is deprecated, use"
+        f" `FSDPStrategy(activation_checkpointing_policy={set(classes)})` instead."
+    )
+    with pytest.warns(LightningDeprecationWarning) as record:
+        strategy = FSDPStrategy(activation_checkpointing=value)
+    assert [str(w.message) for w in record] == [expected] and record[0].filename == __file__
+    assert strategy._checkpointing == classes
+
+
+@pytest.mark.parametrize(
+    ("sharding_strategy", "reshard_after_forward", "name", "reshard"),
+    [
+        ("FULL_SHARD", None, "FULL_SHARD", None),  # torch's default: every unit but the root, as FSDP1
+        ("full_shard", True, "FULL_SHARD", True),
+        ("FULL_SHARD", False, "FULL_SHARD", False),
+        ("Shard_Grad_Op", None, "SHARD_GRAD_OP", False),
+        ("SHARD_GRAD_OP", False, "SHARD_GRAD_OP", False),
+        ("NO_SHARD", None, "NO_SHARD", False),
+        ("hybrid_shard", None, "HYBRID_SHARD", None),
+        ("_HYBRID_SHARD_ZERO2", None, "_HYBRID_SHARD_ZERO2", False),
+        (ShardingStrategy.SHARD_GRAD_OP, None, "SHARD_GRAD_OP", False),
+        (ShardingStrategy.HYBRID_SHARD, None, "HYBRID_SHARD", None),
+    ],
+)
+def test_sharding_strategy_maps_to_reshard_after_forward(
+    sharding_strategy: Any, reshard_after_forward: bool | None, name: str, reshard: bool | None
+) -> None:
+    strategy = FSDPStrategy(sharding_strategy=sharding_strategy, reshard_after_forward=reshard_after_forward)
+    assert strategy.sharding_strategy == name
+    assert strategy._reshard_after_forward is reshard
+
+
+@pytest.mark.parametrize("name", ["SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"])
+def test_keeping_parameters_gathered_conflicts_with_resharding(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"sharding_strategy='{name}', reshard_after_forward=True\) conflict"):
+        FSDPStrategy(sharding_strategy=name, reshard_after_forward=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "device_mesh", "world_size", "num_nodes", "shape"),
+    [
+        ("FULL_SHARD", None, 4, 1, (4,)),
+        ("SHARD_GRAD_OP", None, 4, 2, (4,)),
+        ("NO_SHARD", None, 3, 1, (3, 1)),
+        ("HYBRID_SHARD", None, 8, 2, (2, 4)),
+        ("HYBRID_SHARD", (2, 2), 4, 1, (2, 2)),
+        ("_HYBRID_SHARD_ZERO2", (4, 1), 4, 1, (4, 1)),
+    ],
+)
+def test_mesh_shapes(
+    name: str, device_mesh: tuple[int, int] | None, world_size: int, num_nodes: int, shape: tuple[int, ...]
+) -> None:
+    assert mesh_shape(name, device_mesh, world_size, num_nodes) == shape
+
+
+def test_mesh_sizes_must_cover_the_world() -> None:
+    with pytest.raises(ValueError, match=r"device_mesh=\(2, 3\)\): 2 x 3 = 6 devices, but the world size is 4"):
+        mesh_shape("HYBRID_SHARD", (2, 3), world_size=4, num_nodes=1)
+    with pytest.raises(ValueError, match="world size 6 is not a multiple of num_nodes=4"):
+        mesh_shape("HYBRID_SHARD", None, world_size=6, num_nodes=4)
 
 
 @pytest.mark.parametrize(("name", "offload"), [("fsdp", False), ("fsdp_cpu_offload", True)])
@@ -344,3 +466,60 @@ def test_16_mixed_activation_checkpointing_cpu_offload_and_size_policy() -> None
         # an inf in rank 1's shard only: both ranks skip the step and halve the scale
         assert run["unchanged"] == 0.0
         assert run["scale"] == (256.0, 128.0)
+
+
+# ---------------------------------------------------------------------------------------------- sharding strategies
+@pytest.mark.timeout(200)
+def test_shard_grad_op_equals_full_shard_exactly(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
+    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "SHARD_GRAD_OP"}
+    runs = fsdp_job("sharding_strategies", 2, strategy=strategy, kwargs={"folder": str(tmp_path)})
+    full_shard = per_rank(two_ranks, "parity")  # the same model, data and steps with the default FULL_SHARD
+    for run, full in zip(per_rank(runs, "training"), full_shard):
+        assert run["losses"] == run["ref_losses"] == full["losses"]
+        assert run["norms"] == run["ref_norms"] == full["norms"]
+        assert run["param_difference"] == 0.0
+        assert run["gathered_after_forward"] == [True] * 10  # kept until backward: ZeRO-2
+        assert run["mesh"] == ((2,), ("shard",))
+    training = per_rank(runs, "training")
+    assert sum(run["local"] for run in training) == training[0]["total"]  # each parameter held once
+    for run in per_rank(runs, "checkpoint"):
+        for name in ("sharded", "full.ckpt"):
+            assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}
+
+
+@pytest.mark.timeout(300)
+def test_hybrid_shard_on_a_2x2_mesh_equals_full_shard(tmp_path: Path) -> None:
+    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}
+    runs = fsdp_job("sharding_strategies", 4, strategy=strategy, kwargs={"folder": str(tmp_path)})
+    trained = per_rank(runs, "training")
+    for run in trained:
+        torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(run["norms"], run["ref_norms"], rtol=1e-5, atol=1e-6)
+        assert run["param_difference"] < 1e-6
+        assert run["gathered_after_forward"] == [False] * 10  # resharded after forward, as FULL_SHARD
+        assert run["mesh"] == ((2, 2), ("replicate", "shard"))
+        assert run["placements"] == ["(Replicate(), Shard(dim=0))"]
+    # sharded within each group of 2 ranks ((0, 1) and (2, 3)), the groups replicas of each other
+    total = trained[0]["total"]
+    assert trained[0]["local"] + trained[1]["local"] == trained[2]["local"] + trained[3]["local"] == total
+    assert trained[0]["local"] == trained[2]["local"] < total
+    assert len({tuple(run["norms"]) for run in trained}) == 1  # the same total norm on every rank
+    assert len({tuple(run["losses"]) for run in trained}) == 4  # each rank trained on its own quarter
+    for run in per_rank(runs, "checkpoint"):
+        for name in ("sharded", "full.ckpt"):
+            assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}
+
+
+@pytest.mark.timeout(200)
+def test_no_shard_replicates_and_equals_full_shard(tmp_path: Path) -> None:
+    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "NO_SHARD"}
+    runs = fsdp_job("sharding_strategies", 2, strategy=strategy, kwargs={"folder": str(tmp_path)})
+    for run in per_rank(runs, "training"):
+        torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(run["norms"], run["ref_norms"], rtol=1e-5, atol=1e-6)
+        assert run["param_difference"] < 1e-6
+        assert run["mesh"] == ((2, 1), ("replicate", "shard"))
+        assert run["local"] == run["total"]  # every rank holds every parameter
+    for run in per_rank(runs, "checkpoint"):
+        for name in ("sharded", "full.ckpt"):
+            assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}

@@ -502,3 +502,24 @@ def test_csv_logger_writes_what_lightnings_writes(tmp_path: Path) -> None:
         layouts[impl] = json.loads(lines[0][len("LAYOUT ") :])
     assert layouts["fabric_lite"] == layouts["lightning"]
     assert layouts["fabric_lite"]["seen"]["a"] == [4, os.path.join("lightning_logs", "version_4")]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("runner", ["cli", "torchrun"])
+def test_a_logger_on_rank_zero_only_does_not_hang_the_job(tmp_path: Path, runner: str) -> None:
+    """Ranks built with different loggers all take part in agreeing on the version folder (a collective that only
+    the ranks holding a logger joined hung the job until the timeout)."""
+    (tmp_path / "lightning_logs" / "version_0").mkdir(parents=True)
+    script = ["tests/scripts/logger_on_rank_zero_only.py", str(tmp_path), runner]
+    if runner == "cli":
+        args = ["-m", "fabric_lite", "run", "--accelerator=cpu", "--devices=2", "--strategy=ddp", *script]
+    else:
+        args = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *script]
+    done = run_python(args, timeout=120)
+    assert done.returncode == 0, done.output
+    results = [json.loads((tmp_path / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["total"] for r in results] == [3.0, 3.0]
+    assert results[0]["log_dir"] == str(tmp_path / "lightning_logs" / "version_1") and results[1]["log_dir"] is None
+    _, rows = read_csv(tmp_path / "lightning_logs" / "version_1" / "metrics.csv")
+    assert rows == [{"step": "0", "total": "3.0"}]

@@ -939,7 +939,7 @@ def test_torchrun_inside_slurm_is_torchelastic() -> None:
             id="TorchElasticEnvironment-in-empty-env",
         ),
         pytest.param(
-            lambda: SLURMEnvironment(slurm_env()),
+            lambda: SLURMEnvironment(env=slurm_env()),
             {},
             {"num_nodes": 2},
             True,

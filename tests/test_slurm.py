@@ -347,3 +347,72 @@ def test_an_apt_failure_is_reported_with_apt_first_error(tmp_path: Path, monkeyp
         assert "not installed and this is not root" in str(excinfo.value)
     else:
         assert "(exit code 100): E: Unable to locate package slurm-wlm" in str(excinfo.value)
+
+
+# ------------------------------------------------------------------------------------------------- auto-requeue
+REQUEUE_SCRIPT = str(REPO / "tests" / "scripts" / "requeue_job.py")
+
+
+def wait_for_lines(path: Path, wanted: Sequence[str], timeout: float, cluster: SlurmCluster) -> list[str]:
+    """The lines of ``path`` once every line of ``wanted`` is among them; fail with the log after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if all(line in lines for line in wanted):
+            return lines
+        if time.monotonic() > deadline:
+            pytest.fail(f"{wanted} not all in {path} within {timeout} s: {lines}\n{cluster.logs()}")
+        time.sleep(0.2)
+
+
+def job_info(cluster: SlurmCluster, job_id: str) -> str:
+    return cluster._client("scontrol", "show", "job", job_id)
+
+
+def restarts(cluster: SlurmCluster, job_id: str) -> int | None:
+    """``Restarts=`` of ``scontrol show job`` (None once SLURM has forgotten the job)."""
+    found = re.search(r"\bRestarts=(\d+)", job_info(cluster, job_id))
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("auto_requeue", [True, False], ids=["auto-requeue", "no-requeue"])
+def test_requeue_signal_requeues_the_job(cluster: SlurmCluster, tmp_path: Path, auto_requeue: bool) -> None:
+    # SLURM's USR1 (what `sbatch --signal=USR1@90` sends before the time limit), sent here at once with
+    # `scancel --signal=USR1`: rank 0 runs `scontrol requeue`, SLURM ends the run and starts the job again
+    log = tmp_path / "starts.txt"
+    flag = "" if auto_requeue else " --no-requeue"
+    directives = ["--job-name=requeue", "--nodes=1", "--ntasks-per-node=2", "--requeue"]
+    body = [f"srun --kill-on-bad-exit=1 {PYTHON} {REQUEUE_SCRIPT} --log {log}{flag}"]
+    script = batch_script(tmp_path / "requeue.sbatch", directives, body)
+    done = submit(cluster, ["sbatch", "--parsable", str(script)], tmp_path, timeout=30)
+    assert done.returncode == 0, output(done)
+    job_id = done.stdout.strip().split(";")[0]
+    first_run = ["start 0 0 2 SLURMEnvironment", "start 0 1 2 SLURMEnvironment", "ready"]
+    wait_for_lines(log, first_run, JOB_TIMEOUT, cluster)
+    assert restarts(cluster, job_id) == 0
+    signalled = submit(cluster, ["scancel", "--signal=USR1", job_id], tmp_path, timeout=30)
+    assert signalled.returncode == 0, output(signalled)
+    if auto_requeue:
+        # requeued: Restarts=1 and back in the queue (COMPLETING while the first run ends, then PENDING)
+        deadline = time.monotonic() + 60
+        while not (restarts(cluster, job_id) == 1 and "JobState=PENDING" in job_info(cluster, job_id)):
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id} was not requeued within 60 s: {job_info(cluster, job_id)}\n{cluster.logs()}")
+            time.sleep(0.2)
+        # SLURM holds a requeued job for about two minutes (EligibleTime); let it start again in 5 s instead. Not at
+        # once: slurmd revokes the first run's credential with a one-second resolution, and a run started within
+        # that second is killed ("Killing non-startable batch JobId=11: Job credential revoked", seen here)
+        submit(cluster, ["scontrol", "update", f"JobId={job_id}", "StartTime=now+5"], tmp_path, timeout=30)
+        lines = wait_for_lines(log, ["start 1 0 2 SLURMEnvironment", "start 1 1 2 SLURMEnvironment"], 90, cluster)
+        lines = wait_for_lines(log, ["done 0", "done 1"], 60, cluster)
+        assert sorted(lines) == sorted([*first_run, "start 1 0 2 SLURMEnvironment", "start 1 1 2 SLURMEnvironment",
+                                        "done 0", "done 1"]), lines  # fmt: skip
+        assert cluster.wait_for_empty_queue(timeout=30), cluster.jobs()
+    else:
+        # nothing handles USR1: its default action ends the tasks, and the job is not queued again
+        assert cluster.wait_for_empty_queue(timeout=60), f"job {job_id} still queued\n{cluster.logs()}"
+        lines = log.read_text().splitlines()
+        assert lines == [line for line in lines if line in first_run] and len(lines) == 3, lines
+        job_log = (tmp_path / f"job-{job_id}.out").read_text()
+        assert re.search(r"tasks? 0-1: User defined signal 1", job_log), job_log

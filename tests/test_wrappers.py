@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from fabric_lite import Fabric, is_wrapped
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
+from tests._harness import spawn_job
 
 
 def _fabric(**kwargs):
@@ -304,6 +305,60 @@ def test_mark_forward_method_rejects_bad_input():
         fmodel.mark_forward_method("nope")
     with pytest.raises(TypeError):
         fmodel.mark_forward_method(3)
+
+
+class _StepModule(_Generator):
+    """A LightningModule's shape without Lightning: step methods, and the ``_fabric`` attribute Lightning checks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fabric = None
+        self._fabric_optimizers: list = []
+        self.hooks: list[str] = []
+
+    def training_step(self, x):
+        return self(x) + 1
+
+    def validation_step(self, x):
+        return self(x) - 1
+
+    def on_train_epoch_end(self):
+        self.hooks.append("on_train_epoch_end")
+
+
+def test_lightning_step_methods_run_through_the_strategy_forward_unmarked():
+    fabric = Fabric(accelerator="cpu", devices=1, strategy=_WrappingStrategy(device="cpu"))
+    model = _StepModule()
+    fmodel = fabric.setup(model)
+    x = torch.ones(2)
+    assert torch.equal(fmodel.training_step(x), model(x) + 1)
+    assert torch.equal(fmodel.validation_step(x), model(x) - 1)
+    assert fmodel._forward_module.calls == 2  # as in Lightning: no mark_forward_method needed for these
+    assert fmodel.plain(x) is not None and fmodel._forward_module.calls == 2  # other methods are not routed
+    assert "forward" not in model.__dict__
+    with pytest.raises(AttributeError, match="training_step"):
+        fabric.setup(_Generator()).training_step(x)  # a module without the method says so
+
+
+def test_setup_attaches_fabric_and_optimizers_to_a_module_with_a_fabric_attribute():
+    fabric = _fabric()
+    model = _StepModule()
+    fmodel, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert model._fabric is fabric and model._fabric_optimizers == [optimizer]
+    assert model._fabric_optimizers[0] is optimizer and is_wrapped(optimizer)
+    fabric.call("on_train_epoch_end")  # the module became a callback, once
+    fabric.setup(model_2 := _StepModule())
+    assert model_2._fabric is fabric and model_2._fabric_optimizers == []
+    fabric.call("on_train_epoch_end")
+    assert model.hooks == ["on_train_epoch_end"] * 2 and model_2.hooks == ["on_train_epoch_end"]
+    model_3 = _StepModule()
+    fmodule = fabric.setup_module(model_3)
+    assert model_3._fabric is fabric and model_3._fabric_optimizers == []
+    assert sum(callback is model_3 for callback in fabric._callbacks) == 1
+    plain = _Generator()
+    fabric.setup_module(plain)
+    assert "_fabric" not in plain.__dict__  # an ordinary module is left alone
+    assert fmodule.module is model_3
 
 
 # ---------------------------------------------------------------------------------------------- optimizer wrapper
@@ -628,3 +683,16 @@ def test_empty_init_is_undone_after_an_exception():
     with pytest.raises(RuntimeError, match="inside"), fabric.init_module(empty_init=True):
         raise RuntimeError("inside")
     assert bool((_ConstantInit().weight == 7.25).all())
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(120)
+def test_an_unmarked_method_that_runs_submodules_with_gradients_raises_under_ddp() -> None:
+    results = spawn_job("tests.jobs.forward_methods:unmarked_methods", 2)
+    for rank, seen in enumerate(results):
+        assert seen["describe"] == "an agent"
+        assert seen["act_no_grad"] == seen["marked"], seen
+        message = seen["act_with_grad"]
+        assert "Agent.act()" in message and "mark_forward_method('act')" in message and "torch.no_grad()" in message
+        assert seen["hooks_left"] == 0, f"rank {rank} kept the guard's hooks"
+    assert results[0]["grad"] == results[1]["grad"]

@@ -1,14 +1,39 @@
-"""Accelerators: the kinds of device fabric_lite computes on."""
+"""Accelerators: the kinds of device fabric_lite computes on.
+
+``ACCELERATOR_REGISTRY`` holds ``"cpu"``, ``"cuda"`` and ``"mps"`` (each class registers itself through its
+``register_accelerators`` classmethod, as in Lightning Fabric); ``ACCELERATORS`` maps the same names to the classes.
+
+Example::
+
+    from fabric_lite.accelerators import ACCELERATOR_REGISTRY, find_usable_cuda_devices
+
+    ACCELERATOR_REGISTRY.get("cpu")      # CPUAccelerator()
+    find_usable_cuda_devices(2)          # e.g. [0, 1]: two GPUs that accept a tensor right now
+"""
 
 from fabric_lite.accelerators.accelerator import Accelerator
 from fabric_lite.accelerators.cpu import CPUAccelerator
-from fabric_lite.accelerators.cuda import CUDAAccelerator
+from fabric_lite.accelerators.cuda import CUDAAccelerator, find_usable_cuda_devices
 from fabric_lite.accelerators.mps import MPSAccelerator
+from fabric_lite.accelerators.registry import _AcceleratorRegistry
 
+ACCELERATOR_REGISTRY = _AcceleratorRegistry()
+for _cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator):
+    _cls.register_accelerators(ACCELERATOR_REGISTRY)
+
+#: the built-in accelerators by name (what ``Fabric(accelerator="cuda")`` builds)
 ACCELERATORS: dict[str, type[Accelerator]] = {
     "cpu": CPUAccelerator,
     "cuda": CUDAAccelerator,
     "mps": MPSAccelerator,
 }
 
-__all__ = ["ACCELERATORS", "Accelerator", "CPUAccelerator", "CUDAAccelerator", "MPSAccelerator"]
+__all__ = [
+    "ACCELERATORS",
+    "ACCELERATOR_REGISTRY",
+    "Accelerator",
+    "CPUAccelerator",
+    "CUDAAccelerator",
+    "MPSAccelerator",
+    "find_usable_cuda_devices",
+]

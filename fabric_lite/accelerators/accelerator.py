@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from fabric_lite.accelerators.registry import _AcceleratorRegistry
 
 
 class Accelerator(ABC):
@@ -34,6 +38,13 @@ class Accelerator(ABC):
     @abstractmethod
     def auto_device_count() -> int:
         """The number of devices ``devices="auto"`` selects."""
+
+    @classmethod
+    def register_accelerators(cls, accelerator_registry: _AcceleratorRegistry) -> None:
+        """Add this class to ``accelerator_registry`` (the base class registers nothing; the built-in accelerators
+        register themselves under their :attr:`name`)."""
+        if cls.name:
+            accelerator_registry.register(cls.name, cls, description=cls.__name__)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -40,3 +40,45 @@ class CUDAAccelerator(Accelerator):
     @override
     def auto_device_count() -> int:
         return torch.cuda.device_count()
+
+
+def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
+    """The indices of visible CUDA GPUs that accept a tensor right now (e.g. not taken by another process in
+    exclusive mode), the first ``num_devices`` of them, or all with ``-1``.
+
+    Processes that call it at the same time may both find the same GPU free.
+
+    Raises:
+        ValueError: GPUs are requested but there is none, or fewer than ``num_devices`` are visible.
+        RuntimeError: fewer than ``num_devices`` are usable now; the message names the occupied ones.
+
+    Example::
+
+        fabric = Fabric(accelerator="cuda", devices=find_usable_cuda_devices(2))
+    """
+    if num_devices == 0:
+        return []
+    visible = list(range(torch.cuda.device_count()))
+    if not visible:
+        raise ValueError(
+            f"You requested to find {num_devices} devices but there are no visible CUDA devices on this machine."
+        )
+    if num_devices > len(visible):
+        raise ValueError(f"You requested to find {num_devices} devices but this machine only has {len(visible)} GPUs.")
+    usable: list[int] = []
+    occupied: list[int] = []
+    for index in visible:
+        try:
+            torch.tensor(0, device=torch.device("cuda", index))
+        except RuntimeError:
+            occupied.append(index)
+            continue
+        usable.append(index)
+        if len(usable) == num_devices:
+            break
+    if num_devices != -1 and len(usable) != num_devices:
+        raise RuntimeError(
+            f"You requested to find {num_devices} devices but only {len(usable)} are currently available."
+            f" The devices {occupied} are occupied by other processes and can't be used at the moment."
+        )
+    return usable

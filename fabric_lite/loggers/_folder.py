@@ -100,12 +100,20 @@ def _attach_rank(loggers: Sequence[Any], global_rank: int) -> None:
 def _agree_on_versions(loggers: Sequence[Any], global_rank: int, broadcast: Callable[[Any], Any]) -> None:
     """Give every rank global rank 0's choice of version for the loggers that pick theirs from the disk.
 
-    Called by every rank at launch, with the same loggers (they come from the same script): ``broadcast`` is a
-    collective. Does nothing (and communicates nothing) when no logger has an automatic version.
+    ``broadcast`` is a collective, and every rank takes part whatever loggers it holds: ranks may be built with
+    different loggers (a common pattern gives only rank 0 one), and a collective that only some ranks join would
+    hang the job. Rank 0 offers its choices by folder (``root_dir``/``name``); a rank applies the choice for each of
+    its own automatic loggers that writes to a folder rank 0 also chose for, and keeps its own pick for the rest.
     """
     automatic = [lg for lg in loggers if isinstance(lg, _FolderLogger) and lg._version_is_automatic]
-    if not automatic:
-        return
-    chosen = broadcast([lg.version if global_rank == 0 else None for lg in automatic])
-    for logger, version in zip(automatic, chosen, strict=True):
-        logger._version = version
+    offer = {_folder_key(lg): lg.version for lg in automatic} if global_rank == 0 else None
+    chosen: dict[tuple[str, str, str], Any] = broadcast(offer)
+    for logger in automatic:
+        key = _folder_key(logger)
+        if key in chosen:
+            logger._version = chosen[key]
+
+
+def _folder_key(logger: _FolderLogger) -> tuple[str, str, str]:
+    """Which loggers on two ranks are "the same": the same kind, writing below the same folder."""
+    return (type(logger).__name__, os.path.abspath(logger._root_dir), logger._name)

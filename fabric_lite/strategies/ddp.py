@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies._sync_batchnorm import convert_sync_batchnorm
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
@@ -53,6 +54,7 @@ class DDPStrategy(ParallelStrategy):
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
+        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
         process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
         timeout: how long collectives wait for the other processes before raising.
         start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
@@ -98,6 +100,7 @@ class DDPStrategy(ParallelStrategy):
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
@@ -114,6 +117,7 @@ class DDPStrategy(ParallelStrategy):
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
             precision=precision,
             process_group_backend=process_group_backend,
             timeout=timeout,

@@ -10,6 +10,7 @@ from torch.nn import DataParallel, Module
 from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _collectives
@@ -43,6 +44,7 @@ class DataParallelStrategy(Strategy):
         accelerator: the kind of device; filled in by ``Fabric`` when not given.
         parallel_devices: the CUDA devices to replicate the module on; the first is the root device. Filled in by
             ``Fabric`` from ``devices=`` when not given.
+        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
         precision: the precision plugin; filled in by ``Fabric`` when not given.
 
     Example::
@@ -56,9 +58,10 @@ class DataParallelStrategy(Strategy):
         self,
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision)
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
 
     @property

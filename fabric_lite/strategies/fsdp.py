@@ -18,15 +18,18 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
-from fabric_lite.plugins.precision import MixedPrecision, Precision
-from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_setup
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
+from fabric_lite.plugins.precision import FSDPPrecision, MixedPrecision, Precision
+from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_options, _fsdp_setup
+from fabric_lite.strategies._fsdp_options import ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.utilities.types import _PATH
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+    from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
+    from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
 
 _START_METHODS = ("popen", "spawn", "fork")
 _STATE_DICT_TYPES = ("sharded", "full")
@@ -64,23 +67,46 @@ class FSDPStrategy(ParallelStrategy):
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
         process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
         timeout: how long collectives wait for the other processes before raising.
-        auto_wrap_policy: which submodules become sharded units of their own: a set of layer classes
-            (``{Block}``), a function ``(module) -> bool``, or a minimum number of parameters per unit
-            (``1_000_000``). ``None``: only the whole model (one all-gather of every parameter per forward).
-        reshard_after_forward: free each unit's gathered parameters after its forward (``True``: least memory, one
-            more all-gather in backward) or keep them until backward (``False``). ``None``: torch's default, ``True``
-            except for the root unit, whose parameters backward needs first.
+        cpu_offload: keep the sharded parameters, gradients and optimizer step on the CPU (``True``, a
+            ``CPUOffloadPolicy``, or FSDP1's ``CPUOffload(offload_params=True)``); units are copied to the device to
+            compute. ``None``/``False``: no offloading.
         mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``. By default it follows
             ``Fabric(precision=...)``: ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards and compute (and
             all-gather) in bfloat16/float16, with gradients reduced in float32; ``"bf16-true"``/``"16-true"`` do
-            everything in the half type.
-        cpu_offload: keep the sharded parameters, gradients and optimizer step on the CPU (``True``, or a
-            ``CPUOffloadPolicy``); units are copied to the device to compute.
+            everything in the half type. FSDP1's ``MixedPrecision`` is accepted for Lightning compatibility and
+            mapped to a policy with its ``param_dtype`` and ``reduce_dtype``; its ``buffer_dtype``,
+            ``keep_low_precision_grads`` and ``_module_classes_to_ignore`` have no FSDP2 equivalent and are dropped
+            (with a warning when set).
+        auto_wrap_policy: which submodules become sharded units of their own: a set of layer classes
+            (``{Block}``), a function ``(module) -> bool``, or a minimum number of parameters per unit
+            (``1_000_000``). ``None``: only the whole model (one all-gather of every parameter per forward).
+        activation_checkpointing: deprecated (as in Lightning): a layer class or a list of them, the same as
+            ``activation_checkpointing_policy={...}``; giving both is an error.
         activation_checkpointing_policy: layer classes whose activations are recomputed in backward instead of
             kept (``{Block}``): less memory for one more forward of those layers.
+        sharding_strategy: what is sharded, as in Lightning (any case, or FSDP1's ``ShardingStrategy``):
+
+            - ``"FULL_SHARD"``: parameters, gradients and optimizer state, over all ranks (default).
+            - ``"SHARD_GRAD_OP"``: the same shards, but a unit's gathered parameters are kept from forward to
+              backward (``reshard_after_forward=False``, ZeRO-2): one all-gather less per unit, more memory.
+            - ``"NO_SHARD"``: every rank holds everything (data parallel): a ``(world_size, 1)`` mesh
+              ``("replicate", "shard")``, gradients all-reduced.
+            - ``"HYBRID_SHARD"``: sharded within a group, replicated across groups (HSDP): a 2-D mesh
+              ``("replicate", "shard")`` of ``device_mesh`` or, by default, ``(num_nodes, devices per node)``.
+            - ``"_HYBRID_SHARD_ZERO2"``: ``HYBRID_SHARD`` that keeps gathered parameters until backward.
+        state_dict_type: what ``fabric.save`` writes: ``"sharded"`` (a folder) or ``"full"`` (one file).
+        device_mesh: a tuple ``(replicate, shard)`` of sizes whose product is the world size, or a ``DeviceMesh``
+            (2-D for the hybrid strategies, 1-D for ``FULL_SHARD``/``SHARD_GRAD_OP``). The tuple is built into a
+            mesh by ``setup_environment``. Only with ``HYBRID_SHARD``/``_HYBRID_SHARD_ZERO2``, as in Lightning
+            (or a 1-D ``DeviceMesh``).
+        reshard_after_forward: free each unit's gathered parameters after its forward (``True``: least memory, one
+            more all-gather in backward) or keep them until backward (``False``). ``None``: what
+            ``sharding_strategy`` implies (for ``"FULL_SHARD"``, torch's default: ``True`` except for the root unit,
+            whose parameters backward needs first, as FSDP1 does). ``False`` turns ``"FULL_SHARD"`` into
+            ``"SHARD_GRAD_OP"``; ``True`` with ``"SHARD_GRAD_OP"``/``"_HYBRID_SHARD_ZERO2"``/``"NO_SHARD"`` is an
+            error.
         param_init_fn: ``fn(module)`` initialising the parameters and buffers that ``module`` itself holds, for
             models created with ``init_module(empty_init=True)`` whose modules have no ``reset_parameters()``.
-        state_dict_type: what ``fabric.save`` writes: ``"sharded"`` (a folder) or ``"full"`` (one file).
         start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
             (``strategy="fsdp"``), ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
         **kwargs: passed to ``torch.distributed.fsdp.fully_shard`` (e.g. ``shard_placement_fn``).
@@ -97,14 +123,17 @@ class FSDPStrategy(ParallelStrategy):
         precision: Precision | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
-        *,
+        cpu_offload: bool | CPUOffloadPolicy | CPUOffload | None = None,
+        mixed_precision: MixedPrecisionPolicy | FSDP1MixedPrecision | None = None,
         auto_wrap_policy: AutoWrapPolicy = None,
-        reshard_after_forward: bool | None = None,
-        mixed_precision: MixedPrecisionPolicy | None = None,
-        cpu_offload: bool | CPUOffloadPolicy = False,
+        activation_checkpointing: type[Module] | list[type[Module]] | None = None,
         activation_checkpointing_policy: set[type[Module]] | None = None,
-        param_init_fn: ParamInitFn | None = None,
+        sharding_strategy: ShardingStrategyName | ShardingStrategy = "FULL_SHARD",
         state_dict_type: Literal["sharded", "full"] = "sharded",
+        device_mesh: tuple[int, int] | DeviceMesh | None = None,
+        *,
+        reshard_after_forward: bool | None = None,
+        param_init_fn: ParamInitFn | None = None,
         start_method: Literal["popen", "spawn", "fork"] = "popen",
         **kwargs: Any,
     ) -> None:
@@ -117,7 +146,7 @@ class FSDPStrategy(ParallelStrategy):
             timeout=timeout,
         )
         try:
-            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+            from torch.distributed.fsdp import fully_shard
         except ImportError as err:
             raise ImportError(
                 f"FSDPStrategy needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this is torch"
@@ -129,16 +158,6 @@ class FSDPStrategy(ParallelStrategy):
             raise TypeError(
                 f"FSDPStrategy(reshard_after_forward={reshard_after_forward!r}): expected True, False or None."
             )
-        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
-            raise TypeError(
-                f"FSDPStrategy(mixed_precision={mixed_precision!r}): expected a"
-                " torch.distributed.fsdp.MixedPrecisionPolicy, or None to follow Fabric(precision=...)."
-            )
-        if not isinstance(cpu_offload, (bool, CPUOffloadPolicy)):
-            raise TypeError(
-                f"FSDPStrategy(cpu_offload={cpu_offload!r}): expected True, False or a"
-                " torch.distributed.fsdp.CPUOffloadPolicy."
-            )
         if param_init_fn is not None and not callable(param_init_fn):
             raise TypeError(f"FSDPStrategy(param_init_fn={param_init_fn!r}): expected a function fn(module).")
         accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _OWN_ARGUMENTS]
@@ -148,26 +167,46 @@ class FSDPStrategy(ParallelStrategy):
                 f"FSDPStrategy got unexpected keyword argument(s) {unknown}. Besides its own arguments it passes"
                 f" these to torch.distributed.fsdp.fully_shard: {accepted}."
             )
-        self._auto_wrap_policy = _fsdp_setup.check_wrap_policy(auto_wrap_policy)
-        self._checkpointing = (
-            _fsdp_setup.module_classes(activation_checkpointing_policy, "activation_checkpointing_policy")
-            if activation_checkpointing_policy is not None
-            else frozenset()
+        self._sharding_strategy, self._reshard_after_forward = _fsdp_options.sharding_setting(
+            sharding_strategy, reshard_after_forward, device_mesh
         )
-        self._reshard_after_forward = reshard_after_forward
-        self._mixed_precision = mixed_precision
+        self._auto_wrap_policy = _fsdp_setup.check_wrap_policy(auto_wrap_policy)
+        self._checkpointing = _fsdp_options.checkpointing_classes(
+            activation_checkpointing, activation_checkpointing_policy
+        )
+        self._mixed_precision = _fsdp_options.mixed_precision_setting(mixed_precision)
         #: ``True`` becomes a ``CPUOffloadPolicy`` at setup, pinning memory when the device is a GPU
-        self._cpu_offload: CPUOffloadPolicy | bool = cpu_offload
+        self._cpu_offload: CPUOffloadPolicy | bool = _fsdp_options.cpu_offload_setting(cpu_offload)
         self._param_init_fn = param_init_fn
         self.state_dict_type = state_dict_type
         self._start_method = start_method
         self._fsdp_kwargs = kwargs
+        #: the mesh as given: a (replicate, shard) tuple is built into a ``DeviceMesh`` by ``setup_environment``
+        self._mesh_argument = device_mesh
         self._device_mesh: DeviceMesh | None = None
         #: the modules set up by this strategy, to find the module an optimizer belongs to
         self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
         self._no_sync_depth: dict[int, int] = {}
 
     # ------------------------------------------------------------------ configuration
+    @property
+    @override
+    def checkpoint_io(self) -> CheckpointIO:
+        """Not available: FSDP writes its checkpoints itself (every rank its shards, or a gathered file), so there
+        is no ``CheckpointIO`` to use or replace, as in Lightning Fabric."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not use the CheckpointIO plugin interface: it writes sharded folders (or,"
+            " with state_dict_type='full', a gathered file) itself."
+        )
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): FSDP checkpoints are"
+            " written by every rank through torch.distributed.checkpoint, or gathered on rank 0, not by a"
+            " CheckpointIO. Remove it from Fabric(plugins=...), or use strategy='ddp' to save through it."
+        )
+
     @property
     def start_method(self) -> str:
         """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
@@ -201,16 +240,48 @@ class FSDPStrategy(ParallelStrategy):
         return _fsdp_setup.mixed_precision_policy(self.precision.precision)
 
     @property
-    def device_mesh(self) -> DeviceMesh:
-        """The one-dimensional mesh of all ranks that parameters are sharded over (created on first use)."""
-        if self._device_mesh is None:
-            import torch.distributed as dist
-            from torch.distributed.device_mesh import init_device_mesh
+    def sharding_strategy(self) -> str:
+        """How parameters are spread: ``"FULL_SHARD"``, ``"SHARD_GRAD_OP"``, ``"NO_SHARD"``, ``"HYBRID_SHARD"`` or
+        ``"_HYBRID_SHARD_ZERO2"`` (see the class docstring)."""
+        return self._sharding_strategy
 
-            if not dist.is_initialized():
-                raise RuntimeError("FSDPStrategy needs the process group: call fabric.launch() first.")
-            self._device_mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh ``fully_shard`` gets (built by ``setup_environment``): one dimension of all ranks, or two,
+        ``("replicate", "shard")``, for ``HYBRID_SHARD``/``_HYBRID_SHARD_ZERO2`` and ``NO_SHARD``.
+
+        Raises:
+            RuntimeError: there is no process group yet.
+            ValueError: the mesh does not cover the world size.
+        """
+        if self._device_mesh is None:
+            self._device_mesh = self._build_mesh()
         return self._device_mesh
+
+    def _build_mesh(self) -> DeviceMesh:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPStrategy needs the process group: call fabric.launch() first.")
+        given = self._mesh_argument
+        if isinstance(given, DeviceMesh):
+            if given.size() != self.world_size:
+                raise ValueError(
+                    f"FSDPStrategy(device_mesh={given!r}) spans {given.size()} ranks, but the world size is"
+                    f" {self.world_size}. Pass a mesh over all {self.world_size} ranks."
+                )
+            return given
+        shape = _fsdp_options.mesh_shape(self._sharding_strategy, given, self.world_size, self.num_nodes)
+        names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+        return init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._device_mesh = self._build_mesh()
+        if isinstance(self.precision, FSDPPrecision):  # its autocast (and created scaler) follow this device
+            self.precision._set_device_type(self.root_device.type)
 
     def _fully_shard_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision, **self._fsdp_kwargs}
@@ -400,6 +471,7 @@ class FSDPStrategy(ParallelStrategy):
         self,
         path: _PATH,
         state: dict[str, Any],
+        storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file. Every rank must call it.
@@ -412,11 +484,17 @@ class FSDPStrategy(ParallelStrategy):
           layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
 
         Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
+        ``storage_options`` must be ``None``: there is no ``CheckpointIO`` to give them to.
 
         Example::
 
             fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
         """
+        if storage_options is not None:
+            raise TypeError(
+                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}) is not supported:"
+                " FSDPStrategy writes its checkpoints itself, without a CheckpointIO. Pass storage_options=None."
+            )
         _fsdp_checkpoint.save(self, path, state, filter or {})
 
     @override
@@ -457,6 +535,7 @@ class FSDPStrategy(ParallelStrategy):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(auto_wrap_policy={self._auto_wrap_policy!r}, state_dict_type="
+            f"{type(self).__name__}(sharding_strategy={self._sharding_strategy!r},"
+            f" auto_wrap_policy={self._auto_wrap_policy!r}, state_dict_type="
             f"{self._state_dict_type!r}, start_method={self._start_method!r})"
         )

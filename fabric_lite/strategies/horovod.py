@@ -22,6 +22,7 @@ from typing_extensions import override
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
 from fabric_lite.plugins.environments.horovod import HorovodEnvironment
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
 from fabric_lite.strategies.strategy import Strategy
@@ -29,6 +30,7 @@ from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
+from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 #: how to install Horovod with what fabric_lite needs (PyTorch, Gloo; no MPI, TensorFlow or MXNet)
@@ -74,6 +76,8 @@ class HorovodStrategy(Strategy):
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given;
             each process computes on ``parallel_devices[local_rank]``.
+        checkpoint_io: how rank 0 writes checkpoint files, and every rank reads them (default
+            ``TorchCheckpointIO``).
 
     Raises:
         ModuleNotFoundError: Horovod (with its PyTorch extension) cannot be imported; the message says how to
@@ -94,9 +98,10 @@ class HorovodStrategy(Strategy):
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision)
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self._hvd = _import_horovod()
         self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
         self._cluster_environment = cluster_environment
@@ -185,6 +190,7 @@ class HorovodStrategy(Strategy):
             hvd.init()
             self._owns_horovod = True
         self._initialised = True
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         environment = self.cluster_environment
         if environment.creates_processes_externally and environment.world_size() != hvd.size():
             raise RuntimeError(
@@ -435,13 +441,15 @@ class HorovodStrategy(Strategy):
 
     # ------------------------------------------------------------------ checkpoints and teardown
     @override
-    def save_checkpoint(self, path: _PATH, state: dict[str, Any], filter: Any = None) -> None:
+    def save_checkpoint(
+        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, filter: Any = None
+    ) -> None:
         """Rank 0 writes atomically; every process then learns the outcome, so a failed write raises everywhere
         and no process returns before the file is complete."""
         message: str | None = None
         error: Exception | None = None
         try:
-            super().save_checkpoint(path, state, filter)
+            super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
         except Exception as err:
             error, message = err, f"{type(err).__name__}: {err}"
         message = self.broadcast(message, src=0)

@@ -17,11 +17,13 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ class ParallelStrategy(Strategy):
         accelerator: the kind of device; filled in by ``Fabric`` when not given.
         parallel_devices: the device of each local process; filled in by ``Fabric``.
         cluster_environment: where the ranks come from; filled in by ``Fabric``.
+        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
         precision: the precision plugin; filled in by ``Fabric``.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
         timeout: how long collectives and the rendezvous wait for the other processes before raising.
@@ -89,11 +92,12 @@ class ParallelStrategy(Strategy):
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision)
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         if timeout is not None and not isinstance(timeout, timedelta):
             raise TypeError(f"timeout must be a datetime.timedelta, got {timeout!r}. Example: timedelta(minutes=5).")
         self._parallel_devices = parallel_devices
@@ -197,6 +201,7 @@ class ParallelStrategy(Strategy):
         environment.set_world_size(self.num_nodes * self.num_processes)
         self._global_rank = environment.global_rank()
         self._world_size = environment.world_size()
+        rank_zero_only.rank = self._global_rank  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ process group
     @override
@@ -452,13 +457,15 @@ class ParallelStrategy(Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     @override
-    def save_checkpoint(self, path: _PATH, state: dict[str, Any], filter: Any = None) -> None:
+    def save_checkpoint(
+        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, filter: Any = None
+    ) -> None:
         """Rank 0 writes atomically; then every rank learns the outcome, so a failed write raises on every rank,
         and no rank returns before the file is complete."""
         message: str | None = None
         error: Exception | None = None
         try:
-            super().save_checkpoint(path, state, filter)
+            super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
         except Exception as err:
             error, message = err, f"{type(err).__name__}: {err}"
         if dist.is_initialized() and self.world_size > 1:

@@ -8,6 +8,7 @@ import torch
 from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
@@ -19,6 +20,7 @@ class SingleDeviceStrategy(Strategy):
     Args:
         device: the device to compute on, e.g. ``"cpu"`` or ``"cuda:0"``.
         accelerator: the kind of device; filled in by ``Fabric`` when not given.
+        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
         precision: the precision plugin; filled in by ``Fabric`` when not given.
 
     Example::
@@ -31,9 +33,10 @@ class SingleDeviceStrategy(Strategy):
         self,
         device: torch.device | str | int = "cpu",
         accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision)
+        super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         if isinstance(device, int):
             device = torch.device("cuda", device)
         self._root_device = torch.device(device)

@@ -14,9 +14,10 @@ from torch.optim import Optimizer
 from torch.overrides import TorchFunctionMode
 
 from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
+from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.utilities.apply_func import move_data_to_device
-from fabric_lite.utilities.checkpoint import atomic_save, safe_load
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class Strategy(ABC):
 
     Args:
         accelerator: the kind of device. Filled in by ``Fabric`` when not given.
+        checkpoint_io: how checkpoint files are written and read (default :class:`TorchCheckpointIO`).
         precision: the precision plugin. Filled in by ``Fabric`` when not given.
 
     Example::
@@ -50,8 +52,14 @@ class Strategy(ABC):
     #: whether the strategy runs one process per device (and needs ``fabric.launch()``)
     is_parallel: bool = False
 
-    def __init__(self, accelerator: Accelerator | None = None, precision: Precision | None = None) -> None:
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+    ) -> None:
         self._accelerator = accelerator
+        self._checkpoint_io = _check_checkpoint_io(checkpoint_io, type(self).__name__)
         self._precision = precision
         self._launcher: Launcher | None = None
 
@@ -103,6 +111,18 @@ class Strategy(ABC):
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
         self._precision = precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        """How ``save_checkpoint``/``load_checkpoint`` write and read files (a :class:`TorchCheckpointIO` unless one
+        was given through ``checkpoint_io=`` or ``Fabric(plugins=[...])``)."""
+        if self._checkpoint_io is None:
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO) -> None:
+        self._checkpoint_io = _check_checkpoint_io(io, type(self).__name__)
 
     @property
     def launcher(self) -> Launcher | None:
@@ -272,17 +292,19 @@ class Strategy(ABC):
         self,
         path: _PATH,
         state: dict[str, Any],
+        storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Save ``state`` to ``path``: modules and optimizers by state dict, stateful objects by ``state_dict()``,
         other values as they are. The precision's own state (a loss scaler's) is saved with them, under
-        ``PRECISION_KEY``. Global rank 0 writes, atomically."""
+        ``PRECISION_KEY``. Global rank 0 writes, through :attr:`checkpoint_io` (atomically by default), passing it
+        ``storage_options``."""
         checkpoint = self._convert_state(state, filter or {})
         precision_state = self.precision.state_dict()
         if precision_state:
             checkpoint.setdefault(PRECISION_KEY, precision_state)
         if self.is_global_zero:
-            atomic_save(checkpoint, path)
+            self.checkpoint_io.save_checkpoint(checkpoint=checkpoint, path=path, storage_options=storage_options)
 
     def load_checkpoint(
         self,
@@ -293,7 +315,8 @@ class Strategy(ABC):
     ) -> dict[str, Any]:
         """Restore ``state`` in place from ``path`` and return what was not restored.
 
-        The precision's saved state (a loss scaler's) is always restored into the precision and never returned.
+        The file is read by :attr:`checkpoint_io`. The precision's saved state (a loss scaler's) is always restored
+        into the precision and never returned.
 
         * ``state`` is ``None`` or empty: the whole checkpoint is returned.
         * ``state`` is a module or optimizer: the file holds its raw state dict.
@@ -301,12 +324,12 @@ class Strategy(ABC):
           written back into ``state``, and the checkpoint's other entries are returned. With ``strict=True`` a key
           of ``state`` that the checkpoint lacks raises ``KeyError`` naming every missing key.
         """
-        checkpoint = safe_load(path, weights_only=weights_only)
+        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
             # the loss scaler's state (saved by save_checkpoint) goes back into the precision, not to the caller
             self.precision.load_state_dict(checkpoint.pop(PRECISION_KEY))
         if not state:
-            return checkpoint  # type: ignore[no-any-return]
+            return checkpoint
         if isinstance(state, Module):
             self.load_module_state_dict(state, checkpoint, strict=strict)
             return {}
@@ -329,16 +352,27 @@ class Strategy(ABC):
                 obj.load_state_dict(value)
             else:
                 state[key] = value
-        return checkpoint  # type: ignore[no-any-return]
+        return checkpoint
 
     def teardown(self) -> None:
         """Release what the strategy holds (process group, device caches)."""
         self.precision.teardown()
         if self._accelerator is not None:
             self._accelerator.teardown()
+        if self._checkpoint_io is not None:  # read directly: strategies that refuse a CheckpointIO raise on access
+            self._checkpoint_io.teardown()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"
+
+
+def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | None:
+    if io is not None and not isinstance(io, CheckpointIO):
+        raise TypeError(
+            f"{owner}(checkpoint_io={io!r}) got a {type(io).__name__}: expected an instance of"
+            " fabric_lite.plugins.io.CheckpointIO (e.g. TorchCheckpointIO(), or a subclass of your own), or None."
+        )
+    return io
 
 
 class _SkipInit(TorchFunctionMode):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,20 @@ import torch
 from torch import Tensor
 
 from fabric_lite.utilities._tree import flatten, map_leaves, unflatten
+
+
+def _from_numpy(value: np.ndarray[Any, Any], device: torch.device | str | int) -> Tensor:
+    return torch.from_numpy(value).to(device)
+
+
+#: ``(type, converter)`` pairs: how :func:`convert_to_tensors` turns Python and NumPy values into tensors
+#: (``converter(value, device=device)``); bool becomes uint8 because NCCL cannot reduce bool tensors
+CONVERSION_DTYPES: list[tuple[Any, Callable[..., Tensor]]] = [
+    (bool, partial(torch.tensor, dtype=torch.uint8)),
+    (int, partial(torch.tensor, dtype=torch.int)),
+    (float, partial(torch.tensor, dtype=torch.float)),
+    (np.ndarray, _from_numpy),
+]
 
 # Devices where a host-to-device copy with ``non_blocking=True`` gains nothing or is unsafe.
 _BLOCKING_DEVICE_TYPES = ("cpu", "mps")
@@ -98,7 +113,13 @@ def convert_to_tensors(data: Any, device: torch.device | str | int) -> Any:
 
 
 def convert_leaves(leaves: list[Any], device: torch.device) -> list[Any]:
-    """:func:`convert_to_tensors` for a flat list of leaves; the same list object when nothing changes."""
+    """:func:`convert_to_tensors` for a flat list of leaves; the same list object when nothing changes.
+
+    Example::
+
+        >>> convert_leaves([1, 0.5], torch.device("cpu"))
+        [tensor(1, dtype=torch.int32), tensor(0.5000)]
+    """
     non_blocking = device.type not in _BLOCKING_DEVICE_TYPES
     # the common leaf, a tensor already on the device, is decided inline (no call per leaf)
     converted = [
@@ -108,3 +129,25 @@ def convert_leaves(leaves: list[Any], device: torch.device) -> list[Any]:
     if all(new is old for new, old in zip(converted, leaves, strict=True)):
         return leaves  # nothing to convert or move: no need to rebuild anything
     return converted
+
+
+def convert_tensors_to_scalars(data: Any) -> Any:
+    """Replace every one-element tensor in ``data`` by its Python number (``tensor.item()``).
+
+    Raises:
+        ValueError: a tensor has more than one element (or none).
+
+    Example::
+
+        >>> convert_tensors_to_scalars({"loss": torch.tensor(0.5), "step": [torch.tensor(3)]})
+        {'loss': 0.5, 'step': [3]}
+    """
+
+    def to_item(value: Tensor) -> int | float | bool:
+        if value.numel() != 1:
+            raise ValueError(
+                f"The metric `{value}` does not contain a single element, thus it cannot be converted to a scalar."
+            )
+        return value.item()
+
+    return apply_to_collection(data, Tensor, to_item)

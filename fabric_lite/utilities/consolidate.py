@@ -1,27 +1,91 @@
 """Turn a sharded checkpoint folder (``FSDPStrategy``'s default) into one full checkpoint file.
 
-    python -m fabric_lite.utilities.consolidate checkpoints/step-1000 step-1000.ckpt
+    fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt
+    python -m fabric_lite.utilities.consolidate checkpoints/step-1000 step-1000.ckpt   # the same
 
 The file holds every entry whole, on the CPU, in the layout of ``FSDPStrategy(state_dict_type="full")``: a
 module's state dict as ``module.state_dict()`` gives it (it loads anywhere, with or without fabric_lite), optimizer
 state keyed by parameter name. It needs no process group and no GPU, but the memory to hold the whole checkpoint.
-The same from Python: :func:`fabric_lite.utilities.consolidate_checkpoint`.
+The command line is Lightning's ``fabric consolidate``: without ``--output_file`` the file is written beside the
+folder, named after it with the suffix ``.consolidated``, and an existing file is never overwritten. The same from
+Python: :func:`fabric_lite.utilities.consolidate_checkpoint`.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from fabric_lite.utilities._dcp import consolidate_checkpoint
+from fabric_lite.utilities._dcp import check_sharded_checkpoint, consolidate_checkpoint
 from fabric_lite.utilities.checkpoint import CheckpointError
 
-__all__ = ["consolidate_checkpoint", "main"]
+__all__ = ["add_consolidate_arguments", "consolidate_checkpoint", "main", "run_consolidate"]
+
+
+def add_consolidate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the arguments of the consolidate command (Lightning's): ``CHECKPOINT_FOLDER [--output_file FILE]``.
+
+    ``python -m fabric_lite.utilities.consolidate`` also takes the output file as a second positional argument.
+
+    Example::
+
+        parser = argparse.ArgumentParser()
+        add_consolidate_arguments(parser)
+        parser.parse_args(["ckpt", "--output_file", "out.pt"])  # Namespace(checkpoint_folder='ckpt', ...)
+    """
+    parser.add_argument(
+        "checkpoint_folder",
+        metavar="CHECKPOINT_FOLDER",
+        help="the folder fabric.save wrote with FSDPStrategy() (it holds a .metadata file and *.distcp shards)",
+    )
+    parser.add_argument(
+        "--output_file",
+        "--output-file",
+        dest="output_file",
+        metavar="FILE",
+        default=None,
+        help="the file to write; it must not exist yet. Default: beside the folder, with the folder's name and the"
+        " suffix .consolidated (e.g. --output_file step-1000.ckpt).",
+    )
+
+
+def run_consolidate(args: argparse.Namespace) -> int:
+    """Run the consolidate command with parsed arguments; returns the exit status: 0, or 1 with the reason on
+    stderr (no such folder, not a sharded checkpoint folder, an output file that exists, a failed read or write).
+
+    Example::
+
+        parser = argparse.ArgumentParser()
+        add_consolidate_arguments(parser)
+        run_consolidate(parser.parse_args(["checkpoints/step-1000"]))  # writes checkpoints/step-1000.consolidated
+    """
+    folder = Path(args.checkpoint_folder)
+    output = getattr(args, "output", None) or args.output_file
+    target = Path(output) if output is not None else folder.with_suffix(folder.suffix + ".consolidated")
+    try:
+        if not folder.exists():
+            raise FileNotFoundError(
+                f"The checkpoint folder {str(folder)!r} does not exist. Pass the folder that fabric.save wrote with"
+                " FSDPStrategy()."
+            )
+        check_sharded_checkpoint(folder)
+        if target.exists():
+            raise FileExistsError(
+                f"The output file {str(target)!r} exists already. Choose another path with --output_file, or move or"
+                " delete the file first."
+            )
+        written = consolidate_checkpoint(folder, target)
+    except (CheckpointError, FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: ``python -m fabric_lite.utilities.consolidate SRC DST``; returns the exit status (1, with
-    the reason on stderr, when SRC is not a sharded checkpoint folder or cannot be read).
+    """The command line: ``python -m fabric_lite.utilities.consolidate FOLDER [OUTPUT | --output_file OUTPUT]``;
+    returns the exit status (see :func:`run_consolidate`).
 
     Example::
 
@@ -32,16 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m fabric_lite.utilities.consolidate",
         description="Consolidate a sharded checkpoint folder (FSDPStrategy) into one full checkpoint file.",
     )
-    parser.add_argument("checkpoint_folder", help="the folder fabric.save wrote with FSDPStrategy()")
-    parser.add_argument("output_file", help="the file to write")
+    add_consolidate_arguments(parser)
+    parser.add_argument("output", nargs="?", metavar="OUTPUT", help="the file to write (or --output_file)")
     args = parser.parse_args(argv)
-    try:
-        written = consolidate_checkpoint(args.checkpoint_folder, args.output_file)
-    except (CheckpointError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB)")
-    return 0
+    if args.output is not None and args.output_file is not None:
+        parser.error(f"give the output file once: {args.output!r} or --output_file {args.output_file!r}")
+    return run_consolidate(args)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,21 @@
-"""Dataloader helpers: distributed samplers and re-creating a loader with a new sampler."""
+"""Dataloader helpers: distributed samplers, re-creating a loader with a new sampler, lengths, worker counts, and
+``AttributeDict`` (the public names of Lightning Fabric's ``utilities.data``).
+
+Example::
+
+    from fabric_lite.utilities.data import AttributeDict, suggested_max_num_workers
+
+    state = AttributeDict(model=model, step=0)
+    loader = DataLoader(dataset, num_workers=suggested_max_num_workers(fabric.world_size))
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator, Sized
-from typing import Any
+import os
+from collections.abc import Sized
+from typing import Any, TypeGuard
 
 from torch.utils.data import (
     BatchSampler,
@@ -17,53 +27,154 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from fabric_lite.utilities.seed import global_seed, seed_workers_requested, worker_init_function
+from fabric_lite.utilities.distributed import DistributedSamplerWrapper
+from fabric_lite.utilities.exceptions import MisconfigurationException
+from fabric_lite.utilities.rank_zero import rank_zero_warn
+from fabric_lite.utilities.seed import (
+    global_seed,
+    pl_worker_init_function,
+    seed_workers_requested,
+    worker_init_function,
+)
+
+__all__ = [
+    "AttributeDict",
+    "DistributedSamplerWrapper",
+    "MisconfigurationException",
+    "get_all_subclasses",
+    "has_iterable_dataset",
+    "has_len",
+    "pl_worker_init_function",
+    "sized_len",
+    "suggested_max_num_workers",
+]
 
 
-def has_iterable_dataset(dataloader: DataLoader[Any]) -> bool:
+def has_iterable_dataset(dataloader: object) -> bool:
+    """Whether ``dataloader`` has a ``dataset`` attribute that is an ``IterableDataset``.
+
+    Example::
+
+        has_iterable_dataset(DataLoader(range(4)))  # False
+    """
     return isinstance(getattr(dataloader, "dataset", None), IterableDataset)
 
 
-class _SamplerIndices(Sized):
-    """The indices a sampler yields, drawn afresh at every new iteration."""
+def sized_len(dataloader: object) -> int | None:
+    """``len(dataloader)``, or ``None`` when it has no length (``TypeError`` or ``NotImplementedError``).
 
-    def __init__(self, sampler: Sampler[Any]) -> None:
-        if not isinstance(sampler, Sized):
-            raise TypeError(
-                f"The dataloader's sampler {type(sampler).__name__} has no __len__, so it cannot be split across"
-                " processes. Give it a __len__, or pass use_distributed_sampler=False to setup_dataloaders and"
-                " split the data yourself."
-            )
-        self.sampler = sampler
-        self.indices: list[Any] = []
+    Example::
 
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __getitem__(self, i: int) -> Any:
-        return self.indices[i]
+        >>> sized_len([1, 2, 3]), sized_len(iter([1, 2, 3]))
+        (3, None)
+    """
+    try:
+        return len(dataloader)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return None
 
 
-class DistributedSamplerWrapper(DistributedSampler):  # type: ignore[type-arg]
-    """Splits the indices of any sampler (with a ``__len__``) across processes, like ``DistributedSampler``.
+def has_len(dataloader: object) -> TypeGuard[Sized]:
+    """Whether ``dataloader`` has a length; warns (on rank 0) when the length is 0, or when an ``IterableDataset``
+    has one (with several workers it may be wrong unless each worker skips the others' data).
 
-    The wrapped sampler decides order and randomness; ``set_epoch`` is forwarded to it where it has one.
+    Example::
+
+        has_len(DataLoader(range(4)))  # True
+    """
+    length = sized_len(dataloader)
+    if length == 0:
+        rank_zero_warn(f"`{type(dataloader).__name__}` returned 0 length. Please make sure this was your intention.")
+    if length is not None and has_iterable_dataset(dataloader):
+        rank_zero_warn(
+            "Your `IterableDataset` has `__len__` defined. In combination with multi-process data loading (when"
+            " num_workers > 1), `__len__` could be inaccurate if each worker is not configured independently to"
+            " avoid having duplicate data."
+        )
+    return length is not None
+
+
+def _num_cpus_available() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))  # the cores this process may run on, not all of the machine's
+    count = os.cpu_count()
+    return 1 if count is None else count
+
+
+def suggested_max_num_workers(local_world_size: int) -> int:
+    """An upper bound for ``DataLoader(num_workers=...)``: the CPU cores this process may use, divided among the
+    ``local_world_size`` processes of this machine, minus one for each main process (at least 1).
+
+    Raises:
+        ValueError: ``local_world_size < 1``.
+
+    Example::
+
+        num_workers = suggested_max_num_workers(fabric.world_size // fabric.num_nodes)  # 7 with 16 cores, 2 GPUs
+    """
+    if local_world_size < 1:
+        raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
+    return max(1, _num_cpus_available() // local_world_size - 1)
+
+
+def get_all_subclasses(cls: type) -> set[type]:
+    """Every direct and indirect subclass of ``cls`` (defined so far).
+
+    Example::
+
+        >>> class A: ...
+        >>> class B(A): ...
+        >>> class C(B): ...
+        >>> sorted(c.__name__ for c in get_all_subclasses(A))
+        ['B', 'C']
+    """
+    found: set[type] = set()
+    pending: list[type] = [cls]
+    while pending:
+        subclasses: list[type] = pending.pop().__subclasses__()
+        for subclass in subclasses:
+            if subclass not in found:
+                found.add(subclass)
+                pending.append(subclass)
+    return found
+
+
+class AttributeDict(dict[str, Any]):
+    """A ``dict`` whose keys are also attributes: ``state.step += 1`` is ``state["step"] += 1``.
+
+    Handy for the state passed to ``fabric.save``/``fabric.load``. Its repr lists one key per line, sorted.
+
+    Example::
+
+        >>> state = AttributeDict(step=0, lr=0.1)
+        >>> state.step += 1
+        >>> state["step"]
+        1
+        >>> state
+        "lr":   0.1
+        "step": 1
     """
 
-    def __init__(self, sampler: Sampler[Any], **kwargs: Any) -> None:
-        kwargs["shuffle"] = False  # the wrapped sampler already decides the order
-        super().__init__(_SamplerIndices(sampler), **kwargs)  # type: ignore[arg-type]
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as err:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{key}'") from err
 
-    def __iter__(self) -> Iterator[Any]:
-        source: _SamplerIndices = self.dataset  # type: ignore[assignment]
-        source.indices = list(source.sampler)
-        return (source.indices[i] for i in super().__iter__())
+    def __setattr__(self, key: str, val: Any) -> None:
+        self[key] = val
 
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        inner = getattr(self.dataset.sampler, "set_epoch", None)  # type: ignore[attr-defined]
-        if callable(inner):
-            inner(epoch)
+    def __delattr__(self, item: str) -> None:
+        if item not in self:
+            raise KeyError(item)
+        del self[item]
+
+    def __repr__(self) -> str:
+        if not self:
+            return ""
+        width = max(len(str(k)) for k in self) + 3
+        labels = {k: f'"{k}":' for k in self}
+        return "\n".join(f"{labels[k]:{width}s} {self[k]}" for k in sorted(self.keys()))
 
 
 def distributed_sampler(dataloader: DataLoader[Any], num_replicas: int, rank: int) -> DistributedSampler:  # type: ignore[type-arg]
@@ -84,7 +195,8 @@ def distributed_sampler(dataloader: DataLoader[Any], num_replicas: int, rank: in
             shuffle=isinstance(sampler, RandomSampler),
             seed=seed,
         )
-    return DistributedSamplerWrapper(sampler, num_replicas=num_replicas, rank=rank, seed=seed)  # type: ignore[arg-type]
+    # the wrapped sampler already decides the order: keep it (DistributedSampler would shuffle by default)
+    return DistributedSamplerWrapper(sampler, num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
 
 
 _LOADER_ARGS = (

@@ -15,31 +15,39 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator, Sized
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from fabric_lite.utilities import _collectives
-from fabric_lite.utilities.types import ReduceOp
+from fabric_lite.utilities.cloud_io import _is_local_file_protocol
+from fabric_lite.utilities.types import _PATH, ReduceOp
 
 if TYPE_CHECKING:
     from torch.nn.parallel import DistributedDataParallel
 
     from fabric_lite.plugins.environments import ClusterEnvironment
+    from fabric_lite.strategies import Strategy
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "AllGatherGrad",
+    "DistributedSamplerWrapper",
     "all_gather_ddp_if_available",
     "distributed_available",
     "gather_all_tensors",
     "init_dist_connection",
+    "is_shared_filesystem",
     "register_ddp_comm_hook",
     "sync_ddp",
     "sync_ddp_if_available",
@@ -324,3 +332,135 @@ def register_ddp_comm_hook(
 
 def _name(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or fn)
+
+
+class _DatasetSamplerWrapper(Dataset[Any]):
+    """The indices a sampler yields, as a dataset: ``dataset[i]`` is the sampler's ``i``-th index of the current
+    pass, drawn afresh by :meth:`reset`."""
+
+    def __init__(self, sampler: Sampler[Any] | Iterable[Any]) -> None:
+        if not isinstance(sampler, Sized):
+            raise TypeError(
+                f"The dataloader's sampler {type(sampler).__name__} has no __len__, so it cannot be split across"
+                " processes by DistributedSamplerWrapper. Give it a __len__, or pass use_distributed_sampler=False"
+                " to setup_dataloaders and split the data yourself."
+            )
+        if len(sampler) == float("inf"):
+            raise TypeError(
+                f"The dataloader's sampler {type(sampler).__name__} has an infinite length, so it cannot be split"
+                " across processes by DistributedSamplerWrapper. Give it a finite __len__, or pass"
+                " use_distributed_sampler=False to setup_dataloaders and split the data yourself."
+            )
+        self._sampler = sampler
+        self._sampler_list: list[Any] | None = None  # drawn on first use, not at construction
+
+    @property
+    def sampler(self) -> Sampler[Any] | Iterable[Any]:
+        """The wrapped sampler."""
+        return self._sampler
+
+    def __getitem__(self, index: int) -> Any:
+        if self._sampler_list is None:
+            self._sampler_list = list(self._sampler)
+        return self._sampler_list[index]
+
+    def __len__(self) -> int:
+        return len(self._sampler)
+
+    def reset(self) -> None:
+        """Draw the sampler's indices for a new pass."""
+        self._sampler_list = list(self._sampler)
+
+
+class DistributedSamplerWrapper(DistributedSampler):  # type: ignore[type-arg]
+    """Splits the indices of any sampler with a ``__len__`` across processes, as ``DistributedSampler`` splits a
+    dataset.
+
+    At every ``iter()`` the wrapped sampler is iterated once (so its own order and randomness apply) and this
+    process gets its share of the positions, chosen by ``DistributedSampler``'s rules: with the default
+    ``shuffle=True`` the positions are permuted with ``seed + epoch`` (as in Lightning), with ``shuffle=False`` rank
+    ``r`` of ``n`` gets positions ``r, r + n, r + 2n, ...``. ``set_epoch`` is forwarded to the wrapped sampler too.
+
+    Args:
+        sampler: the sampler (or any sized iterable of indices) to split.
+        *args: ``DistributedSampler``'s ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``.
+        **kwargs: the same, by name.
+
+    Raises:
+        TypeError: the sampler has no ``__len__`` or an infinite one.
+
+    Example::
+
+        sampler = WeightedRandomSampler(weights, num_samples=1000)
+        distributed = DistributedSamplerWrapper(sampler, num_replicas=2, rank=rank, shuffle=False)
+        loader = DataLoader(dataset, sampler=distributed)  # rank 0: 500 indices, rank 1: the other 500
+    """
+
+    def __init__(self, sampler: Sampler[Any] | Iterable[Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(_DatasetSamplerWrapper(sampler), *args, **kwargs)
+
+    def __iter__(self) -> Iterator[Any]:
+        dataset: _DatasetSamplerWrapper = self.dataset  # type: ignore[assignment]
+        dataset.reset()
+        return (dataset[index] for index in super().__iter__())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch (the seed of the shuffle) here and in the wrapped sampler, where it has ``set_epoch``."""
+        super().set_epoch(epoch)
+        inner = getattr(self.dataset._sampler, "set_epoch", None)  # type: ignore[attr-defined]
+        if callable(inner):
+            inner(epoch)
+
+
+def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout: int = 3) -> bool:
+    """Whether ``path`` is on a filesystem that every process sees (e.g. an NFS mount, or one machine's disk).
+
+    Rank 0 creates a marker file in ``path`` (its folder, for a file) and the other ranks look for it for up to
+    ``timeout`` seconds. A collective: every process must call it. A non-local URL (``s3://...``) and a single
+    process answer ``True`` at once; ranks whose ``path`` resolves differently answer ``False``.
+
+    Args:
+        strategy: ``fabric.strategy``.
+        path: an existing, writable folder or file (default: the working directory).
+        timeout: how long the other ranks look for rank 0's marker file, in seconds.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist on some rank.
+
+    Example::
+
+        if is_shared_filesystem(fabric.strategy, "checkpoints/"):
+            ...  # rank 0 alone may write files that every rank reads
+    """
+    if path is not None and not _is_local_file_protocol(path):
+        return True
+    resolved = Path(Path.cwd() if path is None else path).resolve()
+    if getattr(strategy, "world_size", 1) == 1:
+        return True
+    # the same path on every rank is necessary for a shared filesystem (cheap, and no file is written)
+    rank_zero_path = strategy.broadcast(resolved)
+    if not strategy.reduce_boolean_decision(rank_zero_path == resolved, all=True):
+        return False
+    if not strategy.reduce_boolean_decision(resolved.exists(), all=True):
+        raise FileNotFoundError(
+            f"Unable to determine if the path belongs to a shared filesystem. The path does not exist: {resolved}"
+        )
+    folder = resolved.parent if resolved.is_file() else resolved
+    check_file = folder / ".lightning_shared_fs_check"
+    check_file.unlink(missing_ok=True)
+    strategy.barrier()
+    if strategy.is_global_zero:
+        check_file.touch()
+        found = True
+    else:
+        start = time.perf_counter()
+        found = False
+        while not found and (time.perf_counter() - start) < timeout:
+            found = check_file.exists()
+            if not found:
+                time.sleep(0.01)
+    strategy.barrier()
+    all_found = strategy.reduce_boolean_decision(found, all=True)
+    with contextlib.suppress(OSError):  # another rank may have removed it already
+        check_file.unlink()
+    return all_found

@@ -11,12 +11,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from fabric_lite.utilities.rank_zero import _get_rank, rank_prefixed_message, rank_zero_only, rank_zero_warn
+
 log = logging.getLogger(__name__)
 
 # Written by seed_everything so that processes started later (script re-run, spawn, dataloader workers) see it.
 ENV_SEED = "FABRIC_LITE_GLOBAL_SEED"
 ENV_SEED_WORKERS = "FABRIC_LITE_SEED_WORKERS"
-_MIN_SEED, _MAX_SEED = 0, 2**32 - 1  # NumPy's accepted range
+#: the range of seeds NumPy accepts (unsigned 32-bit), as in Lightning
+max_seed_value = 4294967295
+min_seed_value = 0
+_MIN_SEED, _MAX_SEED = min_seed_value, max_seed_value
 
 
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
@@ -43,6 +48,8 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         env_seed = os.environ.get(ENV_SEED)
         if env_seed is None:
             seed = 0
+            if verbose:
+                rank_zero_warn(f"No seed found, seed set to {seed}")
         else:
             try:
                 seed = int(env_seed)
@@ -59,7 +66,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
             f" Use e.g. seed % {_MAX_SEED + 1}."
         )
     if verbose:
-        log.info("Seed set to %d", seed)
+        log.info(rank_prefixed_message(f"Seed set to {seed}", _get_rank()))
     os.environ[ENV_SEED] = str(seed)
     os.environ[ENV_SEED_WORKERS] = str(int(workers))
     random.seed(seed)
@@ -68,8 +75,75 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     return seed
 
 
+def reset_seed() -> None:
+    """Seed every generator again with the seed :func:`seed_everything` last set (in this process or an ancestor),
+    with the same ``workers`` setting; nothing happens when it was never called.
+
+    Example::
+
+        seed_everything(42)
+        ...                # draw random numbers
+        reset_seed()       # the generators are back to their state right after seed_everything(42)
+    """
+    seed = os.environ.get(ENV_SEED)
+    if seed is None:
+        return
+    workers = os.environ.get(ENV_SEED_WORKERS, "0")
+    seed_everything(int(seed), workers=bool(int(workers)), verbose=False)
+
+
+def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
+    """Lightning's ``worker_init_fn``: seed torch, ``random`` and NumPy in a dataloader worker from the process's
+    seed, the worker id and the global rank, drawing the same numbers as Lightning Fabric's function.
+
+    Args:
+        worker_id: the worker's id (what ``DataLoader`` passes).
+        rank: the global rank; default ``rank_zero_only.rank``.
+
+    Example::
+
+        loader = DataLoader(dataset, num_workers=4, worker_init_fn=functools.partial(pl_worker_init_function, rank=1))
+    """
+    global_rank = rank if rank is not None else rank_zero_only.rank  # type: ignore[attr-defined]
+    # torch seeds worker ``i`` with ``base_seed + i``: back out the base seed to use all of its bits
+    base_seed = torch.initial_seed() - worker_id
+    log.debug(
+        "Initializing random number generators of process %s worker %d with base seed %d",
+        global_rank,
+        worker_id,
+        base_seed,
+    )
+    seeds = _generate_seed_sequence(base_seed, worker_id, global_rank, count=4)
+    torch.manual_seed(seeds[0])
+    random.seed((seeds[1] << 32) | seeds[2])
+    np.random.seed(np.random.SeedSequence([base_seed, worker_id, global_rank]).generate_state(4))
+
+
+def _generate_seed_sequence(base_seed: int, worker_id: int, global_rank: int, count: int) -> list[int]:
+    """``count`` 64-bit seeds from (base seed, worker id, rank): the MurmurHash3 finalizer to spread the bits, then a
+    linear congruential generator (Knuth's MMIX constants) - the same numbers as Lightning."""
+    mask = (1 << 64) - 1
+    state = (base_seed << 32) | (worker_id << 16) | global_rank
+    state ^= state >> 33
+    state = (state * 0xFF51AFD7ED558CCD) & mask
+    state ^= state >> 33
+    state = (state * 0xC4CEB9FE1A85EC53) & mask
+    state ^= state >> 33
+    seeds = []
+    for _ in range(count):
+        state = (state * 6364136223846793005 + 1) & mask
+        seeds.append(state)
+    return seeds
+
+
 def global_seed() -> int | None:
-    """The seed set by :func:`seed_everything` in this process or an ancestor, if any."""
+    """The seed set by :func:`seed_everything` in this process or an ancestor, if any.
+
+    Example::
+
+        seed_everything(7)
+        global_seed()  # 7
+    """
     value = os.environ.get(ENV_SEED)
     try:
         return int(value) if value is not None else None
@@ -78,7 +152,13 @@ def global_seed() -> int | None:
 
 
 def seed_workers_requested() -> bool:
-    """Whether :func:`seed_everything` was called with ``workers=True``."""
+    """Whether :func:`seed_everything` was called with ``workers=True``.
+
+    Example::
+
+        seed_everything(7, workers=True)
+        seed_workers_requested()  # True
+    """
     return os.environ.get(ENV_SEED_WORKERS) == "1"
 
 
@@ -87,6 +167,10 @@ def worker_init_function(worker_id: int, rank: int = 0) -> None:
 
     Every (rank, worker) pair gets different streams for torch, ``random`` and NumPy, and the same ones on every
     run with the same seed.
+
+    Example::
+
+        loader = DataLoader(dataset, num_workers=2, worker_init_fn=functools.partial(worker_init_function, rank=0))
     """
     base_seed = torch.initial_seed() - worker_id  # torch seeds each worker with base + worker_id
     sequence = np.random.SeedSequence([base_seed % 2**64, worker_id, rank])

@@ -483,6 +483,94 @@ def options(fabric: Any) -> dict[str, Any]:
     return record({"training": training, "skipped_step_agreed": skipped_step_agreed})
 
 
+# ---------------------------------------------------------------------------------------------- sharding strategies
+def sharding_strategies(fabric: Any, folder: str) -> dict[str, Any]:
+    """Train with the strategy's ``sharding_strategy`` (and ``device_mesh``) beside a reference sharded by torch's
+    ``fully_shard`` directly, over a 1-D mesh of all ranks (plain FULL_SHARD), then save and load a checkpoint."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    root = Path(folder)
+    shared: dict[str, Any] = {}
+
+    def training() -> dict[str, Any]:
+        torch.manual_seed(0)
+        model = Net()
+        reference = copy.deepcopy(model)
+        flat = init_device_mesh("cpu", (fabric.world_size,))
+        for block in reference.blocks:
+            fully_shard(block, mesh=flat)
+        fully_shard(reference, mesh=flat)
+        ref_optimizer = torch.optim.SGD(reference.parameters(), lr=LR, momentum=0.9)
+        fmodel = fabric.setup_module(model)
+        foptimizer = fabric.setup_optimizers(torch.optim.SGD(fmodel.parameters(), lr=LR, momentum=0.9))
+        losses, norms, ref_losses, ref_norms = [], [], [], []
+        gathered_after_forward = []
+        for step in range(STEPS):
+            x, y = rank_batch(fabric, step)
+            loss = nn.functional.mse_loss(fmodel(x), y)
+            # a block's parameters are plain tensors while gathered, DTensors (shards) once resharded
+            gathered_after_forward.append(not isinstance(fmodel.module.blocks[0].fc1.weight, DTensor))
+            foptimizer.zero_grad()
+            fabric.backward(loss)
+            norms.append(fabric.clip_gradients(fmodel, foptimizer, max_norm=MAX_NORM).item())
+            foptimizer.step()
+            losses.append(loss.item())
+            ref_loss = nn.functional.mse_loss(reference(x), y)
+            ref_optimizer.zero_grad()
+            ref_loss.backward()
+            ref_norms.append(torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM).full_tensor().item())
+            ref_optimizer.step()
+            ref_losses.append(ref_loss.item())
+        shared.update(fmodel=fmodel, foptimizer=foptimizer)
+        mesh = fabric.strategy.device_mesh
+        params = list(fmodel.parameters())
+        return {
+            "losses": losses,
+            "ref_losses": ref_losses,
+            "norms": norms,
+            "ref_norms": ref_norms,
+            "param_difference": max_difference(
+                full_model_state(fmodel),
+                get_model_state_dict(reference, options=StateDictOptions(full_state_dict=True)),
+            ),
+            "gathered_after_forward": gathered_after_forward,
+            "mesh": (tuple(mesh.shape), mesh.mesh_dim_names),
+            "placements": sorted({str(p.placements) for p in params}),
+            "local": sum(p.to_local().numel() for p in params),
+            "total": sum(p.numel() for p in params),
+        }
+
+    def checkpoint() -> dict[str, Any]:
+        fmodel, foptimizer = shared["fmodel"], shared["foptimizer"]
+        expected = full_model_state(fmodel)
+        expected_momentum = full_optimizer_state(fmodel, foptimizer)["state"]
+        fabric.save(root / "sharded", {"model": fmodel, "optimizer": foptimizer, "step": 10})
+        fabric.strategy.state_dict_type = "full"
+        try:
+            fabric.save(root / "full.ckpt", {"model": fmodel, "optimizer": foptimizer, "step": 10})
+        finally:
+            fabric.strategy.state_dict_type = "sharded"
+        result = {}
+        for name in ("sharded", "full.ckpt"):
+            model, optimizer = setup_model(fabric, seed=123)
+            state = {"model": model, "optimizer": optimizer, "step": 0}
+            fabric.load(root / name, state)
+            momentum = full_optimizer_state(model, optimizer)["state"]
+            result[name] = {
+                "model_difference": max_difference(full_model_state(model), expected),
+                "momentum_difference": max(
+                    (momentum[k]["momentum_buffer"] - v["momentum_buffer"]).abs().max().item()
+                    for k, v in expected_momentum.items()
+                ),
+                "step": state["step"],
+            }
+        return result
+
+    return record({"training": training, "checkpoint": checkpoint})
+
+
 # ---------------------------------------------------------------------------------------------- runner
 def _strategy(spec: Any) -> Any:
     if isinstance(spec, str):
@@ -491,6 +579,8 @@ def _strategy(spec: Any) -> Any:
     for key in ("auto_wrap_policy", "activation_checkpointing_policy"):
         if isinstance(kwargs.get(key), list):
             kwargs[key] = {CLASSES[name] for name in kwargs[key]}
+    if isinstance(kwargs.get("device_mesh"), list):  # JSON has no tuples
+        kwargs["device_mesh"] = tuple(kwargs["device_mesh"])
     return FSDPStrategy(timeout=timedelta(seconds=60), **kwargs)
 
 

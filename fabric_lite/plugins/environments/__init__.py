@@ -1,8 +1,19 @@
 """Cluster environments: where a process's ranks come from."""
 
 from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.kubeflow import KubeflowEnvironment
 from fabric_lite.plugins.environments.lightning import LightningEnvironment
+from fabric_lite.plugins.environments.lsf import LSFEnvironment
+from fabric_lite.plugins.environments.mpi import MPIEnvironment
 from fabric_lite.plugins.environments.slurm import SLURMEnvironment
 from fabric_lite.plugins.environments.torchelastic import TorchElasticEnvironment
 
-__all__ = ["ClusterEnvironment", "LightningEnvironment", "SLURMEnvironment", "TorchElasticEnvironment"]
+__all__ = [
+    "ClusterEnvironment",
+    "KubeflowEnvironment",
+    "LSFEnvironment",
+    "LightningEnvironment",
+    "MPIEnvironment",
+    "SLURMEnvironment",
+    "TorchElasticEnvironment",
+]

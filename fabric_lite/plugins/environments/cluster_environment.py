@@ -85,6 +85,12 @@ class ClusterEnvironment(ABC):
     def teardown(self) -> None:
         """Clean up whatever the environment set up. Nothing by default."""
 
+    def _on_setup(self, global_rank: int) -> None:
+        """Called in every process once Fabric has set it up (``fabric.launch()``), with its global rank.
+
+        :class:`SLURMEnvironment` installs its requeue signal handler here. Nothing by default.
+        """
+
     def _int(self, name: str, default: int | None = None) -> int:
         value = self._env.get(name)
         if value is None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Mapping
+from types import FrameType
+from typing import Any
 
 from typing_extensions import override
 
 from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+log = logging.getLogger(__name__)
 
 # Job names that mean "an interactive shell inside an allocation", where the user starts processes by other means.
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
@@ -115,9 +124,140 @@ class SLURMEnvironment(ClusterEnvironment):
     and every task starts its own processes). Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in
     any case.
 
-    Example:
+    Auto-requeue: with ``auto_requeue=True`` (the default) fabric_lite installs a handler for ``requeue_signal``
+    (default ``SIGUSR1``) in every process once the process is set up (``fabric.launch()``). When SLURM sends the
+    signal (``sbatch --signal=USR1@90`` sends it 90 s before the time limit), global rank 0 runs
+    ``scontrol requeue <job id>``: SLURM ends the job and queues it again (the batch script starts over, so resume
+    from your last checkpoint). The handler calls any handler that was installed before it; the other ranks only
+    keep running until SLURM ends them. ``auto_requeue=False`` installs nothing.
+
+    Args:
+        auto_requeue: Whether to requeue the job when ``requeue_signal`` arrives.
+        requeue_signal: The signal SLURM sends before the time limit. Defaults to ``SIGUSR1`` (none on Windows).
+        env: The environment variables to read (keyword only). Defaults to a copy of ``os.environ``.
+
+    Example::
+
         srun --ntasks-per-node=2 python train.py   # Fabric(devices="auto") takes 2 processes per node from SLURM
+
+        # sbatch --signal=USR1@90 --requeue job.sh: requeued 90 s before the time limit
+        fabric = Fabric(plugins=[SLURMEnvironment(auto_requeue=True)])
+        SLURMEnvironment(env={"SLURM_NNODES": "2"}).num_nodes()  # 2
     """
+
+    def __init__(
+        self,
+        auto_requeue: bool = True,
+        requeue_signal: signal.Signals | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if not isinstance(auto_requeue, bool):
+            raise TypeError(
+                f"SLURMEnvironment(auto_requeue={auto_requeue!r}) must be True or False. To pass the environment"
+                " variables, use the keyword: SLURMEnvironment(env={...})."
+            )
+        super().__init__(env)
+        self.auto_requeue = auto_requeue
+        if requeue_signal is None and sys.platform != "win32":
+            requeue_signal = signal.SIGUSR1
+        if requeue_signal is not None:
+            try:
+                requeue_signal = signal.Signals(requeue_signal)
+            except (ValueError, TypeError):
+                raise ValueError(
+                    f"SLURMEnvironment(requeue_signal={requeue_signal!r}) is not a signal. Example:"
+                    " requeue_signal=signal.SIGUSR1 (SLURM's --signal=USR1@90)."
+                ) from None
+        self.requeue_signal = requeue_signal
+        self._previous_handler: Any = None
+        self._handler_installed = False
+
+    @staticmethod
+    def job_name() -> str | None:
+        """``SLURM_JOB_NAME`` of this process's ``os.environ``, or ``None``.
+
+        Example::
+
+            SLURMEnvironment.job_name()  # 'train' in a job submitted with --job-name=train
+        """
+        return os.environ.get("SLURM_JOB_NAME")
+
+    @staticmethod
+    def job_id() -> int | None:
+        """``SLURM_JOB_ID`` of ``os.environ`` as an int; ``None`` outside SLURM and in an interactive job.
+
+        Example::
+
+            SLURMEnvironment.job_id()  # 4242 inside job 4242; None in a job named 'bash' or 'interactive'
+        """
+        if _slurm_interactive(os.environ):
+            return None
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        return int(job_id) if job_id.isdigit() else None
+
+    @staticmethod
+    def resolve_root_node_address(nodes: str) -> str:
+        """The first host of a SLURM host list, as :func:`first_host`.
+
+        Example::
+
+            SLURMEnvironment.resolve_root_node_address("node[3-5,9],gpu1")  # 'node3'
+        """
+        return first_host(nodes)
+
+    # ------------------------------------------------------------------------------------------ auto-requeue
+    def _on_setup(self, global_rank: int) -> None:
+        """Install the requeue handler (main thread only), once the process knows its global rank."""
+        if not self.auto_requeue or self.requeue_signal is None or self._handler_installed:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            log.debug("not installing the SLURM requeue handler: signal handlers can only be set in the main thread")
+            return
+        signum = self.requeue_signal
+        previous = signal.getsignal(signum)
+
+        def on_requeue_signal(received: int, frame: FrameType | None) -> None:
+            if global_rank == 0:
+                self._requeue()
+            if callable(previous):
+                previous(received, frame)
+
+        signal.signal(signum, on_requeue_signal)
+        self._previous_handler = previous
+        self._handler_installed = True
+
+    def _requeue(self) -> None:
+        """``scontrol requeue`` this job (an array job's task as ``<array id>_<task id>``)."""
+        array_id = self._env.get("SLURM_ARRAY_JOB_ID")
+        if array_id is not None:
+            job_id = f"{array_id}_{self._env.get('SLURM_ARRAY_TASK_ID', '')}"
+        else:
+            job_id = self._env.get("SLURM_JOB_ID", "")
+        if not re.fullmatch(r"[0-9]+(_[0-9]+)?", job_id):
+            log.warning("cannot requeue: SLURM_JOB_ID=%r is not a SLURM job id", job_id)
+            return
+        log.info("requeuing SLURM job %s", job_id)
+        try:
+            done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.warning("requeuing SLURM job %s failed: %s", job_id, error)
+            return
+        if done.returncode == 0:
+            log.info("requeued SLURM job %s", job_id)
+        else:
+            log.warning(
+                "requeuing SLURM job %s failed with exit code %d: %s", job_id, done.returncode, done.stderr.strip()
+            )
+
+    @override
+    def teardown(self) -> None:
+        """Put back the signal handler that was there before the requeue handler."""
+        signum = self.requeue_signal
+        if self._handler_installed and signum is not None and threading.current_thread() is threading.main_thread():
+            previous = self._previous_handler
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+            self._handler_installed = False
 
     @property
     @override
@@ -187,7 +327,7 @@ class SLURMEnvironment(ClusterEnvironment):
         ``sbatch --ntasks-per-node=2`` job inherits ``SLURM_NTASKS_PER_NODE=2`` from the job.
 
         Example:
-            >>> SLURMEnvironment({"SLURM_TASKS_PER_NODE": "2(x3)"}).tasks_per_node()
+            >>> SLURMEnvironment(env={"SLURM_TASKS_PER_NODE": "2(x3)"}).tasks_per_node()
             2
         """
         return self._tasks_per_node()[0]
@@ -206,7 +346,7 @@ class SLURMEnvironment(ClusterEnvironment):
         """Nodes of this step: ``SLURM_STEP_NUM_NODES`` (set by ``srun``), else ``SLURM_NNODES``; ``None`` if unset.
 
         Example:
-            >>> SLURMEnvironment({"SLURM_NNODES": "2"}).num_nodes()
+            >>> SLURMEnvironment(env={"SLURM_NNODES": "2"}).num_nodes()
             2
         """
         name = self._nodes_variable()

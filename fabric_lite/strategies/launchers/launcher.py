@@ -21,6 +21,8 @@ _PR_SET_PDEATHSIG = 1
 # how often, and how far apart, a signal that reached another thread is redirected to the main thread
 _KICKS = 250
 _KICK_INTERVAL = 0.02
+#: how long restore() waits for the watching thread to end after closing its pipe (it ends at once when idle)
+_WATCHER_EXIT_S = 10.0
 
 # what an error looks like when it is only the consequence of another rank going away
 _SECONDARY_MARKERS = (
@@ -80,6 +82,7 @@ class ForwardSignals:
         self._previous: dict[int, Any] = {}
         self._handling = False
         self._wakeup: tuple[int, int] | None = None
+        self._watcher: threading.Thread | None = None
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -129,7 +132,8 @@ class ForwardSignals:
                 signal.pthread_kill(main, signum)
                 time.sleep(_KICK_INTERVAL)
 
-        threading.Thread(target=watch, name="fabric_lite-signals", daemon=True).start()
+        self._watcher = threading.Thread(target=watch, name="fabric_lite-signals", daemon=True)
+        self._watcher.start()
 
     def restore(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -145,6 +149,10 @@ class ForwardSignals:
             if current not in (-1, write_fd):  # someone replaced ours meanwhile: leave theirs
                 signal.set_wakeup_fd(current)
             os.close(write_fd)  # the watching thread reads EOF and ends
+        if self._watcher is not None:
+            # wait for it: a launch that returned holds no thread of ours (on a busy machine it can take a moment)
+            self._watcher.join(timeout=_WATCHER_EXIT_S)
+            self._watcher = None
 
     def _forward(self, signum: int, frame: Any) -> None:
         if self._handling:  # the same signal redirected to this thread while it is already being handled

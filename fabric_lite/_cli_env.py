@@ -1,0 +1,23 @@
+"""The mark ``fabric-lite run`` leaves in the environment of every process it starts (Lightning's ``LT_CLI_USED``).
+
+``Fabric()`` in such a process joins the process group at once, so the script needs no ``fabric.launch()``. A
+module of its own: ``fabric_lite.fabric`` reads it, and must not import ``fabric_lite._run_script`` (which runs as
+``python -m`` and warns when it was imported before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+#: set to "1" in every process ``fabric-lite run`` starts (and inherited by their children)
+CLI_USED_ENV_VAR = "FABRIC_LITE_CLI_USED"
+
+
+def launched_by_cli(env: Mapping[str, str]) -> bool:
+    """Whether ``env`` (the environment of this process) says ``fabric-lite run`` started the process.
+
+    Example::
+
+        launched_by_cli(os.environ)  # True in a script started by `fabric-lite run`, else False
+    """
+    return env.get(CLI_USED_ENV_VAR, "0").strip() not in ("", "0")

@@ -1,0 +1,91 @@
+"""The environment of a Kubeflow ``PyTorchJob``: one process per pod, ranks from the operator's variables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from typing_extensions import override
+
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+
+class KubeflowEnvironment(ClusterEnvironment):
+    """Processes started by the Kubeflow training operator's ``PyTorchJob``, one per pod.
+
+    The operator sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` in every pod (and Kubernetes
+    sets ``KUBERNETES_PORT``). Each pod runs one process, so the local rank is always 0 and the node rank is the
+    global rank. As in Lightning Fabric, this environment is never detected automatically (the same variables are
+    set by torchrun and by hand): pass it as a plugin.
+
+    Example::
+
+        # in the pod of the second worker of a PyTorchJob with 4 replicas
+        fabric = Fabric(accelerator="cpu", devices=1, num_nodes=4, plugins=[KubeflowEnvironment()])
+        env = KubeflowEnvironment({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "4",
+                                   "RANK": "2"})
+        env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (2, 0, 2, 4)
+    """
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    @override
+    def main_address(self) -> str:
+        address = self._env.get("MASTER_ADDR")
+        if address is None:
+            raise RuntimeError(
+                "The environment variable MASTER_ADDR is not set, but KubeflowEnvironment needs it. Run the script"
+                " in a PyTorchJob (the operator sets it), or set MASTER_ADDR yourself."
+            )
+        return address
+
+    @property
+    @override
+    def main_port(self) -> int:
+        return self._int("MASTER_PORT")
+
+    @staticmethod
+    @override
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        """Not possible: raises ``NotImplementedError``, as in Lightning Fabric. Pass the environment as a plugin."""
+        raise NotImplementedError(
+            "The Kubeflow environment can't be detected automatically: pass"
+            " Fabric(plugins=[KubeflowEnvironment()]) in a PyTorchJob."
+        )
+
+    @override
+    def world_size(self) -> int:
+        return self._int("WORLD_SIZE")
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass  # the PyTorchJob decides
+
+    @override
+    def global_rank(self) -> int:
+        return self._int("RANK")
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass  # the PyTorchJob decides
+
+    @override
+    def local_rank(self) -> int:
+        return 0
+
+    @override
+    def node_rank(self) -> int:
+        return self.global_rank()
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """One process per pod: ``devices`` must be 1 and ``num_nodes`` the job's ``WORLD_SIZE``."""
+        world_size = self.world_size()
+        if num_devices != 1 or num_nodes != world_size:
+            raise ValueError(
+                f"Fabric(devices={num_devices}, num_nodes={num_nodes}) does not match the PyTorchJob, which runs one"
+                f" process in each of its WORLD_SIZE={world_size} pods. Set devices=1, num_nodes={world_size}."
+            )

@@ -1,0 +1,143 @@
+"""The environment of processes started by LSF's job step manager (``jsrun``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+
+from typing_extensions import override
+
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+_REQUIRED = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
+
+
+class LSFEnvironment(ClusterEnvironment):
+    """Processes started by ``jsrun`` in an LSF job (e.g. on IBM Summit-style clusters); fabric_lite starts none.
+
+    Reads:
+
+    * ``JSM_NAMESPACE_RANK``, ``JSM_NAMESPACE_LOCAL_RANK`` and ``JSM_NAMESPACE_SIZE`` (set by ``jsrun``): the
+      global rank, the rank on the node and the world size;
+    * the job's hosts from the rank file named by ``LSB_DJOB_RANKFILE`` (one host per line), or else from the
+      space-separated ``LSB_HOSTS``. The first entry is the launch node, which runs no task: it is dropped. The main
+      address is the first compute host; the node rank is the position of this machine's host name among the
+      distinct compute hosts, in order of appearance;
+    * the port: ``MASTER_PORT`` if set, else ``10000 + LSB_JOBID % 1000``, so every task computes the same one.
+
+    Detected when ``LSB_JOBID``, ``LSB_DJOB_RANKFILE``, ``JSM_NAMESPACE_LOCAL_RANK`` and ``JSM_NAMESPACE_SIZE``
+    are all set, as in Lightning Fabric. The hosts, address and port are read once, when it is created.
+
+    Args:
+        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+
+    Raises:
+        ValueError: no host list (``LSB_DJOB_RANKFILE``/``LSB_HOSTS`` unset or empty), or neither ``MASTER_PORT``
+            nor ``LSB_JOBID`` to derive the port from.
+
+    Example::
+
+        # jsrun -n 4 -r 2 python train.py; in every task:
+        fabric = Fabric(accelerator="cuda", devices=2, num_nodes=2)  # LSFEnvironment is detected
+        LSFEnvironment().main_address  # 'batch2': the first compute host of $LSB_DJOB_RANKFILE
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(env)
+        hosts = self._read_hosts()
+        self._hosts = hosts
+        self._main_address = hosts[0]
+        self._main_port = self._get_main_port()
+        self._node_rank: int | None = None
+
+    def _read_hosts(self) -> list[str]:
+        """The compute hosts of the job, one entry per task slot, without the launch node."""
+        rankfile = self._env.get("LSB_DJOB_RANKFILE")
+        if rankfile is not None:
+            if not rankfile:
+                raise ValueError("The environment variable LSB_DJOB_RANKFILE is empty: LSF names no rank file.")
+            try:
+                with open(rankfile) as handle:
+                    entries = [line.strip() for line in handle]
+            except OSError as error:
+                raise ValueError(
+                    f"Cannot read the LSF rank file LSB_DJOB_RANKFILE={rankfile!r}: {error}. Run the script with"
+                    " jsrun inside an LSF job."
+                ) from None
+            source = f"LSB_DJOB_RANKFILE={rankfile!r}"
+        elif self._env.get("LSB_HOSTS", "").strip():
+            entries = self._env["LSB_HOSTS"].split()
+            source = "LSB_HOSTS"
+        else:
+            raise ValueError(
+                "Did not find the environment variable LSB_DJOB_RANKFILE (nor LSB_HOSTS): LSFEnvironment needs the"
+                " job's hosts. Run the script with jsrun inside an LSF job."
+            )
+        hosts = entries[1:]  # the first entry is the launch node
+        if not hosts:
+            raise ValueError(f"{source} lists no compute host after the launch node ({entries[:1]}).")
+        return hosts
+
+    def _get_main_port(self) -> int:
+        if "MASTER_PORT" in self._env:
+            return self._int("MASTER_PORT")
+        if "LSB_JOBID" in self._env:
+            return self._int("LSB_JOBID") % 1000 + 10000  # every task derives the same port in the 10k+ range
+        raise ValueError("Could not find the job id in the environment variable LSB_JOBID (nor MASTER_PORT is set).")
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @property
+    @override
+    def main_address(self) -> str:
+        return self._main_address
+
+    @property
+    @override
+    def main_port(self) -> int:
+        return self._main_port
+
+    @staticmethod
+    @override
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        """Whether ``jsrun`` started this process: every one of its variables and LSF's job variables is set."""
+        env = os.environ if env is None else env
+        return all(name in env for name in _REQUIRED)
+
+    @override
+    def world_size(self) -> int:
+        return self._int("JSM_NAMESPACE_SIZE")
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass  # jsrun decides
+
+    @override
+    def global_rank(self) -> int:
+        return self._int("JSM_NAMESPACE_RANK")
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass  # jsrun decides
+
+    @override
+    def local_rank(self) -> int:
+        return self._int("JSM_NAMESPACE_LOCAL_RANK")
+
+    @override
+    def node_rank(self) -> int:
+        """The position of this machine's host name among the job's distinct compute hosts."""
+        if self._node_rank is None:
+            distinct = list(dict.fromkeys(self._hosts))
+            hostname = socket.gethostname()
+            if hostname not in distinct:
+                raise RuntimeError(
+                    f"This machine's host name {hostname!r} is not among the LSF job's compute hosts {distinct};"
+                    " cannot tell its node rank. Run the script with jsrun inside the job."
+                )
+            self._node_rank = distinct.index(hostname)
+        return self._node_rank

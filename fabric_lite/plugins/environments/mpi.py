@@ -1,0 +1,192 @@
+"""The environment of processes started by an MPI launcher (``mpirun``/``mpiexec``), through ``mpi4py``."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from typing_extensions import override
+
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+#: variables that MPI launchers set in the processes they start (Open MPI, MPICH/Hydra and Intel MPI, PMIx,
+#: MVAPICH); without one of them this process was not started by an MPI launcher and mpi4py is never imported
+_LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+#: variables that hold the world size itself: "1" means a single process, with no need to ask MPI
+_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+_INSTALL_HINT = "Install it with `pip install mpi4py` (or `pip install fabric_lite[mpi]`); it needs an MPI library."
+
+
+def _import_mpi() -> Any:
+    """``mpi4py.MPI`` (importing it initialises MPI), or ``ModuleNotFoundError`` saying how to install it."""
+    try:
+        return importlib.import_module("mpi4py.MPI")
+    except ModuleNotFoundError as error:
+        if error.name not in ("mpi4py", "mpi4py.MPI"):
+            raise
+        raise ModuleNotFoundError(
+            f"MPIEnvironment needs the mpi4py package, which is not installed. {_INSTALL_HINT}"
+        ) from error
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+class MPIEnvironment(ClusterEnvironment):
+    """Processes started by ``mpirun``/``mpiexec``, with ranks from MPI's ``COMM_WORLD`` (through ``mpi4py``).
+
+    * the global rank and the world size are ``COMM_WORLD``'s;
+    * the nodes are the distinct host names of all ranks, sorted: the node rank is this host's index, and the local
+      rank is the rank within a communicator split by node;
+    * rank 0 broadcasts its host name and a free port, which every rank uses to meet (the process group itself is
+      gloo or NCCL, as usual; MPI only tells the ranks).
+
+    Everything that needs MPI is a collective: every rank computes it the first time any of them asks, and then
+    keeps it. Detected (:meth:`detect`) when an MPI launcher's variables are set (``OMPI_COMM_WORLD_SIZE``,
+    ``PMI_SIZE``, ...), mpi4py can be imported, and ``COMM_WORLD`` has more than one process. mpi4py is optional:
+    ``pip install mpi4py`` (or the ``mpi`` extra).
+
+    Args:
+        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+
+    Raises:
+        ModuleNotFoundError: mpi4py is not installed (the message says how to install it).
+
+    Example::
+
+        # mpirun -np 4 python train.py, with in train.py:
+        fabric = Fabric(accelerator="cpu", devices="auto")  # MPIEnvironment detected: 4 processes on this node
+        fabric.launch()
+        fabric.global_rank  # 0, 1, 2 or 3: COMM_WORLD's rank
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(env)
+        mpi = _import_mpi()
+        self._comm_world = mpi.COMM_WORLD
+        self._comm_local: Any = None
+        self._node_rank: int | None = None
+        self._num_nodes: int | None = None
+        self._main: tuple[str, int] | None = None
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    def _main_address_and_port(self) -> tuple[str, int]:
+        if self._main is None:
+            # one broadcast for both, so that asking for either first is the same collective on every rank
+            mine = (socket.gethostname(), _free_port()) if self._comm_world.Get_rank() == 0 else None
+            address, port = self._comm_world.bcast(mine, root=0)
+            self._main = (str(address), int(port))
+        return self._main
+
+    @property
+    @override
+    def main_address(self) -> str:
+        """Rank 0's host name (broadcast from rank 0: a collective the first time)."""
+        return self._main_address_and_port()[0]
+
+    @property
+    @override
+    def main_port(self) -> int:
+        """A port that was free on rank 0 (broadcast from rank 0: a collective the first time)."""
+        return self._main_address_and_port()[1]
+
+    @staticmethod
+    @override
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        """Whether an MPI launcher started this process among others.
+
+        Only when a launcher's variable is set is mpi4py imported (which initialises MPI), so a plain run pays
+        nothing; then ``COMM_WORLD`` must hold more than one process, as in Lightning Fabric.
+        """
+        env = os.environ if env is None else env
+        if not any(name in env for name in _LAUNCHER_VARIABLES):
+            return False
+        sizes = [env[name] for name in _SIZE_VARIABLES if name in env]
+        if sizes and all(size.strip() == "1" for size in sizes):
+            return False
+        try:
+            mpi = importlib.import_module("mpi4py.MPI")
+        except ImportError:  # not installed, or installed without a working MPI library
+            return False
+        return int(mpi.COMM_WORLD.Get_size()) > 1
+
+    @override
+    def world_size(self) -> int:
+        return int(self._comm_world.Get_size())
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass  # mpirun decides
+
+    @override
+    def global_rank(self) -> int:
+        return int(self._comm_world.Get_rank())
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass  # mpirun decides
+
+    def _init_comm_local(self) -> None:
+        # sorted distinct host names: every rank computes the same node index for the same host
+        hosts = self._comm_world.allgather(socket.gethostname())
+        nodes = sorted(set(hosts))
+        self._num_nodes = len(nodes)
+        self._node_rank = nodes.index(socket.gethostname())
+        self._comm_local = self._comm_world.Split(color=self._node_rank, key=self._comm_world.Get_rank())
+
+    @override
+    def local_rank(self) -> int:
+        """The rank among the processes on this node (a collective the first time)."""
+        if self._comm_local is None:
+            self._init_comm_local()
+        return int(self._comm_local.Get_rank())
+
+    @override
+    def node_rank(self) -> int:
+        """The index of this host among the job's sorted host names (a collective the first time)."""
+        if self._node_rank is None:
+            self._init_comm_local()
+        return int(self._node_rank)  # type: ignore[arg-type]
+
+    def local_world_size(self) -> int:
+        """How many processes the launcher started on this node (a collective the first time).
+
+        Example::
+
+            MPIEnvironment().local_world_size()  # 2 under `mpirun -np 2` on one machine
+        """
+        if self._comm_local is None:
+            self._init_comm_local()
+        return int(self._comm_local.Get_size())
+
+    def num_nodes(self) -> int:
+        """How many distinct hosts the job's processes run on (a collective the first time).
+
+        Example::
+
+            MPIEnvironment().num_nodes()  # 1 under `mpirun -np 2` on one machine
+        """
+        if self._num_nodes is None:
+            self._init_comm_local()
+        return int(self._num_nodes)  # type: ignore[arg-type]
+
+    @override
+    def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """``devices`` and ``num_nodes`` must describe the processes that the MPI launcher started."""
+        world_size, local, nodes = self.world_size(), self.local_world_size(), self.num_nodes()
+        if num_devices != local or num_nodes != nodes or num_devices * num_nodes != world_size:
+            raise ValueError(
+                f"Fabric(devices={num_devices}, num_nodes={num_nodes}) does not match the MPI job: {world_size}"
+                f" processes on {nodes} node(s), {local} on this one. Set devices={local}, num_nodes={nodes}"
+                " (or leave devices='auto'), or start mpirun with the matching number of processes."
+            )

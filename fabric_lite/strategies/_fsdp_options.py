@@ -1,0 +1,262 @@
+"""Lightning's (FSDP1-shaped) ``FSDPStrategy`` arguments, checked and mapped onto torch's ``fully_shard`` (FSDP2).
+
+* :func:`cpu_offload_setting`: ``None``/``bool``/``CPUOffloadPolicy``, or FSDP1's ``CPUOffload``.
+* :func:`mixed_precision_setting`: a ``MixedPrecisionPolicy``, or FSDP1's ``MixedPrecision`` (fields FSDP2 has no
+  equivalent for are dropped with a warning).
+* :func:`checkpointing_classes`: ``activation_checkpointing_policy``, or the deprecated ``activation_checkpointing``.
+* :func:`sharding_setting`: ``sharding_strategy`` (a name or FSDP1's ``ShardingStrategy``) with
+  ``reshard_after_forward`` and ``device_mesh``, as the strategy name, the ``reshard_after_forward`` to use and
+  whether the mesh is two-dimensional (replicate, shard).
+* :func:`mesh_shape`: the mesh shape for a world size, checked.
+
+``torch.distributed.fsdp`` is imported inside the functions, never at module level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+
+from torch.nn import Module
+
+from fabric_lite.strategies._fsdp_setup import module_classes
+from fabric_lite.utilities.rank_zero import rank_zero_deprecation, rank_zero_warn
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+ShardingStrategyName: TypeAlias = Literal[
+    "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"
+]
+SHARDING_STRATEGIES: tuple[str, ...] = (
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "NO_SHARD",
+    "HYBRID_SHARD",
+    "_HYBRID_SHARD_ZERO2",
+)
+_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+#: the strategies that keep gathered parameters until backward (ZeRO-2): ``reshard_after_forward=False``
+_KEEP_GATHERED = ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
+
+
+def cpu_offload_setting(value: Any) -> bool | CPUOffloadPolicy:
+    """``cpu_offload`` as ``True``/``False`` or a ``CPUOffloadPolicy``: ``None`` is ``False`` (Lightning's default),
+    and FSDP1's ``CPUOffload(offload_params=...)`` is its ``offload_params``.
+
+    Raises:
+        TypeError: any other value.
+
+    Example::
+
+        cpu_offload_setting(CPUOffload(offload_params=True))  # True
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    if value is None:
+        return False
+    if isinstance(value, (bool, CPUOffloadPolicy)):
+        return value
+    fsdp1 = _fsdp1_class("CPUOffload")
+    if fsdp1 is not None and isinstance(value, fsdp1):
+        return bool(value.offload_params)
+    raise TypeError(
+        f"FSDPStrategy(cpu_offload={value!r}): expected True, False, None, a torch.distributed.fsdp.CPUOffloadPolicy"
+        " or a torch.distributed.fsdp.CPUOffload."
+    )
+
+
+def mixed_precision_setting(value: Any) -> MixedPrecisionPolicy | None:
+    """``mixed_precision`` as a ``MixedPrecisionPolicy`` (or ``None``: follow ``Fabric(precision=...)``).
+
+    FSDP1's ``MixedPrecision`` maps to ``MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs=
+    cast_forward_inputs or cast_root_forward_inputs)``. FSDP2 has no ``buffer_dtype`` (buffers stay in the dtype
+    they were created in), no ``keep_low_precision_grads`` (gradients are always reduced in ``reduce_dtype`` and
+    kept in the parameters' dtype) and no ``_module_classes_to_ignore``: a value other than the default for any of
+    these is dropped with a warning.
+
+    Raises:
+        TypeError: any other value.
+
+    Example::
+
+        mixed_precision_setting(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if value is None or isinstance(value, MixedPrecisionPolicy):
+        return value
+    fsdp1 = _fsdp1_class("MixedPrecision")
+    if fsdp1 is None or not isinstance(value, fsdp1):
+        raise TypeError(
+            f"FSDPStrategy(mixed_precision={value!r}): expected a torch.distributed.fsdp.MixedPrecisionPolicy (or"
+            " FSDP1's torch.distributed.fsdp.MixedPrecision), or None to follow Fabric(precision=...)."
+        )
+    defaults = {f.name: f.default for f in dataclasses.fields(fsdp1)}
+    dropped = [
+        f"{name}={getattr(value, name)!r}"
+        for name in ("buffer_dtype", "keep_low_precision_grads", "_module_classes_to_ignore")
+        if name in defaults and getattr(value, name) != defaults[name]
+    ]
+    if dropped:
+        rank_zero_warn(
+            f"FSDPStrategy(mixed_precision=MixedPrecision(...)): {', '.join(dropped)} has no equivalent in"
+            " torch's fully_shard (FSDP2) and is ignored; only param_dtype, reduce_dtype and the input casting are"
+            " used. Pass a torch.distributed.fsdp.MixedPrecisionPolicy to silence this warning.",
+            category=UserWarning,
+            stacklevel=6,  # the caller of FSDPStrategy(...)
+        )
+    return MixedPrecisionPolicy(
+        param_dtype=value.param_dtype,
+        reduce_dtype=value.reduce_dtype,
+        cast_forward_inputs=bool(value.cast_forward_inputs or value.cast_root_forward_inputs),
+    )
+
+
+def checkpointing_classes(
+    activation_checkpointing: Any, activation_checkpointing_policy: Any
+) -> frozenset[type[Module]]:
+    """The layer classes to checkpoint: ``activation_checkpointing_policy``, or Lightning's deprecated spelling
+    ``activation_checkpointing`` (one class or a list of classes), which warns as Lightning does.
+
+    Raises:
+        ValueError: both are given.
+        TypeError: a value that is not layer classes.
+
+    Example::
+
+        checkpointing_classes(None, {Block})  # frozenset({Block})
+    """
+    if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+        raise ValueError(
+            "You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use the latter:"
+            f" FSDPStrategy(activation_checkpointing_policy={activation_checkpointing_policy!r})."
+        )
+    if activation_checkpointing is not None:
+        classes = module_classes(activation_checkpointing, "activation_checkpointing")
+        rank_zero_deprecation(
+            f"`FSDPStrategy(activation_checkpointing={activation_checkpointing})` is deprecated, use "
+            f"`FSDPStrategy(activation_checkpointing_policy={set(classes)})` instead.",
+            stacklevel=7,  # the caller of FSDPStrategy(...)
+        )
+        return classes
+    if activation_checkpointing_policy is None:
+        return frozenset()
+    return module_classes(activation_checkpointing_policy, "activation_checkpointing_policy")
+
+
+def sharding_setting(
+    sharding_strategy: Any, reshard_after_forward: bool | None, device_mesh: Any
+) -> tuple[str, bool | None]:
+    """The sharding strategy's name (upper case) and the ``reshard_after_forward`` that ``fully_shard`` gets.
+
+    ``"FULL_SHARD"``/``"HYBRID_SHARD"`` keep ``reshard_after_forward`` as given (``None``: torch's default, which
+    reshards every unit but the root, as FSDP1's FULL_SHARD does; ``False`` makes them ZeRO-2).
+    ``"SHARD_GRAD_OP"``/``"_HYBRID_SHARD_ZERO2"``/``"NO_SHARD"`` keep the gathered parameters until backward
+    (``False``). Names are case-insensitive, as in Lightning; FSDP1's ``ShardingStrategy`` members are accepted.
+
+    Raises:
+        ValueError: an unknown strategy, ``reshard_after_forward=True`` with a strategy that keeps parameters
+            gathered, or a ``device_mesh`` with a strategy that has no use for it.
+        TypeError: a ``device_mesh`` that is neither a (replicate, shard) tuple of sizes nor a ``DeviceMesh``.
+
+    Example::
+
+        sharding_setting("shard_grad_op", None, None)  # ("SHARD_GRAD_OP", False)
+    """
+    name = _strategy_name(sharding_strategy)
+    if name in _KEEP_GATHERED:
+        if reshard_after_forward:
+            raise ValueError(
+                f"FSDPStrategy(sharding_strategy={sharding_strategy!r}, reshard_after_forward=True) conflict:"
+                f" {name} keeps each unit's gathered parameters until backward (reshard_after_forward=False). Drop"
+                " reshard_after_forward, or use sharding_strategy='FULL_SHARD' (or 'HYBRID_SHARD') to reshard."
+            )
+        reshard_after_forward = False
+    _check_device_mesh(device_mesh, name)
+    return name, reshard_after_forward
+
+
+def mesh_shape(name: str, device_mesh: tuple[int, int] | None, world_size: int, num_nodes: int) -> tuple[int, ...]:
+    """The shape of the mesh to build for strategy ``name`` when the user gave no ``DeviceMesh``.
+
+    * ``"FULL_SHARD"``/``"SHARD_GRAD_OP"``: ``(world_size,)``, every rank one shard.
+    * ``"NO_SHARD"``: ``(world_size, 1)``: replicated on every rank, one shard each (plain data parallel).
+    * hybrid: the ``device_mesh`` tuple, or ``(num_nodes, world_size // num_nodes)``: sharded within a node,
+      replicated across nodes.
+
+    Raises:
+        ValueError: the sizes do not multiply to the world size; the message shows the arithmetic.
+
+    Example::
+
+        mesh_shape("HYBRID_SHARD", (2, 2), world_size=4, num_nodes=1)  # (2, 2)
+    """
+    if name == "NO_SHARD":
+        return (world_size, 1)
+    if name not in _HYBRID:
+        return (world_size,)
+    if device_mesh is None:
+        if num_nodes < 1 or world_size % num_nodes:
+            raise ValueError(
+                f"FSDPStrategy(sharding_strategy={name!r}) shards within a node and replicates across nodes, but"
+                f" the world size {world_size} is not a multiple of num_nodes={num_nodes}. Pass"
+                " device_mesh=(replicate, shard) sizes whose product is the world size."
+            )
+        return (num_nodes, world_size // num_nodes)
+    replicate, shard = device_mesh
+    if replicate * shard != world_size:
+        raise ValueError(
+            f"FSDPStrategy(device_mesh={device_mesh!r}): {replicate} x {shard} = {replicate * shard} devices, but the"
+            f" world size is {world_size}. Pass (replicate, shard) sizes whose product is {world_size}."
+        )
+    return (replicate, shard)
+
+
+def _strategy_name(value: Any) -> str:
+    fsdp1 = _fsdp1_class("ShardingStrategy")
+    if fsdp1 is not None and isinstance(value, fsdp1):
+        return str(value.name)
+    if isinstance(value, str) and value.upper() in SHARDING_STRATEGIES:
+        return value.upper()
+    raise ValueError(
+        f"FSDPStrategy(sharding_strategy={value!r}) is not one of {SHARDING_STRATEGIES} (any case), nor a"
+        " torch.distributed.fsdp.ShardingStrategy."
+    )
+
+
+def _check_device_mesh(device_mesh: Any, name: str) -> None:
+    if device_mesh is None:
+        return
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if isinstance(device_mesh, DeviceMesh):
+        dims = device_mesh.ndim
+    elif (
+        isinstance(device_mesh, tuple)
+        and len(device_mesh) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in device_mesh)
+    ):
+        dims = 2
+    else:
+        raise TypeError(
+            f"FSDPStrategy(device_mesh={device_mesh!r}): expected a tuple (replicate, shard) of positive sizes, e.g."
+            " device_mesh=(2, 4), or a torch.distributed.device_mesh.DeviceMesh."
+        )
+    expected = 2 if name in _HYBRID else 1 if name in ("FULL_SHARD", "SHARD_GRAD_OP") else 0
+    if dims != expected:
+        raise ValueError(
+            f"FSDPStrategy(sharding_strategy={name!r}, device_mesh={device_mesh!r}): a {dims}-D mesh does not fit"
+            f" {name}. A (replicate, shard) mesh needs sharding_strategy='HYBRID_SHARD' (or '_HYBRID_SHARD_ZERO2');"
+            " FULL_SHARD and SHARD_GRAD_OP take a 1-D DeviceMesh; NO_SHARD takes none."
+        )
+
+
+def _fsdp1_class(name: str) -> Any:
+    """FSDP1's ``CPUOffload``/``MixedPrecision``/``ShardingStrategy``, or ``None`` where torch no longer has it."""
+    try:
+        import torch.distributed.fsdp as fsdp
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    return getattr(fsdp, name, None)

@@ -1,0 +1,554 @@
+"""Throughput (batches, samples, items and FLOPs per second) and model FLOP utilisation (Lightning Fabric's
+``utilities.throughput``).
+
+Example::
+
+    from fabric_lite.utilities.throughput import Throughput, measure_flops
+
+    throughput = Throughput(available_flops=312e12, world_size=fabric.world_size)
+    start = time.perf_counter()
+    for i, batch in enumerate(loader, 1):
+        step(batch)
+        throughput.update(time=time.perf_counter() - start, batches=i, samples=i * batch_size)
+    throughput.compute()  # {"time": ..., "batches": ..., "device/samples_per_sec": ..., ...}
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+
+from fabric_lite.utilities.rank_zero import rank_zero_only, rank_zero_warn
+
+if TYPE_CHECKING:
+    from fabric_lite.fabric import Fabric
+    from fabric_lite.plugins.precision import Precision
+
+_THROUGHPUT_METRICS = dict[str, int | float]
+
+T = TypeVar("T", bound=float)
+
+
+class _MonotonicWindow(list[T]):
+    """The last ``maxlen`` values appended, which must strictly increase (a counter or a clock that goes back is a
+    bug in the caller's bookkeeping, and would make the rates wrong or divide by zero)."""
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__()
+        self.maxlen = maxlen
+
+    def append(self, x: T) -> None:
+        if self and self[-1] >= x:
+            raise ValueError(f"Expected the value to increase, last: {self[-1]}, current: {x}")
+        super().append(x)
+        if len(self) > self.maxlen:
+            del self[0]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise NotImplementedError("__setitem__ is not supported")
+
+
+class Throughput:
+    """Rates over a window of the most recent :meth:`update` calls, per device and (``world_size > 1``) global.
+
+    :meth:`compute` returns ``time``, ``batches``, ``samples`` (and ``lengths`` when given): the last values passed
+    to :meth:`update`. Once ``window_size`` updates were made it adds ``device/batches_per_sec`` and
+    ``device/samples_per_sec`` (and ``device/items_per_sec`` from ``lengths``), and once ``window_size`` ``flops``
+    were given, ``device/flops_per_sec`` and, with ``available_flops``, ``device/mfu``. With ``world_size > 1`` the
+    global ``batches_per_sec``, ``samples_per_sec``, ``items_per_sec`` and ``flops_per_sec`` are the per-device rates
+    times ``world_size`` (every device is assumed to run at the same rate).
+
+    Args:
+        available_flops: the theoretical FLOP/s of one device (see :func:`get_available_flops`), for ``device/mfu``.
+        world_size: the number of devices, across all machines.
+        window_size: how many of the most recent updates the rates are computed over (at least 2).
+        separator: what joins ``device`` and the metric name in the keys.
+
+    Raises:
+        ValueError: ``world_size < 1`` or ``window_size < 2``.
+
+    Example::
+
+        throughput = Throughput(window_size=2)
+        throughput.update(time=1.0, batches=1, samples=4)
+        throughput.update(time=3.0, batches=2, samples=8)
+        throughput.compute()
+        # {'time': 3.0, 'batches': 2, 'samples': 8, 'device/batches_per_sec': 0.5, 'device/samples_per_sec': 2.0}
+    """
+
+    def __init__(
+        self, available_flops: float | None = None, world_size: int = 1, window_size: int = 100, separator: str = "/"
+    ) -> None:
+        if world_size < 1:
+            raise ValueError(f"Throughput(world_size={world_size}): the world size must be at least 1.")
+        if window_size < 2:
+            # the rates are differences between the first and the last value of the window
+            raise ValueError(
+                f"Throughput(window_size={window_size}): the window must hold at least 2 updates (rates are"
+                " differences between the first and the last). Use window_size=2 or more."
+            )
+        self.available_flops = available_flops
+        self.separator = separator
+        self.world_size = world_size
+        self._time: _MonotonicWindow[float] = _MonotonicWindow(maxlen=window_size)
+        self._batches: _MonotonicWindow[int] = _MonotonicWindow(maxlen=window_size)
+        self._samples: _MonotonicWindow[int] = _MonotonicWindow(maxlen=window_size)
+        self._lengths: _MonotonicWindow[int] = _MonotonicWindow(maxlen=window_size)
+        self._flops: deque[int] = deque(maxlen=window_size)
+
+    def update(
+        self, *, time: float, batches: int, samples: int, lengths: int | None = None, flops: int | None = None
+    ) -> None:
+        """Record the running totals after a batch.
+
+        Args:
+            time: seconds elapsed since the start; must increase with every call.
+            batches: batches seen by this device so far; must increase with every call.
+            samples: samples seen by this device so far (at least ``batches``); must increase with every call.
+            lengths: items (e.g. tokens) seen by this device so far (at least ``samples``); give it at every call
+                or never.
+            flops: FLOPs done by this device since the previous call (e.g. :func:`measure_flops` times the batches).
+
+        Raises:
+            ValueError: a total that does not increase, ``samples < batches`` or ``lengths < samples``.
+            RuntimeError: ``lengths`` given at some calls only.
+
+        Example::
+
+            throughput.update(time=time.perf_counter() - start, batches=i, samples=i * 32, lengths=i * 32 * 512)
+        """
+        # the same order of appends and checks as Lightning, so a failing call leaves the same state behind
+        self._time.append(time)
+        if samples < batches:
+            raise ValueError(f"Expected samples ({samples}) to be greater or equal than batches ({batches})")
+        self._batches.append(batches)
+        self._samples.append(samples)
+        if lengths is not None:
+            if lengths < samples:
+                raise ValueError(f"Expected lengths ({lengths}) to be greater or equal than samples ({samples})")
+            self._lengths.append(lengths)
+            if len(self._samples) != len(self._lengths):
+                raise RuntimeError(
+                    f"If lengths are passed ({len(self._lengths)}), there needs to be the same number of samples"
+                    f" ({len(self._samples)})"
+                )
+        if flops is not None:
+            self._flops.append(flops * self.world_size)  # the FLOPs of all devices together
+
+    def compute(self) -> _THROUGHPUT_METRICS:
+        """The metrics described in the class docstring.
+
+        Raises:
+            IndexError: :meth:`update` was never called.
+
+        Example::
+
+            metrics = throughput.compute()
+            metrics["device/samples_per_sec"]  # present once window_size updates were made
+        """
+        sep = self.separator
+        metrics: _THROUGHPUT_METRICS = {
+            "time": self._time[-1],
+            "batches": self._batches[-1],
+            "samples": self._samples[-1],
+        }
+        if self._lengths:
+            metrics["lengths"] = self._lengths[-1]
+        add_global = self.world_size > 1
+        if len(self._time) == self._time.maxlen:
+            elapsed_time = self._time[-1] - self._time[0]  # > 0: the window is strictly increasing
+            batches_per_sec = (self._batches[-1] - self._batches[0]) / elapsed_time
+            samples_per_sec = (self._samples[-1] - self._samples[0]) / elapsed_time
+            metrics[f"device{sep}batches_per_sec"] = batches_per_sec
+            metrics[f"device{sep}samples_per_sec"] = samples_per_sec
+            if add_global:
+                metrics["batches_per_sec"] = batches_per_sec * self.world_size
+                metrics["samples_per_sec"] = samples_per_sec * self.world_size
+            if len(self._lengths) == self._lengths.maxlen:
+                items_per_sec = (self._lengths[-1] - self._lengths[0]) / elapsed_time
+                metrics[f"device{sep}items_per_sec"] = items_per_sec
+                if add_global:
+                    metrics["items_per_sec"] = items_per_sec * self.world_size
+        if len(self._flops) == self._flops.maxlen:
+            # the first entry is the work done before the first timestamp of the window
+            elapsed_flops = sum(self._flops) - self._flops[0]
+            flops_per_sec = elapsed_flops / (self._time[-1] - self._time[0])
+            device_flops_per_sec = flops_per_sec / self.world_size
+            if add_global:
+                metrics["flops_per_sec"] = flops_per_sec
+            metrics[f"device{sep}flops_per_sec"] = device_flops_per_sec
+            if self.available_flops:
+                metrics[f"device{sep}mfu"] = device_flops_per_sec / self.available_flops
+        return metrics
+
+    def reset(self) -> None:
+        """Forget every update.
+
+        Example::
+
+            throughput.reset()  # e.g. after a validation loop, so that its time is not counted
+        """
+        self._time.clear()
+        self._batches.clear()
+        self._samples.clear()
+        self._lengths.clear()
+        self._flops.clear()
+
+
+class ThroughputMonitor(Throughput):
+    """A :class:`Throughput` for a launched ``Fabric`` that logs through ``fabric.log_dict``.
+
+    ``world_size`` comes from ``fabric`` and ``available_flops`` from :func:`get_available_flops` for
+    ``fabric.device`` and the precision's compute dtype. As in Lightning, :meth:`update`, :meth:`compute`,
+    :meth:`compute_and_log` and :meth:`reset` only act on global rank 0 (elsewhere they return ``None``/``{}``).
+
+    Args:
+        fabric: a launched ``Fabric``.
+        **kwargs: ``window_size`` and ``separator`` of :class:`Throughput`.
+
+    Example::
+
+        monitor = ThroughputMonitor(fabric, window_size=10)
+        for i, batch in enumerate(loader, 1):
+            ...
+            monitor.update(time=time.perf_counter() - start, batches=i, samples=i * batch_size)
+            if i % 10 == 0:
+                monitor.compute_and_log(step=i)
+    """
+
+    def __init__(self, fabric: Fabric, **kwargs: Any) -> None:
+        fabric._validate_launched()  # before launch() the world size is not known yet
+        dtype = _plugin_to_compute_dtype(fabric.strategy.precision)
+        available_flops = get_available_flops(fabric.device, dtype)
+        super().__init__(available_flops=available_flops, world_size=fabric.world_size, **kwargs)
+        self._fabric = fabric
+        self.step = -1
+        self.update = rank_zero_only(self.update)  # type: ignore[method-assign]
+        self.compute = rank_zero_only(self.compute, default={})  # type: ignore[method-assign]
+        self.compute_and_log = rank_zero_only(self.compute_and_log, default={})  # type: ignore[method-assign]
+        self.reset = rank_zero_only(self.reset)  # type: ignore[method-assign]
+
+    def compute_and_log(self, step: int | None = None, **kwargs: Any) -> _THROUGHPUT_METRICS:
+        """:meth:`compute` and ``fabric.log_dict(metrics, step)``; ``step`` defaults to one more than the last.
+
+        Example::
+
+            metrics = monitor.compute_and_log()  # logged at step 0, then 1, 2, ...
+        """
+        self.step = (self.step + 1) if step is None else step
+        metrics = self.compute(**kwargs)
+        self._fabric.log_dict(metrics=metrics, step=self.step)
+        return metrics
+
+
+def measure_flops(
+    model: torch.nn.Module,
+    forward_fn: Callable[[], torch.Tensor],
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> int:
+    """The FLOPs of ``forward_fn()`` (and of ``loss_fn(output).backward()`` when ``loss_fn`` is given), counted by
+    ``torch.utils.flop_counter.FlopCounterMode``.
+
+    A model on the ``meta`` device is measured without allocating or computing anything.
+
+    Args:
+        model: the model ``forward_fn`` runs (kept for Lightning's signature).
+        forward_fn: runs the forward and returns its output.
+        loss_fn: turns the output into a loss; the loss and the backward are then counted too.
+
+    Example::
+
+        with torch.device("meta"):
+            model = MyModel()
+            x = torch.randn(2, 32)
+        forward_flops = measure_flops(model, lambda: model(x))
+        training_flops = measure_flops(model, lambda: model(x), lambda y: y.sum())
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if loss_fn is None:
+            forward_fn()
+        else:
+            loss_fn(forward_fn()).backward()  # type: ignore[no-untyped-call]
+    return int(counter.get_total_flops())
+
+
+# Peak dense FLOP/s from NVIDIA's data sheets (the same figures as Lightning Fabric 2.6.6's table).
+_CUDA_FLOPS: dict[str, dict[str | torch.dtype, float]] = {
+    # Hopper
+    "h200 sxm1": {
+        torch.float64: 3.4e13,
+        torch.float32: 6.7e13,
+        "tfloat32": 9.9e14,
+        torch.bfloat16: 2.0e15,
+        torch.float16: 2.0e15,
+        torch.int8: 4.0e15,
+    },
+    "h200 nvl1": {
+        torch.float64: 3.0e13,
+        torch.float32: 6.0e13,
+        "tfloat32": 8.4e14,
+        torch.bfloat16: 1.7e15,
+        torch.float16: 1.7e15,
+        torch.int8: 3.3e15,
+    },
+    "h100 nvl": {
+        torch.float64: 67e12,
+        torch.float32: 133.8e12,
+        "tfloat32": 989.4e12,
+        torch.bfloat16: 1978.8e12,
+        torch.float16: 1978.8e12,
+        torch.int8: 3957.8e12,
+    },
+    "h100 sxm": {
+        torch.float64: 33.5e12,
+        torch.float32: 66.9e12,
+        "tfloat32": 494.7e12,
+        torch.bfloat16: 989.4e12,
+        torch.float16: 989.4e12,
+        torch.int8: 1978.9e12,
+    },
+    "h100 pcie": {
+        torch.float64: 25.6e12,
+        torch.float32: 51.2e12,
+        "tfloat32": 378e12,
+        torch.bfloat16: 756e12,
+        torch.float16: 756e12,
+        torch.int8: 1513e12,
+    },
+    # Ada
+    "rtx 4090": {
+        torch.float32: 82.6e12,
+        "tfloat32": 82.6e12,
+        torch.bfloat16: 82.6e12,
+        torch.float16: 82.6e12,
+        torch.int8: 660.6e12,
+        "int4": 1321.2e12,
+    },
+    "rtx 4080": {
+        torch.float32: 48.7e12,
+        "tfloat32": 48.7e12,
+        torch.bfloat16: 48.7e12,
+        torch.float16: 48.7e12,
+        torch.int8: 389.9e12,
+        "int4": 779.8e12,
+    },
+    "rtx 4080 super": {
+        torch.float32: 52.2e12,
+        "tfloat32": 52.2e12,
+        torch.bfloat16: 52.2e12,
+        torch.float16: 52.2e12,
+        torch.int8: 417.6e12,
+        "int4": 835.2e12,
+    },
+    "l4": {
+        torch.float32: 30.3e12,
+        "tfloat32": 60e12,
+        torch.bfloat16: 121e12,
+        torch.float16: 121e12,
+        torch.int8: 242e12,
+        "int4": 484e12,
+    },
+    "l40": {
+        torch.float32: 90.5e12,
+        "tfloat32": 90.5e12,
+        torch.bfloat16: 181e12,
+        torch.float16: 181e12,
+        torch.int8: 362e12,
+        "int4": 724e12,
+    },
+    # Ampere
+    "a100": {
+        torch.float64: 9.7e12,
+        torch.float32: 19.5e12,
+        "tfloat32": 156e12,
+        torch.bfloat16: 312e12,
+        torch.float16: 312e12,
+        torch.int8: 624e12,
+    },
+    "a6000": {
+        torch.float32: 38.7e12,
+        "tfloat32": 77.4e12,
+        torch.bfloat16: 38.7e12,
+        torch.float16: 38.7e12,
+        torch.int8: 309.7e12,
+        "int4": 619.3e12,
+    },
+    "a40": {
+        torch.float32: 37.4e12,
+        "tfloat32": 74.8e12,
+        torch.bfloat16: 37.4e12,
+        torch.float16: 37.4e12,
+        torch.int8: 299.3e12,
+        "int4": 598.7e12,
+    },
+    "a10g": {
+        torch.float32: 31.2e12,
+        "tfloat32": 62.5e12,
+        torch.bfloat16: 125e12,
+        torch.float16: 125e12,
+        torch.int8: 250e12,
+        "int4": 500e12,
+    },
+    "rtx 3090 ti": {
+        torch.float32: 40e12,
+        "tfloat32": 40e12,
+        torch.bfloat16: 40e12,
+        torch.float16: 40e12,
+        torch.int8: 320e12,
+        "int4": 640e12,
+    },
+    "rtx 3090": {
+        torch.float32: 35.6e12,
+        "tfloat32": 35.6e12,
+        torch.bfloat16: 35.6e12,
+        torch.float16: 35.6e12,
+        torch.int8: 284e12,
+        "int4": 568e12,
+    },
+    "rtx 3080 ti": {
+        torch.float32: 34.1e12,
+        "tfloat32": 34.1e12,
+        torch.bfloat16: 34.1e12,
+        torch.float16: 34.1e12,
+        torch.int8: 272.8e12,
+        "int4": 546.6e12,
+    },
+    "rtx 3080": {
+        torch.float32: 29.8e12,
+        "tfloat32": 29.8e12,
+        torch.bfloat16: 29.8e12,
+        torch.float16: 29.8e12,
+        torch.int8: 238e12,
+        "int4": 476e12,
+    },
+    "rtx 3070": {
+        torch.float32: 20.3e12,
+        "tfloat32": 20.3e12,
+        torch.bfloat16: 20.3e12,
+        torch.float16: 20.3e12,
+        torch.int8: 162.6e12,
+        "int4": 325.2e12,
+    },
+    # Turing
+    "t4": {torch.float32: 8.1e12, torch.float16: 65e12, torch.int8: 130e12, "int4": 260e12},
+    "quadro rtx 5000": {torch.float32: 11.2e12, torch.float16: 89.2e12},
+    "rtx 2080 super": {torch.float32: 11.2e12, torch.float16: 22.3e12, torch.int8: 178.4e12, "int4": 356.8e12},
+    "rtx 2080 ti": {torch.float32: 14.2e12, torch.float16: 28.5e12, torch.int8: 227.7e12, "int4": 455.4e12},
+    "rtx 2080": {torch.float32: 10.6e12, torch.float16: 21.2e12, torch.int8: 169.6e12, "int4": 339.1e12},
+    "rtx 2070 super": {torch.float32: 9.1e12, torch.float16: 18.1e12, torch.int8: 145e12, "int4": 290e12},
+    "titan rtx": {torch.float32: 16.3e12, torch.float16: 32.6e12, torch.int8: 261e12, "int4": 522e12},
+    # Volta
+    "v100 sxm": {torch.float64: 7.8e12, torch.float32: 15.7e12, torch.float16: 125e12},
+    "v100 pcie": {torch.float64: 7e12, torch.float32: 14e12, torch.float16: 112e12},
+    "v100s pcie": {torch.float64: 8.2e12, torch.float32: 16.4e12, torch.float16: 130e12},
+}
+
+# (substring of the lower-cased device name, table key), checked in order, for the chips whose name needs no parsing
+_SIMPLE_CHIPS = (
+    ("a6000", "a6000"),
+    ("a100", "a100"),
+    ("a40", "a40"),
+    ("a10g", "a10g"),
+    ("t4", "t4"),
+    ("quadro rtx 5000", "quadro rtx 5000"),
+    ("titan rtx", "titan rtx"),
+    ("v100-sxm", "v100 sxm"),
+    ("v100-pcie", "v100 pcie"),
+    ("v100s-pcie", "v100s pcie"),
+)
+
+
+def _chip_of(device_name: str) -> str | None:
+    """The key of :data:`_CUDA_FLOPS` that a CUDA device name maps to (the same parsing as Lightning), or ``None``
+    when the name is not recognised."""
+    chip = device_name.lower()
+    if "h200" in chip:
+        if "sxm1" in chip:
+            return "h200 sxm1"
+        if "nvl1" in chip:
+            return "h200 nvl1"
+        return chip
+    if "h100" in chip:
+        if "hbm3" in chip:
+            return "h100 sxm"
+        if "nvl" in chip:
+            return "h100 nvl"
+        if "pcie" in chip or "hbm2e" in chip:
+            return "h100 pcie"
+        return chip
+    if "l4" in chip:
+        return "l40" if "tesla" in chip else "l4"
+    if "geforce rtx" in chip:
+        words = chip.split(" ")
+        number = words[3] if len(words) > 3 else ""
+        extra = " super" if "super" in chip else " ti" if "ti" in chip else ""
+        return f"rtx {number}{extra}"
+    for needle, key in _SIMPLE_CHIPS:
+        if needle in chip:
+            return key
+    return None
+
+
+def _cuda_flops(device_name: str, dtype: torch.dtype | str, tf32: bool) -> int | None:
+    """The table lookup of :func:`get_available_flops` for a CUDA device name; ``tf32``: float32 matmuls run on
+    TF32 tensor cores (Ampere or later, and ``torch.get_float32_matmul_precision() != "highest"``)."""
+    chip = _chip_of(device_name)
+    if chip is None:
+        rank_zero_warn(f"FLOPs not found for {device_name!r}")
+        return None
+    if chip not in _CUDA_FLOPS:
+        rank_zero_warn(f"FLOPs not found for {device_name!r}, chip is {chip!r}")
+        return None
+    dtype_to_flops = _CUDA_FLOPS[chip]
+    if dtype is torch.float32 and tf32:
+        dtype = "tfloat32"
+    if dtype not in dtype_to_flops:
+        rank_zero_warn(f"{device_name!r} does not support {dtype}")
+        return None
+    return int(dtype_to_flops[dtype])
+
+
+def get_available_flops(device: torch.device, dtype: torch.dtype | str) -> int | None:
+    """The theoretical peak FLOP/s of ``device`` for ``dtype`` (an optimistic upper bound: only large matmuls in a
+    benchmark come near it), from a table of NVIDIA GPUs.
+
+    Returns ``None`` for non-CUDA devices, and ``None`` with a warning for a GPU or a dtype not in the table. For
+    ``torch.float32`` on Ampere or later, the TF32 figure is used unless
+    ``torch.get_float32_matmul_precision() == "highest"``.
+
+    Example::
+
+        get_available_flops(torch.device("cuda", 0), torch.bfloat16)  # 312000000000000 on an A100
+        get_available_flops(torch.device("cpu"), torch.float32)       # None
+    """
+    if device.type != "cuda":
+        # Lightning also knows TPUs (through torch_xla), which fabric_lite does not support
+        return None
+    tf32 = (
+        dtype is torch.float32
+        and torch.cuda.get_device_capability(device)[0] >= 8
+        and torch.get_float32_matmul_precision() != "highest"
+    )
+    return _cuda_flops(torch.cuda.get_device_name(device), dtype, tf32)
+
+
+def _plugin_to_compute_dtype(plugin: Precision) -> torch.dtype:
+    """The dtype the matmuls run in under ``plugin``, as Lightning decides it: the half dtype of mixed and true-half
+    precision, float64 for double precision, FSDP's gradient-reduction dtype, float32 otherwise."""
+    from fabric_lite.plugins.precision import Precision
+
+    if not isinstance(plugin, Precision):
+        raise RuntimeError(f"Expected a precision plugin, got {plugin!r}")
+    if hasattr(type(plugin), "mixed_precision_config"):  # FSDPPrecision
+        return plugin.mixed_precision_config.reduce_dtype or torch.float32  # type: ignore[attr-defined]
+    dtype = getattr(plugin, "_dtype", torch.float32)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+__all__ = ["Throughput", "ThroughputMonitor", "get_available_flops", "measure_flops"]
