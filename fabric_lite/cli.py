@@ -414,18 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.update(command.env)  # the workers inherit this process's environment
     # torchrun gives every worker OMP_NUM_THREADS=1 when it is unset (with a warning); share this machine's cores
-    # among the processes instead (Lightning's `fabric run` gives each of them all the cores, oversubscribing)
+    # among the processes instead, as fabric_lite's own launchers do (Lightning's `fabric run` gives each of them
+    # all the cores, oversubscribing)
+    from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
+
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(command.nproc_per_node)))
     return _run_torchrun(command.torchrun_args)
-
-
-def threads_per_process(nproc_per_node: int) -> int:
-    """The CPU threads each of ``nproc_per_node`` processes gets when ``OMP_NUM_THREADS`` is unset: the cores this
-    process may use, shared out evenly, at least one.
-
-    Example::
-
-        threads_per_process(2)  # 8 on a 16-core machine
-    """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, nproc_per_node))

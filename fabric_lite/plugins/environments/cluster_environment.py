@@ -91,15 +91,20 @@ class ClusterEnvironment(ABC):
         :class:`SLURMEnvironment` installs its requeue signal handler here. Nothing by default.
         """
 
-    def _int(self, name: str, default: int | None = None) -> int:
+    def _required(self, name: str) -> str:
+        """The value of the variable ``name``, which this environment cannot work without."""
         value = self._env.get(name)
         if value is None:
-            if default is None:
-                raise RuntimeError(
-                    f"The environment variable {name} is not set, but {type(self).__name__} needs it."
-                    f" Start the script with the launcher that sets it, or set {name} yourself."
-                )
+            raise RuntimeError(
+                f"The environment variable {name} is not set, but {type(self).__name__} needs it."
+                f" Start the script with the launcher that sets it, or set {name} yourself."
+            )
+        return value
+
+    def _int(self, name: str, default: int | None = None) -> int:
+        if default is not None and name not in self._env:
             return default
+        value = self._required(name)
         try:
             return int(value)
         except ValueError:

@@ -34,13 +34,7 @@ class KubeflowEnvironment(ClusterEnvironment):
     @property
     @override
     def main_address(self) -> str:
-        address = self._env.get("MASTER_ADDR")
-        if address is None:
-            raise RuntimeError(
-                "The environment variable MASTER_ADDR is not set, but KubeflowEnvironment needs it. Run the script"
-                " in a PyTorchJob (the operator sets it), or set MASTER_ADDR yourself."
-            )
-        return address
+        return self._required("MASTER_ADDR")  # the PyTorchJob operator sets it
 
     @property
     @override

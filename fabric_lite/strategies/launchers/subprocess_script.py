@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from fabric_lite.strategies.launchers._supervisor import Child, ProcessSupervisor, record_child_errors
 from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_FD, ENV_PARENT_PID, Launcher
+from fabric_lite.utilities.data import _num_cpus_available
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -31,11 +32,7 @@ def script_command() -> list[str]:
 
 def threads_per_process(num_processes: int) -> int:
     """CPU threads for each of ``num_processes`` processes on this node, so that they do not oversubscribe."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // max(1, num_processes))
+    return max(1, _num_cpus_available() // max(1, num_processes))
 
 
 class SubprocessScriptLauncher(Launcher):
