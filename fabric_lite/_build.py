@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,24 @@ def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
     return Precision()
 
 
+def _check_bitsandbytes(precision: Precision, plan: Plan, strategy: str | Strategy) -> None:
+    """Quantised layers run on the CPU and CUDA, and cannot be sharded (Lightning: CUDA only, FSDP refuses)."""
+    module = sys.modules.get("fabric_lite.plugins.precision.bitsandbytes")  # not loaded: no such precision exists
+    if module is None or not isinstance(precision, module.BitsandbytesPrecision):
+        return
+    if plan.accelerator not in ("cpu", "cuda"):
+        raise RuntimeError(
+            f"{precision!r} runs on the CPU and on CUDA GPUs, not on accelerator={plan.accelerator!r}:"
+            " choose Fabric(accelerator='cpu') or Fabric(accelerator='cuda')."
+        )
+    name = type(strategy).__name__ if isinstance(strategy, Strategy) else plan.strategy
+    if loaded_instance(strategy, "FSDPStrategy") or "fsdp" in name.lower():
+        raise TypeError(
+            f"{precision!r} cannot be used with the FSDP strategy ({name!r}): FSDP shards parameters, and 8/4-bit"
+            " quantised weights cannot be sharded. Use strategy='auto' (one device)."
+        )
+
+
 def _devices(plan: Plan) -> list[torch.device]:
     if plan.accelerator == "cpu":
         return [torch.device("cpu")] * len(plan.devices)
@@ -58,6 +77,7 @@ def build_strategy(
     else:
         accelerator_obj = ACCELERATORS[plan.accelerator]()
     precision = _precision(plan, plugins)
+    _check_bitsandbytes(precision, plan, strategy)
     devices = _devices(plan)
     if isinstance(strategy, Strategy):
         instance = strategy

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_lite._build import build_strategy
 from fabric_lite._cli_env import launched_by_cli
+from fabric_lite._compile import reapply_compile, take_apart_compiled, uncompiled
 from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
 from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
@@ -350,10 +351,20 @@ class Fabric:
 
     # ------------------------------------------------------------------ setup
     def setup(
-        self, module: nn.Module, *optimizers: Optimizer, scheduler: Any = None, move_to_device: bool = True
+        self,
+        module: nn.Module,
+        *optimizers: Optimizer,
+        scheduler: Any = None,
+        move_to_device: bool = True,
+        _reapply_compile: bool = True,
     ) -> Any:
         """Set up a module and its optimizers: move the module to the device, wrap it for the strategy (e.g. in
         ``DistributedDataParallel``) and wrap the optimizers so that ``step`` goes through the strategy.
+
+        A module compiled with ``torch.compile`` is set up uncompiled, then the strategy's module (e.g. the DDP
+        wrapper) is compiled again with the same settings, so that DDP's hooks run inside the compiled graph; FSDP
+        compiles each sharded block instead. ``_reapply_compile=False`` sets up the compiled module as it is.
+        State dicts never carry the ``_orig_mod.`` of the compiled wrapper.
 
         Returns:
             The wrapped module if no optimizer is given, else ``(module, *optimizers)``, plus ``scheduler`` last
@@ -371,12 +382,12 @@ class Fabric:
             model.module  # your Linear, without the DistributedDataParallel around it
         """
         self._validate_launched()
-        if isinstance(module, _FabricModule):
+        if is_wrapped(module):
             raise ValueError("A model should be passed only once to the `setup` method. It is already set up.")
         if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
             raise ValueError("An optimizer should be passed only once to the `setup` method. It is already set up.")
         _check_optimizers_own_parameters(module, optimizers)
-        original = _unwrap_compiled(module)
+        module, original, compiler = take_apart_compiled(module, _reapply_compile)
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
@@ -384,6 +395,8 @@ class Fabric:
             module, wrapped = self._strategy.setup_module_and_optimizers(module, list(optimizers))
         else:
             module, wrapped = self._strategy.setup_module(module), []
+        if compiler is not None:
+            module = reapply_compile(self._strategy, module, compiler)
         fabric_module = _FabricModule(module, self._strategy, original_module=original)
         fabric_optimizers = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in wrapped]
         self._models_setup += 1
@@ -393,8 +406,11 @@ class Fabric:
             return (fabric_module, *fabric_optimizers, scheduler)
         return (fabric_module, *fabric_optimizers) if fabric_optimizers else fabric_module
 
-    def setup_module(self, module: nn.Module, move_to_device: bool = True) -> _FabricModule:
-        """Set up a module alone (create its optimizer afterwards and pass it to :meth:`setup_optimizers`).
+    def setup_module(
+        self, module: nn.Module, move_to_device: bool = True, _reapply_compile: bool = True
+    ) -> _FabricModule:
+        """Set up a module alone (create its optimizer afterwards and pass it to :meth:`setup_optimizers`); a
+        compiled module as in :meth:`setup`.
 
         Example::
 
@@ -402,13 +418,16 @@ class Fabric:
             optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
         """
         self._validate_launched()
-        if isinstance(module, _FabricModule):
+        if is_wrapped(module):
             raise ValueError("A model should be passed only once to the `setup_module` method. It is already set up.")
-        original = _unwrap_compiled(module)
+        module, original, compiler = take_apart_compiled(module, _reapply_compile)
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
-        fabric_module = _FabricModule(self._strategy.setup_module(module), self._strategy, original_module=original)
+        module = self._strategy.setup_module(module)
+        if compiler is not None:
+            module = reapply_compile(self._strategy, module, compiler)
+        fabric_module = _FabricModule(module, self._strategy, original_module=original)
         self._attach_lightning_module(original, None)
         self._models_setup += 1
         return fabric_module
@@ -531,6 +550,7 @@ class Fabric:
                 "No models were set up for backward. Did you forget to call `fabric.setup()`?"
                 " Set up the model first: model, optimizer = fabric.setup(model, optimizer)."
             )
+        model = uncompiled(model)  # torch.compile(fabric_model) is accepted too
         module = model._forward_module if isinstance(model, _FabricModule) else model
         self._strategy.backward(tensor, module, *args, **kwargs)
 
@@ -632,6 +652,7 @@ class Fabric:
                     optimizer.step()  # the gradients of 4 batches, synchronised by the last backward
                     optimizer.zero_grad()
         """
+        module = uncompiled(module)  # torch.compile(fabric_model) is accepted too
         if not isinstance(module, _FabricModule):
             raise TypeError(
                 "You need to set up the model first before you can call `fabric.no_backward_sync()`:"
@@ -989,13 +1010,6 @@ class Fabric:
             fabric.seed_everything(42)  # random, NumPy and torch, and every dataloader worker set up afterwards
         """
         return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
-
-
-def _unwrap_compiled(module: nn.Module) -> nn.Module:
-    """The module under ``torch.compile``'s wrapper (checked by name, so torch._dynamo is never imported)."""
-    if type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
-        return module._orig_mod  # type: ignore[return-value]
-    return module
 
 
 def _check_optimizers_own_parameters(module: nn.Module, optimizers: Sequence[Optimizer]) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
+from fabric_lite._compile import clean_state_dict_keys, is_compiled, uncompiled
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
@@ -31,16 +32,25 @@ class _FabricModule(nn.Module):
     Calling it runs the strategy's module (e.g. ``DistributedDataParallel``) under the precision's forward hooks.
     ``state_dict``/``load_state_dict`` act on the original module, so the keys carry no wrapper prefix; ``.module``
     is the original module; other attributes are read from and written to the original module.
+
+    A compiled ``forward_module`` (``torch.compile(DistributedDataParallel(model))``, as ``Fabric.setup`` makes it)
+    is what calls run through, while ``_forward_module`` is the module under it (the strategy's, e.g. the DDP
+    module: what ``no_backward_sync``, checkpoints and DDP comm hooks act on). Lightning keeps the compiled wrapper
+    in ``_forward_module``. No state dict carries the ``_orig_mod.`` of a compiled wrapper.
     """
 
     def __init__(self, forward_module: nn.Module, strategy: Strategy, original_module: nn.Module | None = None):
         super().__init__()
+        call = forward_module
+        if is_compiled(forward_module):
+            clean_state_dict_keys(forward_module)
+            forward_module = uncompiled(forward_module)
         self._forward_module = forward_module
         self._original_module = original_module if original_module is not None else forward_module
         self._strategy = strategy
         precision = strategy.precision
         # decided once here, not on every call: the forward hooks of full precision do nothing
-        object.__setattr__(self, "_call", forward_module)
+        object.__setattr__(self, "_call", call)
         object.__setattr__(self, "_precision", precision if precision.changes_forward() else None)
         # a LightningModule's step methods run through the strategy's forward as in Lightning (for DDP's hooks)
         object.__setattr__(self, "_forward_methods", set(_LIGHTNING_MODULE_STEP_METHODS))
@@ -107,7 +117,8 @@ class _FabricModule(nn.Module):
 
     def __getattr__(self, name: str) -> Any:
         forward_methods = self.__dict__.get("_forward_methods")
-        if forward_methods and name in forward_methods and self._forward_module is not self._original_module:
+        # a marked method runs through whatever wraps the module: the strategy's wrapper, or the compiled forward
+        if forward_methods and name in forward_methods and self.__dict__["_call"] is not self._original_module:
             return self._redirect_through_forward(name)
         try:
             return super().__getattr__(name)
@@ -349,6 +360,7 @@ def _unwrap_objects(collection: Any) -> Any:
     """Replace fabric_lite's module and optimizer wrappers in a (flat) collection by what they wrap."""
 
     def unwrap(obj: Any) -> Any:
+        obj = uncompiled(obj)  # torch.compile(model) or torch.compile(fabric_model): what it wraps
         if isinstance(obj, _FabricModule):
             return obj._forward_module
         if isinstance(obj, _FabricOptimizer):
@@ -361,11 +373,13 @@ def _unwrap_objects(collection: Any) -> Any:
 
 
 def is_wrapped(obj: object) -> bool:
-    """Whether ``obj`` is a module, optimizer or dataloader returned by ``Fabric.setup*``.
+    """Whether ``obj`` is a module, optimizer or dataloader returned by ``Fabric.setup*`` (also once compiled:
+    ``torch.compile(fabric.setup(model))``).
 
     Example::
 
         model = fabric.setup(model)
-        assert is_wrapped(model)
+        assert is_wrapped(model) and is_wrapped(torch.compile(model))
     """
+    obj = uncompiled(obj)
     return isinstance(obj, (_FabricModule, _FabricOptimizer, _FabricDataLoader))

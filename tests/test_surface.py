@@ -29,7 +29,6 @@ DUMPER = REPO / "tests" / "scripts" / "lightning_surface.py"
 _XLA = "XLA/TPU: needs torch_xla and a TPU, neither of which exists for this project's machines"
 _DEEPSPEED = "DeepSpeed: added by the open issue 'DeepSpeed: ZeRO stages 1-3, offload and ZeRO-3 init'"
 _MODEL_PARALLEL = "ModelParallelStrategy: added by the open issue 'N-D parallelism: ModelParallelStrategy'"
-_BNB = "BitsandbytesPrecision: added by the open issue 'Compiled models, checkpoints on remote storage, 8/4-bit'"
 
 #: Lightning names fabric_lite does not have, and why
 EXCLUDED: dict[str, str] = {
@@ -51,15 +50,10 @@ EXCLUDED: dict[str, str] = {
     "lightning_fabric.plugins.precision.DeepSpeedPrecision": _DEEPSPEED,
     "lightning_fabric.strategies.DeepSpeedStrategy": _DEEPSPEED,
     "lightning_fabric.strategies.ModelParallelStrategy": _MODEL_PARALLEL,
-    "lightning_fabric.plugins.BitsandbytesPrecision": _BNB,
-    "lightning_fabric.plugins.precision.BitsandbytesPrecision": _BNB,
 }
 
 #: parameters of names that fabric_lite has, left out for now, and why
-EXCLUDED_PARAMETERS: dict[tuple[str, str], str] = {
-    ("lightning_fabric.Fabric.setup", "_reapply_compile"): "compiled models: the open issue on torch.compile",
-    ("lightning_fabric.Fabric.setup_module", "_reapply_compile"): "compiled models: the open issue on torch.compile",
-}
+EXCLUDED_PARAMETERS: dict[tuple[str, str], str] = {}
 
 #: strategy registry names fabric_lite does not register, and why
 EXCLUDED_STRATEGIES: dict[str, str] = {

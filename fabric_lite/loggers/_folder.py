@@ -3,6 +3,9 @@
 Only global rank 0 creates folders and files. When the version is not given, rank 0 picks the next free
 ``version_N`` and ``Fabric.launch`` sends its choice to the other ranks, so that every rank's ``log_dir`` names
 the same folder (a rank that scanned the disk by itself could see rank 0's new folder and pick the one after).
+
+``root_dir`` may be an fsspec URL (``s3://bucket/logs``, ``memory://logs``): the versions are then found by listing
+that folder through fsspec, and the files are written through it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from fabric_lite.loggers.logger import Logger
+from fabric_lite.utilities.cloud_io import _filesystem, _is_remote
 from fabric_lite.utilities.types import _PATH
 
 
@@ -24,12 +28,8 @@ class _FolderLogger(Logger):
 
     def __init__(self, root_dir: _PATH, name: str | None, version: int | str | None) -> None:
         root = os.fspath(root_dir)
-        if "://" in root:
-            raise ValueError(
-                f"{type(self).__name__}(root_dir={root!r}): fabric_lite's loggers write to local folders only."
-                " Log to a local or mounted folder and copy it afterwards, or use a logger that writes to remote"
-                " storage."
-            )
+        if _is_remote(root):
+            _filesystem(root)  # refuse a protocol without its package now, not at the first logged value
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
             raise TypeError(
                 f"{type(self).__name__}(version={version!r}): the version must be an int (folder `version_N`),"
@@ -79,13 +79,21 @@ class _FolderLogger(Logger):
     def _next_version(self) -> int:
         versions_root = os.path.join(self._root_dir, self._name)
         try:
-            entries = list(os.scandir(versions_root))
+            if _is_remote(versions_root):
+                fs, fs_path = _filesystem(versions_root)
+                folders = [
+                    os.path.basename(str(entry["name"]).rstrip("/"))
+                    for entry in fs.ls(fs_path, detail=True)
+                    if entry.get("type") == "directory"
+                ]
+            else:
+                folders = [entry.name for entry in os.scandir(versions_root) if entry.is_dir()]
         except (FileNotFoundError, NotADirectoryError):
             return 0
         existing = [
-            int(entry.name[len("version_") :])
-            for entry in entries
-            if entry.is_dir() and entry.name.startswith("version_") and entry.name[len("version_") :].isdigit()
+            int(name[len("version_") :])
+            for name in folders
+            if name.startswith("version_") and name[len("version_") :].isdigit()
         ]
         return max(existing) + 1 if existing else 0
 
@@ -116,4 +124,5 @@ def _agree_on_versions(loggers: Sequence[Any], global_rank: int, broadcast: Call
 
 def _folder_key(logger: _FolderLogger) -> tuple[str, str, str]:
     """Which loggers on two ranks are "the same": the same kind, writing below the same folder."""
-    return (type(logger).__name__, os.path.abspath(logger._root_dir), logger._name)
+    root = logger._root_dir
+    return (type(logger).__name__, root if _is_remote(root) else os.path.abspath(root), logger._name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 import stat
 import tempfile
@@ -16,6 +17,7 @@ from typing_extensions import override
 from fabric_lite.loggers._folder import _FolderLogger
 from fabric_lite.loggers._metrics import _add_prefix, _check_metrics, _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
+from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote
 from fabric_lite.utilities.types import _PATH
 
 
@@ -139,6 +141,24 @@ class _ExperimentWriter:
         self.metrics_keys: list[str] = []
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        # a URL: the whole file is kept here and uploaded whole by every save (object stores cannot append)
+        self._remote_text: str | None = None
+        if _is_remote(log_dir):
+            self._remote_text = ""
+            fs, fs_path = _filesystem(log_dir)
+            if fs.exists(fs_path) and fs.ls(fs_path):
+                warnings.warn(
+                    f"The log folder {log_dir} exists and is not empty. Its metrics.csv, if any, is replaced by this"
+                    " run's. Pass another `version` (or none, for the next free one) to keep it.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+                metrics_file = f"{fs_path.rstrip('/')}/{self.NAME_METRICS_FILE}"
+                if fs.isfile(metrics_file):
+                    fs.rm(metrics_file)
+            if not _is_object_store(log_dir):
+                fs.makedirs(fs_path, exist_ok=True)
+            return
         if os.path.isdir(log_dir) and os.listdir(log_dir):
             warnings.warn(
                 f"The log folder {log_dir} exists and is not empty. Its metrics.csv, if any, is replaced by this"
@@ -160,6 +180,9 @@ class _ExperimentWriter:
             return
         new_keys = {key for row in self.metrics for key in row} - set(self.metrics_keys)
         self.metrics_keys = sorted([*self.metrics_keys, *new_keys])
+        if self._remote_text is not None:
+            self._save_remote(bool(new_keys))
+            return
         file_exists = os.path.isfile(self.metrics_file_path)
         if new_keys and file_exists:
             with open(self.metrics_file_path, newline="") as file:
@@ -171,6 +194,21 @@ class _ExperimentWriter:
                 if not file_exists:
                     writer.writeheader()
                 writer.writerows(self.metrics)
+        self.metrics = []
+
+    def _save_remote(self, new_header: bool) -> None:
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=self.metrics_keys)
+        old_rows = list(csv.DictReader(io.StringIO(self._remote_text or "", newline=""))) if new_header else []
+        if new_header or not self._remote_text:
+            writer.writeheader()
+            writer.writerows(old_rows)
+        else:
+            text.write(self._remote_text)
+        writer.writerows(self.metrics)
+        fs, fs_path = _filesystem(self.metrics_file_path)
+        fs.pipe_file(fs_path, text.getvalue().encode())  # one upload of the whole file: readers never see half
+        self._remote_text = text.getvalue()
         self.metrics = []
 
     def _replace_file(self, rows: list[dict[str, Any]]) -> None:

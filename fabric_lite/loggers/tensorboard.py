@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.util
+import io
 import os
 import time
 import warnings
@@ -24,6 +25,7 @@ from typing_extensions import override
 from fabric_lite.loggers._folder import _FolderLogger
 from fabric_lite.loggers._metrics import _add_prefix, _check_metrics, _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
+from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote
 from fabric_lite.utilities.types import _PATH
 
 _Backend = Literal["tensorboard", "tensorboardX"]
@@ -131,7 +133,10 @@ class TensorBoardLogger(_FolderLogger):
             return _DummyExperiment()
         if self._experiment is None:
             SummaryWriter = self._writer_module().SummaryWriter
-            os.makedirs(self.root_dir or ".", exist_ok=True)
+            if _is_remote(self.root_dir):
+                _prepare_remote(self.log_dir, self._backend)
+            else:
+                os.makedirs(self.root_dir or ".", exist_ok=True)
             kwargs = dict(self._kwargs)
             if self._backend == "tensorboardX":
                 # tensorboardX names its file after the second and the host only: a second writer in the same
@@ -235,6 +240,56 @@ class TensorBoardLogger(_FolderLogger):
         state["_experiment"] = None
         state["_at_exit"] = None
         return state
+
+
+def _prepare_remote(log_dir: str, backend: _Backend) -> None:
+    """Make ``SummaryWriter`` write to the URL ``log_dir`` through fsspec.
+
+    ``tensorboard``'s own file layer opens fsspec URLs itself. ``tensorboardX`` only knows ``s3://`` (through
+    boto3, without fsspec's settings) and ``gs://`` and would write any other URL as a local path, so the URL's
+    protocol is registered with tensorboardX's writer registry (its documented extension point) to go through
+    fsspec: events are buffered in memory and the whole event file is uploaded at every flush and at close.
+    """
+    if backend != "tensorboardX":
+        return
+    from tensorboardX import record_writer  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    protocol = log_dir.split("://", 1)[0]
+    if not isinstance(record_writer.REGISTERED_FACTORIES.get(protocol), _FsspecWriterFactory):
+        record_writer.register_writer_factory(protocol, _FsspecWriterFactory())
+
+
+class _FsspecRecordWriter:
+    """An event file on an fsspec URL for tensorboardX: the bytes so far, uploaded whole by every flush."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._buffer = io.BytesIO()
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self._buffer.write(data)
+
+    def flush(self) -> None:
+        fs, fs_path = _filesystem(self._url)
+        fs.pipe_file(fs_path, self._buffer.getvalue())
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+            self.closed = True
+
+
+class _FsspecWriterFactory:
+    """tensorboardX's writer factory interface (``open``, ``directory_check``) over fsspec."""
+
+    def open(self, url: str) -> _FsspecRecordWriter:
+        return _FsspecRecordWriter(url)
+
+    def directory_check(self, url: str) -> None:
+        if not _is_object_store(url):  # object stores have no folders
+            fs, fs_path = _filesystem(url)
+            fs.makedirs(fs_path, exist_ok=True)
 
 
 def _flatten(params: Mapping[Any, Any], parent: str = "") -> dict[str, Any]:

@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from fabric_lite.strategies.strategy import PRECISION_KEY
 from fabric_lite.utilities import _dcp
 from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
 
 
 def save(
-    strategy: FSDPStrategy, path: _PATH, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]]
+    strategy: FSDPStrategy,
+    path: _PATH,
+    state: dict[str, Any],
+    filter: dict[str, Callable[[str, Any], bool]],
+    storage_options: dict[str, Any] | None = None,
 ) -> None:
     """Save ``state`` as :attr:`FSDPStrategy.state_dict_type` says (see :meth:`FSDPStrategy.save_checkpoint`)."""
     full = strategy.state_dict_type == "full"
@@ -35,16 +40,16 @@ def save(
     if full:
 
         def write_file() -> None:
-            if Path(path).is_dir():
+            if not _is_remote(path) and Path(_local_path(path)).is_dir():
                 raise CheckpointError(
                     f"Cannot save a full checkpoint file to {str(path)!r}: it is a folder. Choose a file path, or"
                     " save a sharded checkpoint (state_dict_type='sharded')."
                 )
-            atomic_save(checkpoint, path)
+            atomic_save(checkpoint, path, storage_options)
 
         _on_rank_zero(strategy, write_file)
         return
-    _save_sharded(strategy, Path(path), checkpoint, modules, optimizers)
+    _save_sharded(strategy, _dcp._folder(path), checkpoint, modules, optimizers, storage_options)
 
 
 def load(
@@ -55,8 +60,14 @@ def load(
     weights_only: bool | None,
 ) -> dict[str, Any]:
     """Restore ``state`` from a sharded folder or a full file (see :meth:`FSDPStrategy.load_checkpoint`)."""
-    target = Path(path)
-    if target.is_dir() or target.name == _dcp.METADATA_FILE or target.suffix == ".distcp":
+    target = _dcp._folder(path)
+    name = str(target).rsplit("/", 1)[-1]
+    if isinstance(target, str):
+        fs, fs_path = _filesystem(target)
+        is_dir = fs.isdir(fs_path)
+    else:
+        is_dir = target.is_dir()
+    if is_dir or name == _dcp.METADATA_FILE or name.endswith(".distcp"):
         return _load_sharded(strategy, _dcp.check_sharded_checkpoint(target), state, strict)
     return _load_full(strategy, target, state, strict, weights_only)
 
@@ -94,16 +105,20 @@ def _state_to_save(
 
 
 def _save_sharded(
-    strategy: FSDPStrategy, target: Path, checkpoint: dict[str, Any], modules: list[str], optimizers: list[str]
+    strategy: FSDPStrategy,
+    target: _dcp.Folder,
+    checkpoint: dict[str, Any],
+    modules: list[str],
+    optimizers: list[str],
+    storage_options: dict[str, Any] | None,
 ) -> None:
     import torch.distributed as dist
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    temp = Path(_on_rank_zero(strategy, lambda: str(_dcp.make_temp_folder(target))))
+    temp = _dcp._folder(_on_rank_zero(strategy, lambda: str(_dcp.make_temp_folder(target, storage_options))))
     error: str | None = None
     try:
-        dcp_save(checkpoint, storage_writer=FileSystemWriter(str(temp), sync_files=True))
+        dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
     except _dcp.dcp_errors() as err:
         # DCP raises the same CheckpointException on every rank when one rank failed
         error = _dcp.describe(err) if hasattr(err, "failures") else f"rank {strategy.global_rank}: {_dcp.describe(err)}"
@@ -115,17 +130,17 @@ def _save_sharded(
 
     def publish() -> None:
         if failed:
-            _dcp.remove(temp)
+            _dcp.remove(temp, storage_options)
             raise CheckpointError(
                 f"Saving the sharded checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
                 " checkpoint at that path, if any, is unchanged."
             )
         try:
             _dcp.write_index(temp, modules, optimizers)
-            _dcp.publish_folder(temp, target)
         except BaseException:
-            _dcp.remove(temp)
+            _dcp.remove(temp, storage_options)
             raise
+        _dcp.publish_folder(temp, target, storage_options)  # deletes temp, or says where it is kept and why
 
     _on_rank_zero(strategy, publish)
 
@@ -152,7 +167,7 @@ def _on_rank_zero(strategy: FSDPStrategy, fn: Callable[[], Any]) -> Any:
 
 def _load_full(
     strategy: FSDPStrategy,
-    path: Path,
+    path: _PATH,
     state: Module | Optimizer | dict[str, Any] | None,
     strict: bool,
     weights_only: bool | None,
@@ -196,7 +211,7 @@ def _load_full(
 
 
 def _load_sharded(
-    strategy: FSDPStrategy, folder: Path, state: Module | Optimizer | dict[str, Any] | None, strict: bool
+    strategy: FSDPStrategy, folder: _dcp.Folder, state: Module | Optimizer | dict[str, Any] | None, strict: bool
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -240,7 +255,7 @@ def _load_sharded(
     return {key: values[key] for key in remainder if key in values}
 
 
-def _module_target(folder: Path, module: Module, saved: set[str], strict: bool, key: str = "") -> dict[str, Any]:
+def _module_target(folder: _dcp.Folder, module: Module, saved: set[str], strict: bool, key: str = "") -> dict[str, Any]:
     """The module's sharded state dict to read into, restricted to what the checkpoint has (``strict``: the
     keys must match exactly)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -257,7 +272,7 @@ def _module_target(folder: Path, module: Module, saved: set[str], strict: bool, 
 
 
 def _read_sharded(
-    strategy: FSDPStrategy, folder: Path, objects: dict[str, Any], targets: dict[str, Any], strict: bool = True
+    strategy: FSDPStrategy, folder: _dcp.Folder, objects: dict[str, Any], targets: dict[str, Any], strict: bool = True
 ) -> None:
     """Read ``targets`` (sharded state dicts, keyed as in the checkpoint; ``""`` for a raw one) from ``folder``
     in place, every rank its own shards, then load each into its module or optimizer in ``objects``."""
@@ -273,7 +288,7 @@ def _read_sharded(
         return
     to_read = targets.get("", targets)
     try:
-        dcp_load(to_read, checkpoint_id=str(folder), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+        dcp_load(to_read, storage_reader=_dcp.reader(folder), planner=DefaultLoadPlanner(allow_partial_load=not strict))
     except _dcp.dcp_errors() as err:
         raise CheckpointError(f"Loading the sharded checkpoint {str(folder)!r} failed: {_dcp.describe(err)}") from err
     for key, value in targets.items():
@@ -284,7 +299,7 @@ def _read_sharded(
             set_optimizer_state_dict(strategy._owner(obj, objects), obj, value)
 
 
-def _check_missing(path: Path, state: dict[str, Any], available: list[str], strict: bool) -> None:
+def _check_missing(path: _PATH, state: dict[str, Any], available: list[str], strict: bool) -> None:
     missing = [key for key in state if key not in available]
     if strict and missing:
         raise KeyError(

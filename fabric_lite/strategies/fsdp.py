@@ -24,12 +24,15 @@ from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_options, _fsdp_setup
 from fabric_lite.strategies._fsdp_options import ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
+from fabric_lite.utilities.cloud_io import _is_remote
 from fabric_lite.utilities.types import _PATH
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
     from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
+
+    from fabric_lite._compile import Compiler
 
 _START_METHODS = ("popen", "spawn", "fork")
 _STATE_DICT_TYPES = ("sharded", "full")
@@ -339,6 +342,15 @@ class FSDPStrategy(ParallelStrategy):
         self._modules.add(module)
         return module
 
+    def _compile_module(self, module: Module, compiler: Compiler) -> Module:
+        """How ``Fabric.setup`` compiles a sharded model again: each ``fully_shard`` unit below the root in
+        place (block by block, as torchtitan does; the root only when it is the one unit), so the parameter
+        all-gathers stay eager between compiled blocks and state dict keys are unchanged. Returns ``module``."""
+        from torch.distributed.fsdp import FSDPModule
+
+        compiler.compile_units(module, [unit for unit in module.modules() if isinstance(unit, FSDPModule)])
+        return module
+
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check that ``optimizer`` updates the sharded parameters of modules set up by this strategy.
@@ -484,18 +496,28 @@ class FSDPStrategy(ParallelStrategy):
           layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
 
         Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
-        ``storage_options`` must be ``None``: there is no ``CheckpointIO`` to give them to.
+
+        ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
+        with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
+        see :func:`fabric_lite.utilities._dcp.publish_folder`), a full file uploaded whole. ``storage_options`` go to
+        the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes none.
 
         Example::
 
             fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
         """
-        if storage_options is not None:
+        if storage_options is not None and not _is_remote(path):
             raise TypeError(
-                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}) is not supported:"
-                " FSDPStrategy writes its checkpoints itself, without a CheckpointIO. Pass storage_options=None."
+                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}) is not supported"
+                f" for the local path {str(path)!r}: storage options are for fsspec URLs (s3://, gs://, ...)."
+                " Pass storage_options=None."
             )
-        _fsdp_checkpoint.save(self, path, state, filter or {})
+        if storage_options is not None and not isinstance(storage_options, dict):
+            raise TypeError(
+                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}): storage options"
+                " must be a dict of arguments for the URL's fsspec filesystem, or None."
+            )
+        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options)
 
     @override
     def load_checkpoint(

@@ -10,6 +10,10 @@ Writing is made atomic at the folder level: every rank writes into a temporary f
 (:func:`make_temp_folder`), and rank 0 swaps it into place (:func:`publish_folder`), so a failed or interrupted save
 leaves the previous checkpoint intact.
 
+A folder may also be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``), read and written with DCP's
+``FsspecReader``/``FsspecWriter``; a :data:`Folder` is then a ``str``. Object stores cannot rename a folder, so
+publishing copies it (see :func:`publish_folder` for what a failure then leaves).
+
 :func:`consolidate_checkpoint` (public as ``fabric_lite.utilities.consolidate_checkpoint``; its command line is
 ``python -m fabric_lite.utilities.consolidate``) turns a folder into one full file.
 
@@ -28,7 +32,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder
+from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save
+from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint
@@ -37,40 +42,70 @@ METADATA_FILE = ".metadata"
 INDEX_FILE = "fabric_lite.json"
 
 
-def is_sharded_checkpoint(path: _PATH) -> bool:
+#: a checkpoint folder: a local ``Path``, or an fsspec URL (``s3://bucket/run/step-100``) as a ``str``
+Folder = Path | str
+
+
+def _folder(path: _PATH) -> Folder:
+    """``path`` as a :data:`Folder`: a URL stays a string (without a trailing ``/``), a local path or ``file://``
+    URL becomes a ``Path``."""
+    if not _is_remote(path):
+        return Path(_local_path(path))
+    url = str(path)
+    return url if url.endswith("://") else url.rstrip("/")
+
+
+def _join(url: str, name: str) -> str:
+    return f"{url.rstrip('/')}/{name}"
+
+
+def is_sharded_checkpoint(path: _PATH, storage_options: dict[str, Any] | None = None) -> bool:
     """Whether ``path`` is a folder written by ``torch.distributed.checkpoint`` (it holds a ``.metadata`` file).
+    ``path`` may be an fsspec URL.
 
     Example::
 
         is_sharded_checkpoint("checkpoints/step-100")  # True for what fabric.save wrote with FSDPStrategy()
     """
-    return (Path(path) / METADATA_FILE).is_file()
+    folder = _folder(path)
+    if isinstance(folder, str):
+        fs, fs_path = _filesystem(folder, storage_options)
+        return bool(fs.isfile(_join(fs_path, METADATA_FILE)))
+    return (folder / METADATA_FILE).is_file()
 
 
-def check_sharded_checkpoint(path: _PATH) -> Path:
-    """``path`` as a ``Path`` if it is a sharded checkpoint folder; otherwise an error that says what it is instead.
+def check_sharded_checkpoint(path: _PATH) -> Folder:
+    """``path`` as a :data:`Folder` if it is a sharded checkpoint folder; otherwise an error that says what it is
+    instead. ``path`` may be an fsspec URL (then returned as a string).
 
     Raises:
         FileNotFoundError: nothing exists at ``path``.
         CheckpointError: ``path`` is a file (a full checkpoint, or one file of a sharded checkpoint), or a folder
             without DCP's ``.metadata``.
     """
-    folder = Path(path)
+    folder = _folder(path)
     if is_sharded_checkpoint(folder):
         return folder
-    if folder.is_file():
-        if folder.name == METADATA_FILE or folder.suffix == ".distcp":
+    if isinstance(folder, str):
+        fs, fs_path = _filesystem(folder)
+        is_file, is_dir = fs.isfile(fs_path), fs.isdir(fs_path)
+        name, parent = folder.rsplit("/", 1)[-1], folder.rsplit("/", 1)[0]
+        found = sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(fs_path, detail=False)) if is_dir else []
+    else:
+        is_file, is_dir = folder.is_file(), folder.is_dir()
+        name, parent = folder.name, str(folder.parent)
+        found = sorted(p.name for p in folder.iterdir()) if is_dir else []
+    if is_file:
+        if name == METADATA_FILE or name.endswith(".distcp"):
             raise CheckpointError(
-                f"{str(folder)!r} is one file of a sharded checkpoint, not the checkpoint: pass its folder"
-                f" {str(folder.parent)!r}."
+                f"{str(folder)!r} is one file of a sharded checkpoint, not the checkpoint: pass its folder {parent!r}."
             )
         raise CheckpointError(
             f"{str(folder)!r} is a file (a full checkpoint, e.g. from torch.save or a non-FSDP strategy), not a sharded"
             " checkpoint folder written by torch.distributed.checkpoint. Load it with fabric.load (which reads full"
             " files too), or pass the folder that fabric.save wrote with FSDPStrategy(state_dict_type='sharded')."
         )
-    if folder.is_dir():
-        found = sorted(p.name for p in folder.iterdir())
+    if is_dir:
         shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "") if found else "nothing"
         raise CheckpointError(
             f"The folder {str(folder)!r} is not a sharded checkpoint: torch.distributed.checkpoint writes a"
@@ -80,55 +115,113 @@ def check_sharded_checkpoint(path: _PATH) -> Path:
     raise FileNotFoundError(f"Checkpoint not found: {str(folder)!r}.")
 
 
-def make_temp_folder(target: _PATH) -> Path:
-    """A new, empty folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives.
+def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = None) -> Folder:
+    """A new, empty folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives. For
+    a URL, only the name: object stores have no folders, and DCP's writer creates what the filesystem needs.
 
     Raises:
         CheckpointError: ``target`` is a folder that is not a sharded checkpoint (replacing it would delete
             whatever it holds), or the folder cannot be created.
     """
-    target = Path(target)
-    if target.is_dir() and not is_sharded_checkpoint(target):
+    folder = _folder(target)
+    if isinstance(folder, str):
+        fs, fs_path = _filesystem(folder, storage_options)
+        if not fs_path.strip("/") or (_is_object_store(folder) and "/" not in fs_path.strip("/")):
+            raise CheckpointError(
+                f"Cannot save a sharded checkpoint to {folder!r}: it names a bucket (or a filesystem root), and a"
+                " checkpoint is a folder inside one. Pass a URL with a folder name, such as"
+                f" {_join(folder, 'step-100')!r}."
+            )
+        if fs.isdir(fs_path) and not is_sharded_checkpoint(folder, storage_options):
+            raise CheckpointError(
+                f"Cannot save a sharded checkpoint to {folder!r}: a folder that is not a checkpoint exists there,"
+                " and saving would replace it and everything in it. Choose another URL, or remove the folder first."
+            )
+        parent, name = folder.rsplit("/", 1)
+        return f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+    if folder.is_dir() and not is_sharded_checkpoint(folder):
         raise CheckpointError(
-            f"Cannot save a sharded checkpoint to {str(target)!r}: a folder that is not a checkpoint exists there,"
+            f"Cannot save a sharded checkpoint to {str(folder)!r}: a folder that is not a checkpoint exists there,"
             " and saving would replace it and everything in it. Choose another path, or remove the folder first."
         )
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-        file_mode = _file_mode(target.parent / f".{target.name}.mode-probe")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+        file_mode = _file_mode(folder.parent / f".{folder.name}.mode-probe")
         os.chmod(temp, file_mode | ((file_mode & 0o444) >> 2))  # rw for the file mode, x where it is readable
     except OSError as err:
-        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: {err}.") from err
+        raise CheckpointError(f"Cannot save the checkpoint to {str(folder)!r}: {err}.") from err
     return temp
 
 
-def write_index(folder: Path, modules: Iterable[str], optimizers: Iterable[str]) -> None:
+def writer(folder: Folder, storage_options: dict[str, Any] | None = None) -> Any:
+    """DCP's storage writer for ``folder``: files synced to disk locally; through fsspec for a URL (an object
+    appears whole when its upload completes, so there is nothing to sync)."""
+    if isinstance(folder, str):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(folder, sync_files=False, **(storage_options or {}))
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    return FileSystemWriter(str(folder), sync_files=True)
+
+
+def reader(folder: Folder) -> Any:
+    """DCP's storage reader for ``folder`` (a local folder, or a URL through fsspec)."""
+    if isinstance(folder, str):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(folder)
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    return FileSystemReader(str(folder))
+
+
+def write_index(folder: Folder, modules: Iterable[str], optimizers: Iterable[str]) -> None:
     """Record which top-level entries of the checkpoint in ``folder`` are modules and optimizers."""
     index = {"format": 1, "modules": sorted(modules), "optimizers": sorted(optimizers)}
+    if isinstance(folder, str):
+        fs, fs_path = _filesystem(folder)
+        fs.pipe_file(_join(fs_path, INDEX_FILE), json.dumps(index).encode())
+        return
     with open(folder / INDEX_FILE, "w") as f:
         json.dump(index, f)
         f.flush()
         os.fsync(f.fileno())
 
 
-def read_index(folder: Path) -> dict[str, list[str]]:
+def read_index(folder: Folder) -> dict[str, list[str]]:
     """What :func:`write_index` recorded; empty lists for a folder that DCP wrote without fabric_lite."""
     try:
-        index = json.loads((folder / INDEX_FILE).read_text())
+        if isinstance(folder, str):
+            fs, fs_path = _filesystem(folder)
+            index = json.loads(fs.cat_file(_join(fs_path, INDEX_FILE)))
+        else:
+            index = json.loads((folder / INDEX_FILE).read_text())
     except (OSError, ValueError):
         return {"modules": [], "optimizers": []}
     return {"modules": list(index.get("modules", [])), "optimizers": list(index.get("optimizers", []))}
 
 
-def publish_folder(temp: Path, target: _PATH) -> None:
+def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] | None = None) -> None:
     """Put the complete checkpoint folder ``temp`` at ``target``, replacing what was there (a previous checkpoint
-    folder or file). The previous checkpoint is only deleted once the new one is in place.
+    folder or file). Locally the previous checkpoint is only deleted once the new one is in place.
+
+    On a URL there is no rename of folders (an object store copies every object), so the steps are: the previous
+    checkpoint's ``.metadata`` is deleted first, then the rest of it, then the new files are copied in with
+    ``.metadata`` last, then ``temp`` is deleted. A reader therefore never sees a mix of the two checkpoints (a
+    folder without ``.metadata`` is refused as incomplete); if a copy fails, the complete new checkpoint is still at
+    ``temp``, and the error names it.
+
+    ``temp`` is gone afterwards, but where the new checkpoint exists only there (a failed copy to a URL).
 
     Raises:
-        CheckpointError: a rename failed; ``target`` then still holds the previous checkpoint.
+        CheckpointError: a rename or copy failed; locally ``target`` then still holds the previous checkpoint.
     """
-    target = Path(target)
+    if isinstance(temp, str):
+        _publish_url(temp, str(_folder(target)), storage_options)
+        return
+    target = Path(_local_path(target))
     previous: Path | None = None
     try:
         if target.exists() or target.is_symlink():
@@ -143,6 +236,7 @@ def publish_folder(temp: Path, target: _PATH) -> None:
             raise
         _fsync_folder(target.parent)
     except OSError as err:
+        remove(temp)
         raise CheckpointError(
             f"Saving the checkpoint to {str(target)!r} failed: {type(err).__name__}: {err}. The previous checkpoint at"
             " that path, if any, is unchanged."
@@ -151,8 +245,34 @@ def publish_folder(temp: Path, target: _PATH) -> None:
         remove(previous)
 
 
-def remove(path: Path) -> None:
-    """Delete a file or folder, ignoring what is already gone."""
+def _publish_url(temp: str, target: str, storage_options: dict[str, Any] | None) -> None:
+    fs, temp_path = _filesystem(temp, storage_options)
+    target_path = _filesystem(target, storage_options)[1]
+    temp_path, target_path = temp_path.rstrip("/"), target_path.rstrip("/")
+    try:
+        files = sorted(fs.find(temp_path), key=lambda name: name.endswith("/" + METADATA_FILE))  # .metadata last
+        if fs.exists(target_path):
+            if fs.isfile(_join(target_path, METADATA_FILE)):
+                fs.rm_file(_join(target_path, METADATA_FILE))  # from here on, no reader takes it for a checkpoint
+            fs.rm(target_path, recursive=True)
+        for name in files:
+            fs.copy(name, target_path + name[len(temp_path) :])
+    except Exception as err:
+        raise CheckpointError(
+            f"Saving the checkpoint to {target!r} failed while copying it into place: {type(err).__name__}: {err}."
+            f" The complete new checkpoint is at {temp!r}; {target!r} holds no complete checkpoint (its .metadata is"
+            " written last)."
+        ) from err
+    remove(temp, storage_options)
+
+
+def remove(path: Folder, storage_options: dict[str, Any] | None = None) -> None:
+    """Delete a file or folder (local, or a URL), ignoring what is already gone."""
+    if isinstance(path, str):
+        fs, fs_path = _filesystem(path, storage_options)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(fs_path, recursive=True)
+        return
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
@@ -160,12 +280,10 @@ def remove(path: Path) -> None:
             path.unlink()
 
 
-def read_metadata(folder: Path) -> Any:
+def read_metadata(folder: Folder) -> Any:
     """The checkpoint's DCP ``Metadata``; a :class:`CheckpointError` naming the folder when it is unreadable."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-
     try:
-        return FileSystemReader(str(folder)).read_metadata()
+        return reader(folder).read_metadata()
     except dcp_errors() as err:
         raise CheckpointError(
             f"The sharded checkpoint {str(folder)!r} is incomplete or corrupt: its {METADATA_FILE} cannot be read"
@@ -194,7 +312,7 @@ def entry_keys(metadata: Any, entry: str) -> set[str]:
     return found
 
 
-def read_entries(folder: Path, keys: list[str] | None) -> dict[str, Any]:
+def read_entries(folder: Folder, keys: list[str] | None) -> dict[str, Any]:
     """Read the top-level entries ``keys`` (all of them with ``None``) into memory, whole, in this process.
 
     Tensors come back whole (not sharded) on the CPU; everything else as it was saved. Each process reads on its
@@ -204,7 +322,6 @@ def read_entries(folder: Path, keys: list[str] | None) -> dict[str, Any]:
     # torch's own dcp_to_torch_save pairs these two private helpers to rebuild a state dict from the metadata alone;
     # the public ``dcp.load`` cannot do that (it fills the entries of a state dict you already have)
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
@@ -213,7 +330,7 @@ def read_entries(folder: Path, keys: list[str] | None) -> dict[str, Any]:
     try:
         _load_state_dict(
             state,
-            storage_reader=FileSystemReader(str(folder)),
+            storage_reader=reader(folder),
             planner=_EmptyStateDictLoadPlanner(keys=keys),  # type: ignore[no-untyped-call]
             no_dist=True,
         )
@@ -225,14 +342,17 @@ def read_entries(folder: Path, keys: list[str] | None) -> dict[str, Any]:
     return state
 
 
-def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Path:
+def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
     """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``.
 
     The file is written atomically (a temporary file beside it, renamed into place), with torch's
     ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``. Run it in one process: it reads every shard.
 
+    Either may be an fsspec URL (``s3://bucket/run/step-1000``): the folder is then read with torch's
+    ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.utilities.checkpoint`).
+
     Returns:
-        The path of the file written.
+        The path of the file written (a ``Path``; the URL string for a URL).
 
     Raises:
         FileNotFoundError: nothing exists at ``checkpoint_folder``.
@@ -246,8 +366,10 @@ def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Path
         consolidate_checkpoint("checkpoints/step-1000", "step-1000.ckpt")
         state = torch.load("step-1000.ckpt", weights_only=True)  # {"model": {...}, "optimizer": {...}, ...}
     """
+    if _is_remote(checkpoint_folder) or _is_remote(output_file):
+        return _consolidate_url(str(checkpoint_folder), str(output_file))
     folder = check_sharded_checkpoint(checkpoint_folder)
-    target = Path(output_file)
+    target = Path(_local_path(output_file))
     if target.is_dir():
         raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(target)!r}: it is a folder.")
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -272,6 +394,20 @@ def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Path
             ) from err
         raise
     return target
+
+
+def _consolidate_url(checkpoint_folder: str, output_file: str) -> Any:
+    """:func:`consolidate_checkpoint` where the folder or the file is an fsspec URL: the folder is read through
+    torch's ``FsspecReader``, and the file written with :func:`~fabric_lite.utilities.checkpoint.atomic_save`."""
+    folder = check_sharded_checkpoint(checkpoint_folder)
+    if not _is_remote(output_file) and Path(_local_path(output_file)).is_dir():
+        raise CheckpointError(f"Cannot write the consolidated checkpoint to {output_file!r}: it is a folder.")
+    try:
+        state = read_entries(folder, None)
+    except CheckpointError as err:
+        raise CheckpointError(f"Consolidating {checkpoint_folder!r} failed: {err}") from err
+    atomic_save(state, output_file)
+    return output_file if _is_remote(output_file) else Path(_local_path(output_file))
 
 
 def dcp_errors() -> tuple[type[BaseException], ...]:

@@ -8,11 +8,23 @@
 * :func:`safe_load` reads with ``weights_only=True`` unless the caller explicitly opts out, never retries with
   ``weights_only=False`` on its own, and turns torch's terse errors for empty, truncated or foreign files into
   errors that name the path.
+
+Both take fsspec URLs too (``s3://bucket/run/last.ckpt``, ``memory://...``; see
+:mod:`fabric_lite.utilities.cloud_io`); ``file://`` URLs are local paths. What "atomic" means for a URL:
+
+* object stores (``s3://``, ``gs://``, ``az://``, ...): the checkpoint is serialised in memory first and uploaded in
+  one request (``fs.pipe_file``: one PUT, or a multipart upload that the store only publishes when it completes),
+  so readers see the previous object or the complete new one; a failed serialisation uploads nothing, and a failed
+  upload leaves the previous object as it was.
+* ``memory://``: the new file replaces the old one in a single step once it is complete.
+* other fsspec filesystems (``sftp://``, ``hdfs://``, ...): one ``pipe_file`` call of the complete bytes; whether a
+  reader can see a partly written file then depends on that filesystem.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import socket
@@ -22,6 +34,7 @@ from typing import Any
 
 import torch
 
+from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 
@@ -37,13 +50,17 @@ class CheckpointError(RuntimeError):
     """
 
 
-def atomic_save(checkpoint: Any, path: _PATH) -> None:
+def atomic_save(checkpoint: Any, path: _PATH, storage_options: dict[str, Any] | None = None) -> None:
     """Save ``checkpoint`` with ``torch.save`` to ``path`` so that ``path`` is either the old file or the new one.
 
     Missing parent folders are created. Raises :class:`CheckpointError` (with the original error as the cause)
-    when anything fails; the previous file at ``path`` is then left as it was.
+    when anything fails; the previous file at ``path`` is then left as it was. ``path`` may be an fsspec URL
+    (see the module's docstring for what is atomic where), with ``storage_options`` for its filesystem.
     """
-    target = Path(path)
+    if _is_remote(path):
+        _save_to_url(checkpoint, str(path), storage_options)
+        return
+    target = Path(_local_path(path))
     folder = target.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -74,6 +91,22 @@ def atomic_save(checkpoint: Any, path: _PATH) -> None:
                 " at that path, if any, is unchanged."
             ) from err
         raise
+
+
+def _save_to_url(checkpoint: Any, url: str, storage_options: dict[str, Any] | None) -> None:
+    fs, fs_path = _filesystem(url, storage_options)  # a missing package or unknown protocol: before any work
+    try:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        if not _is_object_store(url):  # on an object store, makedirs of a missing bucket would create one
+            fs.makedirs(fs._parent(fs_path), exist_ok=True)
+        # the complete bytes in one call: a single PUT, or a multipart upload published only once it completes
+        fs.pipe_file(fs_path, buffer.getvalue())
+    except Exception as err:
+        raise CheckpointError(
+            f"Saving the checkpoint to {url!r} failed: {type(err).__name__}: {err}. The previous object at that URL,"
+            " if any, is unchanged."
+        ) from err
 
 
 def _host() -> str:
@@ -149,7 +182,9 @@ def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any =
         FileNotFoundError: there is no file at ``path``.
         CheckpointError: the file is empty, truncated, not a checkpoint, or holds objects ``weights_only`` refuses.
     """
-    target = Path(path)
+    if _is_remote(path):
+        return _load_from_url(str(path), True if weights_only is None else weights_only, map_location)
+    target = Path(_local_path(path))
     if not target.is_file():
         if target.is_dir():
             raise CheckpointError(f"Cannot load {str(target)!r}: it is a folder, not a checkpoint file.")
@@ -157,8 +192,28 @@ def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any =
     safe = True if weights_only is None else weights_only
     if target.stat().st_size == 0:
         raise CheckpointError(f"The checkpoint {str(target)!r} is empty (0 bytes): it is incomplete or corrupt.")
+    return _torch_load(target, str(target), safe, map_location)
+
+
+def _load_from_url(url: str, safe: bool, map_location: Any) -> Any:
+    fs, fs_path = _filesystem(url)
     try:
-        return torch.load(target, map_location=map_location, weights_only=safe)
+        info = fs.info(fs_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"Checkpoint file not found: {url!r}.") from None
+    if info.get("type") == "directory":
+        raise CheckpointError(f"Cannot load {url!r}: it is a folder, not a checkpoint file.")
+    if info.get("size") == 0:
+        raise CheckpointError(f"The checkpoint {url!r} is empty (0 bytes): it is incomplete or corrupt.")
+    with fs.open(fs_path, "rb") as f:
+        return _torch_load(f, url, safe, map_location)
+
+
+def _torch_load(source: Any, name: str, safe: bool, map_location: Any) -> Any:
+    """``torch.load`` with its terse errors for truncated or foreign files turned into errors naming ``name``."""
+    target = name
+    try:
+        return torch.load(source, map_location=map_location, weights_only=safe)
     except pickle.UnpicklingError as err:
         # torch names the class it refused ("Unsupported global: GLOBAL os.system ..."); any other unpickling
         # error means the bytes are not a checkpoint at all
@@ -181,6 +236,6 @@ def _first_line(err: BaseException) -> str:
     return next((line for line in lines if "global" in line.lower()), lines[0] if lines else type(err).__name__)
 
 
-def _corrupt(target: Path, err: BaseException) -> CheckpointError:
+def _corrupt(target: Path | str, err: BaseException) -> CheckpointError:
     detail = f"{type(err).__name__}: {_first_line(err)}" if str(err) else type(err).__name__
     return CheckpointError(f"The checkpoint {str(target)!r} is incomplete or corrupt and cannot be loaded ({detail}).")

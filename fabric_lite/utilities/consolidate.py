@@ -19,6 +19,7 @@ from pathlib import Path
 
 from fabric_lite.utilities._dcp import check_sharded_checkpoint, consolidate_checkpoint
 from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.utilities.cloud_io import _is_remote, _local_path, get_filesystem
 
 __all__ = ["add_consolidate_arguments", "consolidate_checkpoint", "main", "run_consolidate"]
 
@@ -60,9 +61,11 @@ def run_consolidate(args: argparse.Namespace) -> int:
         add_consolidate_arguments(parser)
         run_consolidate(parser.parse_args(["checkpoints/step-1000"]))  # writes checkpoints/step-1000.consolidated
     """
-    folder = Path(args.checkpoint_folder)
     output = getattr(args, "output", None) or args.output_file
-    target = Path(output) if output is not None else folder.with_suffix(folder.suffix + ".consolidated")
+    if _is_remote(args.checkpoint_folder) or (output is not None and _is_remote(output)):
+        return _run_remote(str(args.checkpoint_folder), output)
+    folder = Path(_local_path(args.checkpoint_folder))
+    target = Path(_local_path(output)) if output is not None else folder.with_suffix(folder.suffix + ".consolidated")
     try:
         if not folder.exists():
             raise FileNotFoundError(
@@ -80,6 +83,24 @@ def run_consolidate(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def _run_remote(folder: str, output: str | None) -> int:
+    """The command with a URL for the folder or the file (read and written through fsspec)."""
+    target = output if output is not None else folder.rstrip("/") + ".consolidated"
+    try:
+        exists = get_filesystem(target).exists(target) if _is_remote(target) else Path(_local_path(target)).exists()
+        if exists:
+            raise FileExistsError(
+                f"The output file {target!r} exists already. Choose another path with --output_file, or move or"
+                " delete the file first."
+            )
+        consolidate_checkpoint(folder, target)
+    except (CheckpointError, FileNotFoundError, FileExistsError, ImportError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {target}")
     return 0
 
 

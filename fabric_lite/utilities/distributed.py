@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from fabric_lite.utilities import _collectives
-from fabric_lite.utilities.cloud_io import _is_local_file_protocol
+from fabric_lite.utilities.cloud_io import _is_local_file_protocol, _local_path
 from fabric_lite.utilities.types import _PATH, ReduceOp
 
 if TYPE_CHECKING:
@@ -434,7 +434,7 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
     """
     if path is not None and not _is_local_file_protocol(path):
         return True
-    resolved = Path(Path.cwd() if path is None else path).resolve()
+    resolved = Path(Path.cwd() if path is None else _local_path(path)).resolve()  # file:///a -> /a
     if getattr(strategy, "world_size", 1) == 1:
         return True
     # the same path on every rank is necessary for a shared filesystem (cheap, and no file is written)

@@ -26,6 +26,15 @@ def _run(fabric: Fabric, target: str, kwargs: dict[str, Any]) -> list[Any]:
     return results
 
 
+def dump_all_ranks(fabric: Fabric, result: Any, out: str) -> None:
+    """Gather every rank's ``result`` (torch's own object gather) and have rank 0 pickle the list to ``out``."""
+    results: list[Any] = [None] * fabric.world_size
+    dist.all_gather_object(results, result)
+    if fabric.global_rank == 0:
+        with open(out, "wb") as f:
+            pickle.dump(results, f)
+
+
 def main() -> None:
     target, nprocs, kwargs, out = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
     strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=30))

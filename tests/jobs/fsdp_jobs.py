@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import pickle
 import sys
 import traceback
 from collections.abc import Callable
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 from torch.nn.parallel import DistributedDataParallel
@@ -31,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from fabric_lite import Fabric
 from fabric_lite.plugins.precision import MixedPrecision
 from fabric_lite.strategies import FSDPStrategy
+from tests.jobs._runner import dump_all_ranks
 
 STEPS = 10
 GLOBAL_BATCH = 12  # splits evenly over 1, 2 and 3 ranks
@@ -571,6 +570,60 @@ def sharding_strategies(fabric: Any, folder: str) -> dict[str, Any]:
     return record({"training": training, "checkpoint": checkpoint})
 
 
+# ---------------------------------------------------------------------------------------------- fsspec URLs
+def sharded_on_url(fabric: Any, url: str, load_only: bool = False) -> dict[str, Any]:
+    """Sharded checkpoints on an fsspec URL (``memory://`` on one rank, ``s3://`` on two): save, replace, a failed
+    save that keeps the previous one, load into a fresh model, the whole checkpoint, and what is left in the folder.
+    With ``load_only``, load ``url/ckpt`` saved by a run at another world size and report the parameters."""
+    from fabric_lite.utilities.cloud_io import get_filesystem
+
+    target = f"{url}/ckpt"
+    fs = get_filesystem(url)
+
+    def listing() -> list[str]:
+        return sorted(path.rsplit("/", 1)[-1] for path in fs.find(url))
+
+    def load_fresh() -> dict[str, Any]:
+        fresh, fresh_opt = setup_model(fabric, seed=99)
+        state = {"model": fresh, "optimizer": fresh_opt, "counter": Counter(0), "step": 0}
+        remainder = fabric.load(target, state)
+        return {
+            "model": full_model_state(fresh),
+            "optimizer": full_optimizer_state(fresh, fresh_opt),
+            "counter": state["counter"].value,
+            "step": state["step"],
+            "remainder": sorted(remainder),
+        }
+
+    if load_only:
+        return record({"loaded": lambda: {"model": load_fresh()["model"]}})
+    fmodel, foptimizer = setup_model(fabric, seed=1)
+    results: dict[str, Any] = {}
+
+    def save_and_replace() -> dict[str, Any]:
+        for step in range(2):
+            train_step(fabric, fmodel, foptimizer, step)
+        fabric.save(target, {"model": fmodel, "optimizer": foptimizer, "counter": Counter(2), "step": 2})
+        first = listing()
+        train_step(fabric, fmodel, foptimizer, 2)
+        fabric.save(target, {"model": fmodel, "optimizer": foptimizer, "counter": Counter(3), "step": 3})
+        fabric.barrier()
+        return {"first": first, "replaced": listing()}
+
+    results["save"] = save_and_replace
+    results["failed_save"] = lambda: error_of(
+        lambda: fabric.save(target, {"model": fmodel, "step": 4, "bad": Unpicklable()})
+    )
+    results["after_failure"] = lambda: {"files": (fabric.barrier(), listing())[1], **load_fresh()}
+    results["expected"] = lambda: {
+        "model": full_model_state(fmodel),
+        "optimizer": full_optimizer_state(fmodel, foptimizer),
+    }
+    results["whole"] = lambda: sorted(fabric.load(target))
+    results["not_a_checkpoint"] = lambda: error_of(lambda: fabric.load(f"{url}/nothing-here", {"model": fmodel}))
+    return record(results)
+
+
 # ---------------------------------------------------------------------------------------------- runner
 def _strategy(spec: Any) -> Any:
     if isinstance(spec, str):
@@ -601,11 +654,7 @@ def main() -> None:
     )
     fabric.launch()
     result = globals()[job](fabric, **spec.get("kwargs", {}))
-    results: list[Any] = [None] * fabric.world_size
-    dist.all_gather_object(results, result)
-    if fabric.global_rank == 0:
-        with open(out, "wb") as f:
-            pickle.dump(results, f)
+    dump_all_ranks(fabric, result, out)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.utilities.checkpoint import atomic_save, safe_load
+from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 
@@ -33,18 +34,22 @@ class TorchCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
         """Write ``checkpoint`` to ``path`` atomically, creating missing parent folders.
 
+        ``path`` may be an fsspec URL (``s3://bucket/run/last.ckpt``, ``memory://...``; needs
+        ``pip install 'fabric-lite[remote]'`` and the protocol's package); ``storage_options`` then go to its
+        filesystem (e.g. ``{"endpoint_url": "http://127.0.0.1:9000"}`` for ``s3://``).
+
         Raises:
-            TypeError: ``storage_options`` is not ``None``: this plugin has no options; write a ``CheckpointIO`` of
-                your own to use them.
+            TypeError: ``storage_options`` given with a local path, which takes none.
+            ImportError: fsspec or the URL's protocol package is missing; the message says what to install.
             CheckpointError: the write failed; the previous file at ``path`` is unchanged.
         """
-        if storage_options is not None:
+        if storage_options is not None and not _is_remote(path):
             raise TypeError(
-                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}) is not supported:"
-                " torch.save takes no storage options. Pass storage_options=None, or implement a CheckpointIO of"
-                " your own that defines what they mean."
+                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}) is not supported"
+                f" for the local path {str(path)!r}: storage options are for fsspec URLs (s3://, gs://, ...). Pass"
+                " storage_options=None, or implement a CheckpointIO of your own that defines what they mean."
             )
-        atomic_save(checkpoint, path)
+        atomic_save(checkpoint, path, storage_options)
 
     @override
     def load_checkpoint(
@@ -53,7 +58,7 @@ class TorchCheckpointIO(CheckpointIO):
         """Read the checkpoint at ``path``; tensors land on the CPU unless ``map_location`` says otherwise.
 
         ``weights_only=None`` means ``True``: only tensors and plain values are unpickled. Pass ``False`` only for
-        files you trust.
+        files you trust. ``path`` may be an fsspec URL.
 
         Raises:
             FileNotFoundError: there is no file at ``path``.
@@ -66,8 +71,14 @@ class TorchCheckpointIO(CheckpointIO):
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:
-        """Delete the file (or folder) at ``path``; nothing happens when there is none."""
-        target = Path(path)
+        """Delete the file (or folder) at ``path``, a local path or an fsspec URL; nothing happens when there is
+        none."""
+        if _is_remote(path):
+            fs, fs_path = _filesystem(path)
+            if fs.exists(fs_path):
+                fs.rm(fs_path, recursive=True)
+            return
+        target = Path(_local_path(path))
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
         elif target.exists() or target.is_symlink():

@@ -1,4 +1,13 @@
-"""Precision plugins: how a loop computes (full, double, mixed and true half precision)."""
+"""Precision plugins: how a loop computes (full, double, mixed and true half precision, 8- and 4-bit weights).
+
+``BitsandbytesPrecision`` is imported on first use (its module is light, but it is the door to the optional
+``bitsandbytes``, which is imported only when the plugin is constructed).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from fabric_lite.plugins.precision.amp import MixedPrecision
 from fabric_lite.plugins.precision.double import DoublePrecision
@@ -6,4 +15,22 @@ from fabric_lite.plugins.precision.fsdp import FSDPPrecision
 from fabric_lite.plugins.precision.half import HalfPrecision
 from fabric_lite.plugins.precision.precision import Precision
 
-__all__ = ["DoublePrecision", "FSDPPrecision", "HalfPrecision", "MixedPrecision", "Precision"]
+if TYPE_CHECKING:
+    from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
+
+_LAZY = {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"}
+
+__all__ = [
+    "BitsandbytesPrecision",
+    "DoublePrecision",
+    "FSDPPrecision",
+    "HalfPrecision",
+    "MixedPrecision",
+    "Precision",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

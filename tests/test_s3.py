@@ -1,0 +1,206 @@
+"""Checkpoints and logs on a real S3 server: moto's, started on 127.0.0.1 for this module.
+
+s3fs and moto are installed into .venv-s3/site on first use (tests/cluster/s3_setup.py, ~40 s once); every
+fabric_lite job runs in a child process with that folder on PYTHONPATH and the server as its S3 endpoint.
+
+    FABRIC_LITE_S3=1 ...   # S3 that cannot be set up is an error, not a skip
+    FABRIC_LITE_S3=0 ...   # skip without trying
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests._harness import Completed, base_env, run_python
+from tests.cluster.s3_setup import S3Server, S3Unavailable, ensure_installed, s3_env
+
+pytestmark = [pytest.mark.s3, pytest.mark.distributed]
+
+JOB_TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[str]:
+    """The endpoint of a running moto S3 server holding an empty bucket ``fabric``; stopped after the module."""
+    wanted = os.environ.get("FABRIC_LITE_S3", "")
+    if wanted == "0":
+        pytest.skip("S3 tier: FABRIC_LITE_S3=0")
+    try:
+        ensure_installed(timeout=180)
+        server = S3Server().start()
+    except S3Unavailable as error:
+        message = (
+            f"S3 tier: no s3fs/moto: {error}. It needs pip access to them; FABRIC_LITE_S3=1 turns this skip into"
+            " an error."
+        )
+        if wanted == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{server.endpoint}/fabric", method="PUT"), timeout=10).close()
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+def _env(endpoint: str) -> dict[str, str]:
+    return s3_env(base_env(), endpoint)
+
+
+def _job(endpoint: str, target: str, nprocs: int, **kwargs: Any) -> list[Any]:
+    """``target(fabric, **kwargs)`` on ``nprocs`` ranks (ddp_spawn, gloo) with the S3 endpoint configured."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pkl"
+        done = run_python(
+            ["-m", "tests.jobs._runner", target, str(nprocs), json.dumps(kwargs), str(out)],
+            timeout=JOB_TIMEOUT,
+            env=_env(endpoint),
+        )
+        assert done.returncode == 0 and out.is_file(), done.output
+        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+
+
+def _python(endpoint: str, code: str, env: dict[str, str] | None = None) -> Completed:
+    done = run_python(["-c", code], timeout=JOB_TIMEOUT, env=env or _env(endpoint))
+    assert done.returncode == 0, done.output
+    return done
+
+
+def _url() -> str:
+    return f"s3://fabric/{uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_save_load_load_raw(s3: str, nprocs: int) -> None:
+    results = _job(s3, "tests.jobs.remote_jobs:save_load", nprocs, url=_url())
+    for rank, seen in enumerate(results):
+        assert seen["loaded"] == seen["saved"] and seen["step"] == 3 and seen["remainder"] == {}, rank
+        assert seen["whole_keys"] == ["model", "optimizer", "step"] and seen["raw"], rank
+    assert all(seen["saved"] == results[0]["saved"] for seen in results)
+
+
+def test_failed_save_keeps_previous_object_on_every_rank(s3: str) -> None:
+    url = _url()
+    for rank, seen in enumerate(_job(s3, "tests.jobs.remote_jobs:failed_save", 2, url=url)):
+        assert seen["error"] is not None and f"{url}/kept.ckpt" in seen["error"], (rank, seen)
+        assert seen["after"] == 1, rank
+
+
+def test_failed_upload_keeps_previous_object_and_storage_options(s3: str) -> None:
+    """The endpoint only through storage_options; then an upload that fails (the endpoint refuses connections)
+    leaves the object the real endpoint holds as it was."""
+    url = f"{_url()}/x.ckpt"
+    env = _env(s3)
+    for name in ("AWS_ENDPOINT_URL", "FSSPEC_S3_ENDPOINT_URL"):
+        env.pop(name)
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    code = f"""
+import torch
+from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
+from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.utilities.cloud_io import get_filesystem
+io = TorchCheckpointIO()
+io.save_checkpoint({{"step": 1}}, {url!r}, storage_options={{"endpoint_url": {s3!r}}})
+try:
+    io.save_checkpoint({{"step": 2}}, {url!r}, storage_options={{"endpoint_url": {dead!r},
+                       "config_kwargs": {{"retries": {{"max_attempts": 1}}}}, "retries": 1}})
+except CheckpointError as err:
+    print("ERROR", err)
+fs = get_filesystem({url!r}, endpoint_url={s3!r})
+print("AFTER", torch.load(fs.open({url!r}, "rb"), weights_only=True)["step"])
+"""
+    done = _python(s3, code, env)
+    assert f"ERROR Saving the checkpoint to '{url}' failed" in done.stdout, done.output
+    assert "AFTER 1" in done.stdout, done.output
+
+
+def test_csv_logger_on_s3(s3: str) -> None:
+    url = _url()
+    results = _job(s3, "tests.jobs.remote_jobs:csv_logs", 2, url=url)
+    assert [seen["log_dir"] for seen in results] == [f"{url}/exp/version_0"] * 2
+    for seen in results:  # rank 0 alone wrote, its own values (rank + step)
+        assert seen["csv"].splitlines() == ["loss,step", "0.0,0", "1.0,1", "2.0,2"]
+    code = f"""
+from fabric_lite.loggers import CSVLogger
+print("NEXT", CSVLogger({url!r}, name="exp").version)
+"""
+    assert "NEXT 1" in _python(s3, code).stdout
+
+
+def test_upload_time_of_10_mb(s3: str) -> None:
+    code = f"""
+import time, torch
+from fabric_lite.utilities.checkpoint import atomic_save, safe_load
+state = {{"w": torch.randn(2_621_440)}}  # 10 MiB of float32
+url = "{_url()}/big.ckpt"
+atomic_save(state, url)  # the first request sets up the client
+start = time.perf_counter(); atomic_save(state, url); up = time.perf_counter() - start
+start = time.perf_counter(); back = safe_load(url); down = time.perf_counter() - start
+assert torch.equal(back["w"], state["w"])
+print(f"TIMES upload {{up:.3f}} s, download {{down:.3f}} s")
+"""
+    done = _python(s3, code)
+    print(done.stdout.strip())
+    assert "TIMES upload" in done.stdout
+
+
+def test_consolidate_from_s3(s3: str) -> None:
+    url = _url()
+    code = f"""
+import torch, torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+from fabric_lite.utilities.checkpoint import safe_load
+from fabric_lite.utilities.consolidate import main
+dcp.save({{"model": {{"w": torch.arange(6.0)}}, "step": 4}}, storage_writer=FsspecWriter("{url}/sharded"), no_dist=True)
+assert main(["{url}/sharded", "--output_file", "{url}/full.ckpt"]) == 0
+loaded = safe_load("{url}/full.ckpt")
+print("LOADED", loaded["step"], loaded["model"]["w"].tolist())
+"""
+    assert "LOADED 4 [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in _python(s3, code).stdout
+
+
+def _fsdp_job(endpoint: str, nprocs: int, **kwargs: Any) -> list[dict[str, Any]]:
+    """``tests.jobs.fsdp_jobs.sharded_on_url`` on ``nprocs`` ranks (strategy="fsdp") against the S3 server."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pkl"
+        options = {"strategy": "fsdp", "kwargs": kwargs}
+        done = run_python(
+            ["-m", "tests.jobs.fsdp_jobs", "sharded_on_url", str(nprocs), json.dumps(options), str(out)],
+            timeout=JOB_TIMEOUT,
+            env=_env(endpoint),
+        )
+        assert done.returncode == 0 and out.is_file(), done.output
+        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+
+
+def test_fsdp_sharded_checkpoint_on_two_ranks_then_one(s3: str) -> None:
+    """Every rank writes its shards to S3 through DCP's FsspecWriter; the folder replaces the previous one with its
+    .metadata last; a failed save keeps the previous one; the checkpoint loads on one rank and consolidates."""
+    from tests.test_remote import _check_sharded_on_url
+
+    url = _url()
+    two = _fsdp_job(s3, 2, url=url)
+    _check_sharded_on_url(two, url)
+    one = _fsdp_job(s3, 1, url=url, load_only=True)[0]["loaded"]
+    assert "traceback" not in one, one
+    for key, value in two[0]["expected"]["model"].items():
+        assert torch.equal(one["model"][key], value), key
+    code = f"""
+from fabric_lite.utilities.checkpoint import safe_load
+from fabric_lite.utilities.consolidate import main
+assert main(["{url}/ckpt", "--output_file", "{url}/full.ckpt"]) == 0
+full = safe_load("{url}/full.ckpt")
+print("KEYS", sorted(full), full["step"], full["counter"])
+"""
+    assert "KEYS ['counter', 'model', 'optimizer', 'step'] 3 {'value': 3}" in _python(s3, code).stdout
