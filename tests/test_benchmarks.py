@@ -105,3 +105,23 @@ def test_fsdp_benchmark_quick(tmp_path: Path) -> None:
     # same seed: the meta-device model is initialised as the eager one, so both train to the same loss
     for rank in (0, 1):
         assert fsdp[rank]["loss"] == pytest.approx(ddp[rank]["loss"], rel=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_model_parallel_benchmark_quick(tmp_path: Path) -> None:
+    out = tmp_path / "model_parallel.json"
+    done = run_python(["benchmarks/bench_model_parallel.py", "--quick", "--out", str(out)], timeout=270)
+    assert done.returncode == 0, done.output
+    assert "fabric_lite/raw" in done.stdout and "rss_peak" in done.stdout, done.output
+    record = json.loads(out.read_text())
+    assert {(row["figure"], row["rank"]) for row in record["table"]} == {
+        (figure, rank) for figure in ("step", "rss_peak") for rank in range(4)
+    }
+    for row in record["table"]:
+        assert all(value > 0 for value in row["medians"].values()) and row["ratio"] > 0, row
+    # the same start and the same batches in the same processes: both implementations train to the same loss
+    for row in record["time_runs"]:
+        assert row["loss"]["fabric_lite"] == pytest.approx(row["loss"]["raw"], rel=1e-4), row
+    # the same parallelize function: every rank holds shards of the same size under both
+    raw, fabric = record["memory_runs"]["raw"][0], record["memory_runs"]["fabric_lite"][0]
+    assert [r["local_params"] for r in fabric] == [r["local_params"] for r in raw], (raw, fabric)

@@ -1,14 +1,17 @@
-"""Every script in ``examples/`` runs for real, in its short mode, on two CPU processes, and shows what it claims.
+"""Every script in ``examples/`` runs for real, in its short mode, on two CPU processes (four for the tensor-parallel
+one), and shows what it claims.
 
-One launch per example (two for the checkpoint-and-resume example), each through the launcher its docstring
+One launch per example (two for the checkpoint-and-resume examples), each through the launcher its docstring
 names: fabric_lite's own (``python examples/X.py``), ``torchrun --nproc-per-node 2`` and ``fabric-lite run``. The
-scripts run in a temporary folder, so nothing they write lands in the repository.
+scripts run in a temporary folder, so nothing they write lands in the repository; every launch fails the test if a
+process outlives it (``tests._harness.run_python``).
 """
 
 from __future__ import annotations
 
 import csv
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,31 @@ def test_train_example_under_torchrun(tmp_path: Path) -> None:
     assert float(epochs[1].group(2)) < float(epochs[0].group(2)), done.output
     assert "training on 2 process(es), strategy DDPStrategy" in done.stdout
     assert (tmp_path / "t.ckpt").is_file()
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 30)
+def test_tensor_parallel_resumes_from_its_last_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
+    """Four processes, 2 tensor-parallel x 2 FSDP, then a resume through ``fabric-lite run`` from the step-6
+    checkpoint (a sharded folder): mid-epoch, and across the epoch boundary at step 10 (batches of 16 windows)."""
+    flags = ["--steps", "12", "--save-every", "6", "--log-every", "3", "--batch-size", "16"]
+    flags += ["--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = run_example([str(EXAMPLES / "tensor_parallel.py"), *flags], tmp_path)
+    assert "on a mesh of 2 data_parallel x 2 tensor_parallel" in first.stdout, first.output
+    assert "wq.weight is (64, 64), each process holds (16, 64)" in first.stdout, first.output  # a quarter each
+    losses = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", first.stdout)}
+    assert list(losses) == [3, 6, 9, 12], first.output  # printed once, by rank 0
+    assert float(losses[12]) < float(losses[3]), first.output
+    checkpoints = tmp_path / "ckpt"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000006", "step-000012"], first.output
+    assert all(p.is_dir() for p in checkpoints.iterdir())  # torch.distributed.checkpoint folders
+
+    # take the newest checkpoint away: --resume must pick step 6 and retrace steps 7..12 exactly (every process's
+    # shards of the model and of AdamW's state restored, the data entered where it was)
+    shutil.rmtree(checkpoints / "step-000012")
+    launch = ["-m", "fabric_lite", "run", "--devices", "4", str(EXAMPLES / "tensor_parallel.py")]
+    second = run_example([*launch, *flags, "--resume"], tmp_path)
+    assert f"resumed from {checkpoints / 'step-000006'} at step 6" in second.stdout, second.output
+    assert "training steps 7..12 on 4 processes" in second.stdout, second.output
+    resumed = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", second.stdout)}
+    assert resumed == {9: losses[9], 12: losses[12]}, second.output
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000006", "step-000012"], second.output

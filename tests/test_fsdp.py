@@ -375,7 +375,7 @@ def test_misuse_raises_clearly(two_ranks: list[dict[str, Any]], folder: Path) ->
 @pytest.mark.timeout(200)
 def test_checkpoints_are_complete_when_save_returns(two_ranks: list[dict[str, Any]]) -> None:
     for run in per_rank(two_ranks, "save"):
-        assert run["files_on_return"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "fabric_lite.json"]
+        assert run["files_on_return"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "fabric_lite.json", "meta.pt"]
         assert run["full_file_on_return"]
         assert run["leftovers"] == []  # no temporary folder or file beside the checkpoints
 

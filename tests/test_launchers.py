@@ -426,7 +426,7 @@ def test_a_rank_that_never_starts_is_reported_with_how_many_joined(record_proper
             )
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, SCRIPT, "--devices", "3", "--timeout", "3"],
+                    [sys.executable, SCRIPT, "--devices", "3", "--timeout", "3", "--rendezvous-timeout", "3"],
                     env=env,
                     cwd=REPO,
                     stdout=subprocess.PIPE,

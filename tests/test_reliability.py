@@ -108,7 +108,9 @@ def test_twenty_launch_train_teardown_cycles_in_one_process():
     first = cycles[0]
     for c in cycles:
         assert c["children"] == 0, c
-        assert c["threads"] == first["threads"], f"threads leaked: {first['threads']} -> {c['threads']}"
+        assert c["threads"] == first["threads"], (
+            f"threads leaked: {first['thread_names']} -> {c['thread_names']} (cycle {c['cycle']})"
+        )
         assert c["fds"] == first["fds"], f"file descriptors (sockets, pipes) leaked: {first['fds']} -> {c['fds']}"
 
 

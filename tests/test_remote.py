@@ -297,7 +297,7 @@ def _check_sharded_on_url(results: list[dict[str, Any]], url: str) -> None:
     """What tests.jobs.fsdp_jobs.sharded_on_url saw on every rank, against what a sharded save must do."""
     world = len(results)
     shards = [f"__{rank}_0.distcp" for rank in range(world)]
-    expected_files = sorted([".metadata", "fabric_lite.json", *shards])
+    expected_files = sorted([".metadata", "fabric_lite.json", "meta.pt", *shards])
     for rank, seen in enumerate(results):
         failed = {name: value for name, value in seen.items() if isinstance(value, dict) and "traceback" in value}
         assert not failed, (rank, failed)

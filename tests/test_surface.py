@@ -28,7 +28,6 @@ DUMPER = REPO / "tests" / "scripts" / "lightning_surface.py"
 
 _XLA = "XLA/TPU: needs torch_xla and a TPU, neither of which exists for this project's machines"
 _DEEPSPEED = "DeepSpeed: added by the open issue 'DeepSpeed: ZeRO stages 1-3, offload and ZeRO-3 init'"
-_MODEL_PARALLEL = "ModelParallelStrategy: added by the open issue 'N-D parallelism: ModelParallelStrategy'"
 
 #: Lightning names fabric_lite does not have, and why
 EXCLUDED: dict[str, str] = {
@@ -49,7 +48,6 @@ EXCLUDED: dict[str, str] = {
     "lightning_fabric.plugins.DeepSpeedPrecision": _DEEPSPEED,
     "lightning_fabric.plugins.precision.DeepSpeedPrecision": _DEEPSPEED,
     "lightning_fabric.strategies.DeepSpeedStrategy": _DEEPSPEED,
-    "lightning_fabric.strategies.ModelParallelStrategy": _MODEL_PARALLEL,
 }
 
 #: parameters of names that fabric_lite has, left out for now, and why

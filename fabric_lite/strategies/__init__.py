@@ -1,7 +1,8 @@
 """Strategies: how training runs across devices and processes.
 
-``DataParallelStrategy``, ``FSDPStrategy`` and ``HorovodStrategy`` are imported on first use (they pull in
-``torch.nn.DataParallel``, ``torch.distributed.fsdp`` and Horovod), so that ``import fabric_lite`` stays fast.
+``DataParallelStrategy``, ``FSDPStrategy``, ``HorovodStrategy`` and ``ModelParallelStrategy`` are imported on first
+use (they pull in ``torch.nn.DataParallel``, ``torch.distributed.fsdp``, Horovod and ``torch.distributed.tensor``), so
+that ``import fabric_lite`` stays fast.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ if TYPE_CHECKING:
     from fabric_lite.strategies.dp import DataParallelStrategy
     from fabric_lite.strategies.fsdp import FSDPStrategy
     from fabric_lite.strategies.horovod import HorovodStrategy
+    from fabric_lite.strategies.model_parallel import ModelParallelStrategy
 
 _LAZY = {
     "DataParallelStrategy": "fabric_lite.strategies.dp",
     "FSDPStrategy": "fabric_lite.strategies.fsdp",
     "HorovodStrategy": "fabric_lite.strategies.horovod",
+    "ModelParallelStrategy": "fabric_lite.strategies.model_parallel",
 }
 
 __all__ = [
@@ -33,6 +36,7 @@ __all__ = [
     "DataParallelStrategy",
     "FSDPStrategy",
     "HorovodStrategy",
+    "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
     "Strategy",

@@ -1,5 +1,7 @@
-"""How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` saves and loads checkpoints, through
-``torch.distributed.checkpoint``'s state dict API (``get_model_state_dict``, ``set_optimizer_state_dict``, ...).
+"""How the sharding strategies (:class:`~fabric_lite.strategies.fsdp.FSDPStrategy`,
+:class:`~fabric_lite.strategies.model_parallel.ModelParallelStrategy`) save and load checkpoints, through
+``torch.distributed.checkpoint``'s state dict API (``get_model_state_dict``, ``set_optimizer_state_dict``, ...), which
+handles modules whose parameters are DTensors (sharded, tensor-parallel, or both) and plain modules alike.
 
 * :func:`save`: a sharded folder (every rank writes its shards with DCP into a temporary folder, rank 0 swaps it
   into place) or one full file (gathered on rank 0, written atomically).
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,18 +27,20 @@ from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:
-    from fabric_lite.strategies.fsdp import FSDPStrategy
+    from fabric_lite.strategies.strategy import Strategy
 
 
 def save(
-    strategy: FSDPStrategy,
+    strategy: Strategy,
     path: _PATH,
     state: dict[str, Any],
     filter: dict[str, Callable[[str, Any], bool]],
     storage_options: dict[str, Any] | None = None,
+    *,
+    full: bool,
 ) -> None:
-    """Save ``state`` as :attr:`FSDPStrategy.state_dict_type` says (see :meth:`FSDPStrategy.save_checkpoint`)."""
-    full = strategy.state_dict_type == "full"
+    """Save ``state`` as one file gathered on rank 0 (``full``) or a sharded folder (see
+    :meth:`FSDPStrategy.save_checkpoint`)."""
     checkpoint, modules, optimizers = _state_to_save(strategy, state, filter, full)
     if full:
 
@@ -53,7 +58,7 @@ def save(
 
 
 def load(
-    strategy: FSDPStrategy,
+    strategy: Strategy,
     path: _PATH,
     state: Module | Optimizer | dict[str, Any] | None,
     strict: bool,
@@ -72,8 +77,50 @@ def load(
     return _load_full(strategy, target, state, strict, weights_only)
 
 
+def check_storage_options(strategy: Strategy, path: _PATH, storage_options: Any) -> None:
+    """Storage options are for fsspec URLs, as a dict of arguments for the URL's filesystem.
+
+    Raises:
+        TypeError: options for a local path, or options that are not a dict.
+    """
+    if storage_options is None:
+        return
+    name = type(strategy).__name__
+    if not _is_remote(path):
+        raise TypeError(
+            f"{name}.save_checkpoint(..., storage_options={storage_options!r}) is not supported for the local path"
+            f" {str(path)!r}: storage options are for fsspec URLs (s3://, gs://, ...). Pass storage_options=None."
+        )
+    if not isinstance(storage_options, dict):
+        raise TypeError(
+            f"{name}.save_checkpoint(..., storage_options={storage_options!r}): storage options must be a dict of"
+            " arguments for the URL's fsspec filesystem, or None."
+        )
+
+
+def owner(strategy: Strategy, optimizer: Optimizer, state: dict[str, Any] | None = None) -> Module:
+    """The module whose parameters ``optimizer`` updates (the state dict APIs need both): one of the modules in
+    ``state``, or of those the strategy set up (its ``_modules``, where it keeps them).
+
+    Raises:
+        ValueError: no such module; the message says how the optimizer should be created.
+    """
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    known: list[Module] = list(getattr(strategy, "_modules", ()))
+    candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + known
+    for module in candidates:
+        if any(id(p) in params for p in module.parameters()):
+            return module
+    name = type(strategy).__name__
+    raise ValueError(
+        f"The {type(optimizer).__name__} optimizer updates no module set up with {name}, so its sharded state cannot"
+        " be saved or loaded. Create it from the parameters of a module returned by fabric.setup_module(model), and"
+        " set it up with fabric.setup_optimizers(...)."
+    )
+
+
 def _state_to_save(
-    strategy: FSDPStrategy, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]], full: bool
+    strategy: Strategy, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]], full: bool
 ) -> tuple[dict[str, Any], list[str], list[str]]:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -89,7 +136,7 @@ def _state_to_save(
             value: Any = get_model_state_dict(obj, options=options)
             modules.append(key)
         elif isinstance(obj, Optimizer):
-            value = get_optimizer_state_dict(strategy._owner(obj, state), obj, options=options)
+            value = get_optimizer_state_dict(owner(strategy, obj, state), obj, options=options)
             optimizers.append(key)
         elif isinstance(obj, _Stateful) and not isinstance(obj, type):
             value = obj.state_dict()
@@ -105,7 +152,7 @@ def _state_to_save(
 
 
 def _save_sharded(
-    strategy: FSDPStrategy,
+    strategy: Strategy,
     target: _dcp.Folder,
     checkpoint: dict[str, Any],
     modules: list[str],
@@ -137,6 +184,9 @@ def _save_sharded(
             )
         try:
             _dcp.write_index(temp, modules, optimizers)
+            plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
+            plain.pop(PRECISION_KEY, None)
+            _dcp.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
         except BaseException:
             _dcp.remove(temp, storage_options)
             raise
@@ -145,7 +195,7 @@ def _save_sharded(
     _on_rank_zero(strategy, publish)
 
 
-def _on_rank_zero(strategy: FSDPStrategy, fn: Callable[[], Any]) -> Any:
+def _on_rank_zero(strategy: Strategy, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` on rank 0 and hand its result to every rank; if it raises, every rank raises."""
     import torch.distributed as dist
 
@@ -166,7 +216,7 @@ def _on_rank_zero(strategy: FSDPStrategy, fn: Callable[[], Any]) -> Any:
 
 
 def _load_full(
-    strategy: FSDPStrategy,
+    strategy: Strategy,
     path: _PATH,
     state: Module | Optimizer | dict[str, Any] | None,
     strict: bool,
@@ -190,8 +240,8 @@ def _load_full(
         if isinstance(obj, Module):
             set_model_state_dict(obj, value, options=options)
         elif isinstance(obj, Optimizer):
-            owner = strategy._owner(obj, state if isinstance(state, dict) else None)
-            set_optimizer_state_dict(owner, obj, _by_name(value, owner, obj), options=options)
+            module = owner(strategy, obj, state if isinstance(state, dict) else None)
+            set_optimizer_state_dict(module, obj, _by_name(value, module, obj), options=options)
         elif isinstance(obj, _Stateful) and not isinstance(obj, type):
             obj.load_state_dict(value)
         else:
@@ -211,14 +261,16 @@ def _load_full(
 
 
 def _load_sharded(
-    strategy: FSDPStrategy, folder: _dcp.Folder, state: Module | Optimizer | dict[str, Any] | None, strict: bool
+    strategy: Strategy, folder: _dcp.Folder, state: Module | Optimizer | dict[str, Any] | None, strict: bool
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     metadata = _dcp.read_metadata(folder)
     available = _dcp.top_level_keys(metadata)
+    # Lightning Fabric keeps the entries that are not modules or optimizers in meta.pt, outside DCP's files
+    lightning = {k: v for k, v in _dcp.read_lightning_metadata(folder).items() if k not in available}
     if not state:
-        everything = _dcp.read_entries(folder, None)
+        everything = {**_dcp.read_entries(folder, None), **lightning}
         if PRECISION_KEY in everything:
             strategy.precision.load_state_dict(everything.pop(PRECISION_KEY))
         return everything
@@ -228,22 +280,25 @@ def _load_sharded(
         return {}
     if isinstance(state, Optimizer):
         _read_sharded(
-            strategy, folder, {"": state}, {"": get_optimizer_state_dict(strategy._owner(state), state)}, strict
+            strategy, folder, {"": state}, {"": get_optimizer_state_dict(owner(strategy, state), state)}, strict
         )
         return {}
+    available = available + list(lightning)
     _check_missing(folder, state, available, strict)
     targets: dict[str, Any] = {}
     for key, obj in state.items():
         if key in available and isinstance(obj, Module):
             targets[key] = _module_target(folder, obj, _dcp.entry_keys(metadata, key), strict, key)
         elif key in available and isinstance(obj, Optimizer):
-            targets[key] = get_optimizer_state_dict(strategy._owner(obj, state), obj)
+            targets[key] = get_optimizer_state_dict(owner(strategy, obj, state), obj)
     _read_sharded(strategy, folder, state, targets, strict)
     index = _dcp.read_index(folder)
     sharded = {*index["modules"], *index["optimizers"]}
     plain = [k for k in state if k in available and k not in targets]
     remainder = [k for k in available if k not in state and k not in sharded and k != PRECISION_KEY]
-    values = _dcp.read_entries(folder, plain + remainder + ([PRECISION_KEY] if PRECISION_KEY in available else []))
+    stored = [k for k in plain + remainder if k not in lightning]
+    values = _dcp.read_entries(folder, stored + ([PRECISION_KEY] if PRECISION_KEY in available else []))
+    values.update(lightning)
     if PRECISION_KEY in values:
         strategy.precision.load_state_dict(values.pop(PRECISION_KEY))
     for key in plain:
@@ -272,7 +327,7 @@ def _module_target(folder: _dcp.Folder, module: Module, saved: set[str], strict:
 
 
 def _read_sharded(
-    strategy: FSDPStrategy, folder: _dcp.Folder, objects: dict[str, Any], targets: dict[str, Any], strict: bool = True
+    strategy: Strategy, folder: _dcp.Folder, objects: dict[str, Any], targets: dict[str, Any], strict: bool = True
 ) -> None:
     """Read ``targets`` (sharded state dicts, keyed as in the checkpoint; ``""`` for a raw one) from ``folder``
     in place, every rank its own shards, then load each into its module or optimizer in ``objects``."""
@@ -288,7 +343,11 @@ def _read_sharded(
         return
     to_read = targets.get("", targets)
     try:
-        dcp_load(to_read, storage_reader=_dcp.reader(folder), planner=DefaultLoadPlanner(allow_partial_load=not strict))
+        with warnings.catch_warnings():
+            # without a process group (one process loading into a plain module) DCP warns that it assumes one process
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            planner = DefaultLoadPlanner(allow_partial_load=not strict)
+            dcp_load(to_read, storage_reader=_dcp.reader(folder), planner=planner)
     except _dcp.dcp_errors() as err:
         raise CheckpointError(f"Loading the sharded checkpoint {str(folder)!r} failed: {_dcp.describe(err)}") from err
     for key, value in targets.items():
@@ -296,7 +355,7 @@ def _read_sharded(
         if isinstance(obj, Module):
             set_model_state_dict(obj, value, options=StateDictOptions(strict=strict))
         else:
-            set_optimizer_state_dict(strategy._owner(obj, objects), obj, value)
+            set_optimizer_state_dict(owner(strategy, obj, objects), obj, value)
 
 
 def _check_missing(path: _PATH, state: dict[str, Any], available: list[str], strict: bool) -> None:

@@ -11,16 +11,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from torch import nn
 from torch.nn import Module
+from torch.optim import Optimizer
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fabric_lite._compile import Compiler
+    from fabric_lite.plugins.precision import Precision
 
 #: which submodules to shard as units: layer classes, a predicate ``(module) -> bool``, or a minimum number of
 #: parameters a subtree must hold (not counting those of units inside it)
@@ -244,3 +249,42 @@ def materialize(
             for name, buffer in module._buffers.items():
                 if buffer is not None:
                     module._buffers[name] = buffer.to(buffer_device)
+
+
+def check_optimizer_owned(optimizer: Optimizer, modules: Iterable[Module], strategy: str, replaced_by: str) -> None:
+    """Raise unless ``optimizer`` updates only parameters of ``modules`` (those a sharding strategy set up, whose
+    parameters it replaced: an optimizer created before holds stale tensors and would train nothing).
+
+    Raises:
+        ValueError: naming how many parameters are foreign, why, and the order to write instead.
+    """
+    owned = {id(p) for module in modules for p in module.parameters()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    foreign = sum(1 for p in params if id(p) not in owned)
+    if foreign:
+        raise ValueError(
+            f"The {type(optimizer).__name__} optimizer holds {foreign} of {len(params)} parameter(s) that are not"
+            f" the parameters of a module set up with {strategy}: it was created before fabric.setup_module(model),"
+            f" whose {replaced_by} replaces the parameters. Create the optimizer after setting up the module: model ="
+            " fabric.setup_module(model); optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+        )
+
+
+def compile_units(module: Module, compiler: Compiler) -> Module:
+    """Compile each ``fully_shard`` unit of ``module`` below the root in place (block by block, as torchtitan does;
+    the root only when it is the one unit), so the parameter all-gathers stay eager between compiled blocks and state
+    dict keys are unchanged. Returns ``module``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    compiler.compile_units(module, [unit for unit in module.modules() if isinstance(unit, FSDPModule)])
+    return module
+
+
+def meta_init_context(precision: Precision, empty_init: bool | None) -> AbstractContextManager[Any]:
+    """What ``init_module`` enters for a sharding strategy: the meta device with ``empty_init=True`` (``setup_module``
+    allocates and initialises each rank's shards), and the precision's dtype either way."""
+    stack = ExitStack()
+    if empty_init:
+        stack.enter_context(torch.device("meta"))
+    stack.enter_context(precision.module_init_context())
+    return stack

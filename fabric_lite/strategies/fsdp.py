@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Generator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,7 +24,6 @@ from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_options, _fsdp_setup
 from fabric_lite.strategies._fsdp_options import ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
-from fabric_lite.utilities.cloud_io import _is_remote
 from fabric_lite.utilities.types import _PATH
 
 if TYPE_CHECKING:
@@ -343,32 +342,18 @@ class FSDPStrategy(ParallelStrategy):
         return module
 
     def _compile_module(self, module: Module, compiler: Compiler) -> Module:
-        """How ``Fabric.setup`` compiles a sharded model again: each ``fully_shard`` unit below the root in
-        place (block by block, as torchtitan does; the root only when it is the one unit), so the parameter
-        all-gathers stay eager between compiled blocks and state dict keys are unchanged. Returns ``module``."""
-        from torch.distributed.fsdp import FSDPModule
-
-        compiler.compile_units(module, [unit for unit in module.modules() if isinstance(unit, FSDPModule)])
-        return module
+        """How ``Fabric.setup`` compiles the set-up model again: each ``fully_shard`` unit on its own (see
+        :func:`fabric_lite.strategies._fsdp_setup.compile_units`). Returns ``module``."""
+        return _fsdp_setup.compile_units(module, compiler)
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Check that ``optimizer`` updates the sharded parameters of modules set up by this strategy.
+        """Check that ``optimizer`` updates the parameters of modules set up by this strategy.
 
         Raises:
             ValueError: it holds other tensors, typically because it was created before ``setup_module``.
         """
-        owned = {id(p) for module in self._modules for p in module.parameters()}
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        foreign = sum(1 for p in params if id(p) not in owned)
-        if foreign:
-            raise ValueError(
-                f"The {type(optimizer).__name__} optimizer holds {foreign} of {len(params)} parameter(s) that are not"
-                " the sharded parameters of a module set up with FSDPStrategy: it was created before"
-                " fabric.setup_module(model), whose sharding replaces the parameters. Create the optimizer after"
-                " setting up the module: model = fabric.setup_module(model); optimizer ="
-                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
-            )
+        _fsdp_setup.check_optimizer_owned(optimizer, self._modules, "FSDPStrategy", "sharding")
         return optimizer
 
     @override
@@ -381,11 +366,7 @@ class FSDPStrategy(ParallelStrategy):
         """With ``empty_init=True`` a new module's parameters are created on the meta device (no memory, no
         initialisation; ``setup_module`` allocates and initialises each rank's shards). Otherwise on the CPU, from
         where ``setup_module`` moves each rank's shards to the device. In the precision's dtype either way."""
-        stack = ExitStack()
-        if empty_init:
-            stack.enter_context(torch.device("meta"))
-        stack.enter_context(self.precision.module_init_context())
-        return stack
+        return _fsdp_setup.meta_init_context(self.precision, empty_init)
 
     def _use_sharded_grad_scaler(self) -> None:
         """With ``"16-mixed"``, every rank must agree on skipping a step: a shard's inf/NaN is only seen by the rank
@@ -465,19 +446,6 @@ class FSDPStrategy(ParallelStrategy):
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     # ------------------------------------------------------------------ checkpoints
-    def _owner(self, optimizer: Optimizer, state: dict[str, Any] | None = None) -> Module:
-        """The module whose parameters ``optimizer`` updates (the state dict APIs need both)."""
-        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + list(self._modules)
-        for module in candidates:
-            if any(id(p) in params for p in module.parameters()):
-                return module
-        raise ValueError(
-            f"The {type(optimizer).__name__} optimizer updates no module set up with FSDPStrategy, so its sharded"
-            " state cannot be saved or loaded. Create it from the parameters of a module returned by"
-            " fabric.setup_module(model), and set it up with fabric.setup_optimizers(...)."
-        )
-
     @override
     def save_checkpoint(
         self,
@@ -506,18 +474,8 @@ class FSDPStrategy(ParallelStrategy):
 
             fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
         """
-        if storage_options is not None and not _is_remote(path):
-            raise TypeError(
-                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}) is not supported"
-                f" for the local path {str(path)!r}: storage options are for fsspec URLs (s3://, gs://, ...)."
-                " Pass storage_options=None."
-            )
-        if storage_options is not None and not isinstance(storage_options, dict):
-            raise TypeError(
-                f"{type(self).__name__}.save_checkpoint(..., storage_options={storage_options!r}): storage options"
-                " must be a dict of arguments for the URL's fsspec filesystem, or None."
-            )
-        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options)
+        _fsdp_checkpoint.check_storage_options(self, path, storage_options)
+        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options, full=self.state_dict_type == "full")
 
     @override
     def load_checkpoint(

@@ -161,6 +161,31 @@ class ParallelStrategy(Strategy):
         """How long collectives and the rendezvous wait for the other processes before raising."""
         return self._timeout
 
+    def set_collective_timeout(self, timeout: timedelta) -> None:
+        """From now on, collectives of the default process group wait ``timeout`` for the other processes.
+
+        For a job whose processes start slowly (imports, a loaded machine) but must fail fast once running: form the
+        group with a generous ``timeout``, then shorten it after ``fabric.launch()``. Every process should call it.
+
+        Raises:
+            TypeError: ``timeout`` is not a ``timedelta``.
+            RuntimeError: there is no process group yet.
+
+        Example::
+
+            fabric = Fabric(devices=2, strategy=DDPStrategy(timeout=timedelta(minutes=5)))
+            fabric.launch()
+            fabric.strategy.set_collective_timeout(timedelta(seconds=30))
+        """
+        if not isinstance(timeout, timedelta):
+            raise TypeError(f"set_collective_timeout({timeout!r}): expected a datetime.timedelta.")
+        if not dist.is_initialized():
+            raise RuntimeError("set_collective_timeout needs the process group: call fabric.launch() first.")
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timeout)
+        self._timeout = timeout
+
     # ------------------------------------------------------------------ ranks
     @property
     @override

@@ -323,7 +323,14 @@ class Strategy(ABC):
         * ``state`` is a dict: modules, optimizers and stateful objects are restored in place, plain values are
           written back into ``state``, and the checkpoint's other entries are returned. With ``strict=True`` a key
           of ``state`` that the checkpoint lacks raises ``KeyError`` naming every missing key.
+
+        A local sharded checkpoint folder (``torch.distributed.checkpoint``, as the FSDP and model-parallel
+        strategies write by default) is read too, into plain modules and optimizers, by every rank.
         """
+        if _is_local_sharded_folder(path):
+            from fabric_lite.strategies import _fsdp_checkpoint
+
+            return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
             # the loss scaler's state (saved by save_checkpoint) goes back into the precision, not to the caller
@@ -364,6 +371,14 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"
+
+
+def _is_local_sharded_folder(path: _PATH) -> bool:
+    """Whether ``path`` is a local folder written by ``torch.distributed.checkpoint`` (checked without fsspec)."""
+    from fabric_lite.utilities import _dcp
+    from fabric_lite.utilities.cloud_io import _is_remote
+
+    return not _is_remote(path) and _dcp.is_sharded_checkpoint(path)
 
 
 def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | None:

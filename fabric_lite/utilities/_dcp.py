@@ -23,6 +23,7 @@ Nothing here imports ``torch.distributed.checkpoint`` at module level: ``import 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -32,7 +33,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save
+import torch
+
+from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save, safe_load
 from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
@@ -40,6 +43,8 @@ from fabric_lite.utilities.types import _PATH
 METADATA_FILE = ".metadata"
 #: fabric_lite's own index of a sharded checkpoint: which top-level entries are modules and optimizers
 INDEX_FILE = "fabric_lite.json"
+#: where Lightning Fabric's FSDP and model-parallel strategies keep the entries that are not modules or optimizers
+LIGHTNING_METADATA_FILE = "meta.pt"
 
 
 #: a checkpoint folder: a local ``Path``, or an fsspec URL (``s3://bucket/run/step-100``) as a ``str``
@@ -201,6 +206,32 @@ def read_index(folder: Folder) -> dict[str, list[str]]:
     except (OSError, ValueError):
         return {"modules": [], "optimizers": []}
     return {"modules": list(index.get("modules", [])), "optimizers": list(index.get("optimizers", []))}
+
+
+def write_lightning_metadata(folder: Folder, metadata: dict[str, Any]) -> None:
+    """Write ``metadata`` (the entries that are neither modules nor optimizers) as :data:`LIGHTNING_METADATA_FILE`,
+    where Lightning Fabric's sharded strategies look for them: with it, Lightning loads fabric_lite's folders."""
+    buffer = io.BytesIO()
+    torch.save(metadata, buffer)
+    if isinstance(folder, str):
+        fs, fs_path = _filesystem(folder)
+        fs.pipe_file(_join(fs_path, LIGHTNING_METADATA_FILE), buffer.getvalue())
+        return
+    with open(folder / LIGHTNING_METADATA_FILE, "wb") as f:
+        f.write(buffer.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
+    """The entries Lightning Fabric keeps beside the shards in :data:`LIGHTNING_METADATA_FILE` (``{}`` when there is
+    none), read with ``weights_only=True``."""
+    path = _join(folder, LIGHTNING_METADATA_FILE) if isinstance(folder, str) else folder / LIGHTNING_METADATA_FILE
+    exists = _filesystem(path)[0].isfile(_filesystem(path)[1]) if isinstance(path, str) else path.is_file()
+    if not exists:
+        return {}
+    loaded = safe_load(path)
+    return dict(loaded) if isinstance(loaded, dict) else {}
 
 
 def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] | None = None) -> None:

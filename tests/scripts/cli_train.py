@@ -59,11 +59,14 @@ def main() -> None:
     args = parse()
     kwargs: dict[str, Any] = {}
     if args.pg_timeout is not None:
-        kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=args.pg_timeout))
+        # the group may take long to form on a loaded machine; collectives fail after --pg-timeout once it has
+        kwargs["strategy"] = DDPStrategy(timeout=timedelta(seconds=max(args.pg_timeout, 120)))
     if args.fabric_devices is not None:
         kwargs["devices"] = int(args.fabric_devices) if args.fabric_devices.isdigit() else args.fabric_devices
     fabric = Fabric(**kwargs)
     fabric.launch()
+    if args.pg_timeout is not None:
+        fabric.strategy.set_collective_timeout(timedelta(seconds=args.pg_timeout))
     rank, world = fabric.global_rank, fabric.world_size
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 

@@ -9,7 +9,9 @@ import json
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +34,13 @@ def train(fabric: Fabric, cycle: int) -> list[float]:
     return [p.detach().sum().item() for p in model.parameters()]
 
 
-def holdings() -> dict[str, int]:
+def holdings(baseline: int) -> dict[str, Any]:
+    """What this process holds now. A thread that has finished its work may still be on its way out when the launch
+    returns (seen once in many runs: 1 -> 2 threads): wait for it, up to 5 s, so that only a thread that stays is
+    reported, by name."""
+    deadline = time.monotonic() + 5.0
+    while threading.active_count() > baseline and time.monotonic() < deadline:
+        time.sleep(0.01)
     children = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -43,16 +51,18 @@ def holdings() -> dict[str, int]:
         except (OSError, ValueError, IndexError):
             continue
         children += ppid == os.getpid()
-    return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd")), "children": children}
+    names = sorted(thread.name for thread in threading.enumerate())
+    return {"threads": len(names), "thread_names": names, "fds": len(os.listdir("/proc/self/fd")), "children": children}
 
 
 def main() -> None:
     cycles = int(sys.argv[1])
+    baseline = threading.active_count()
     for cycle in range(cycles):
         strategy = DDPStrategy(start_method="fork", timeout=timedelta(seconds=30))
         fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
         params = fabric.launch(train, cycle)
-        print(json.dumps({"cycle": cycle, "params": params, **holdings()}), flush=True)
+        print(json.dumps({"cycle": cycle, "params": params, **holdings(baseline)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,13 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--trap-sigterm", action="store_true", help="ranks started by a launcher note SIGTERM")
     parser.add_argument("--fail-step", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--timeout", type=float, default=30.0, help="collective timeout, set once the group formed")
+    parser.add_argument(
+        "--rendezvous-timeout",
+        type=float,
+        default=120.0,
+        help="how long the group may take to form: covers the slowest start of a loaded machine",
+    )
     return parser.parse_args()
 
 
@@ -67,6 +73,9 @@ def trap_sigterm(rank: int) -> None:
 
 
 def work(fabric: Fabric, args: argparse.Namespace) -> dict:
+    if args.strategy in ("ddp", "ddp_spawn", "ddp_fork") and args.rendezvous_timeout != args.timeout:
+        # the group formed within the generous rendezvous timeout; collectives now fail after --timeout
+        fabric.strategy.set_collective_timeout(timedelta(seconds=args.timeout))
     if args.trap_sigterm and (fabric.global_rank != 0 or args.strategy in ("ddp_spawn", "ddp_fork")):
         trap_sigterm(fabric.global_rank)
     emit(f"READY rank={fabric.global_rank} pid={os.getpid()}")
@@ -101,7 +110,7 @@ def main() -> None:
     devices: int | str = int(args.devices) if args.devices.isdigit() else args.devices
     if args.strategy in ("ddp", "ddp_spawn", "ddp_fork"):
         start = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork"}[args.strategy]
-        strategy: object = DDPStrategy(start_method=start, timeout=timedelta(seconds=args.timeout))
+        strategy: object = DDPStrategy(start_method=start, timeout=timedelta(seconds=args.rendezvous_timeout))
     else:
         strategy = args.strategy
     fabric = Fabric(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy)

@@ -1,0 +1,101 @@
+"""What :class:`~fabric_lite.strategies.model_parallel.ModelParallelStrategy` computes outside the strategy object:
+the mesh shape from the sizes asked, and gradient norms and clipping over DTensors of several meshes mixed with plain
+tensors (which torch's ``clip_grad_norm_`` refuses)."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+
+
+def mesh_shape(
+    data_parallel: int | str, tensor_parallel: int | str, replicate: int, world_size: int, num_nodes: int
+) -> tuple[int, ...]:
+    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one)."""
+    if data_parallel == "auto" and tensor_parallel == "auto":
+        data_parallel, tensor_parallel = num_nodes, world_size // max(num_nodes, 1)
+    elif data_parallel == "auto":
+        assert isinstance(tensor_parallel, int)
+        data_parallel = world_size // tensor_parallel if world_size % tensor_parallel == 0 else 0
+    elif tensor_parallel == "auto":
+        assert isinstance(data_parallel, int)
+        tensor_parallel = world_size // data_parallel if world_size % data_parallel == 0 else 0
+    assert isinstance(data_parallel, int) and isinstance(tensor_parallel, int)
+    if data_parallel * tensor_parallel != world_size or not data_parallel or not tensor_parallel:
+        raise ValueError(
+            f"ModelParallelStrategy: data_parallel_size ({data_parallel or 'no whole number'}) x"
+            f" tensor_parallel_size ({tensor_parallel or 'no whole number'}) must equal the world size"
+            f" ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s)). Choose sizes whose"
+            " product is the world size, or leave one of them 'auto'."
+        )
+    if data_parallel % replicate:
+        raise ValueError(
+            f"ModelParallelStrategy: data_parallel_replicate_size ({replicate}) must divide data_parallel_size"
+            f" ({data_parallel}), which here is {world_size} ranks / {tensor_parallel} tensor-parallel."
+        )
+    if replicate == 1:
+        return (data_parallel, tensor_parallel)
+    return (replicate, data_parallel // replicate, tensor_parallel)
+
+
+def move_leftovers(module: Module, device: torch.device) -> None:
+    """Move the plain (not parallelised) parameters and buffers that are elsewhere to ``device``: what
+    ``parallelize_fn`` left alone stays where the model was built."""
+    from torch.distributed.tensor import DTensor
+
+    for sub in module.modules():
+        for param in sub._parameters.values():
+            if param is not None and not isinstance(param, DTensor) and param.device != device:
+                param.data = param.data.to(device)
+        for name, buffer in sub._buffers.items():
+            if buffer is not None and not isinstance(buffer, DTensor) and buffer.device != device:
+                sub._buffers[name] = buffer.to(device)
+
+
+@contextmanager
+def without_gradient_sync(module: Module) -> Generator[None, None, None]:
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_requires_gradient_sync(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.set_requires_gradient_sync(True, recurse=False)
+
+
+def like_groups(parameters: list[Tensor]) -> list[list[Tensor]]:
+    """``parameters`` grouped by the kind of their gradient: plain tensors, or DTensors by mesh (torch's foreach
+    kernels and norms take one mesh at a time; one group per mesh means one all-reduce per mesh for the norm)."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[Tensor]] = {}
+    for param in parameters:
+        grad = param.grad
+        key = grad.device_mesh if isinstance(grad, DTensor) else None  # placements may differ within a group
+        groups.setdefault(key, []).append(param)
+    return list(groups.values())
+
+
+def total_norm(groups: list[list[Tensor]], norm_type: float) -> Tensor:
+    """The ``norm_type``-norm of the gradients of every group together, as a plain tensor that is the same on every
+    rank: each group's norm is made whole (a DTensor norm is partial), then the group norms are combined."""
+    from torch.distributed.tensor import DTensor
+
+    if not groups:
+        return torch.tensor(0.0)
+    norms = []
+    for group in groups:
+        grads = [p.grad for p in group if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type)  # one DTensor (a partial norm) for a DTensor group
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    device = norms[0].device
+    total: Tensor = torch.linalg.vector_norm(torch.stack([n.to(device, torch.float32) for n in norms]), norm_type)
+    return total

@@ -1,0 +1,507 @@
+"""N-D parallelism on a ``DeviceMesh``: tensor (and sequence) parallelism within a node, sharded data parallelism
+(FSDP2) across nodes, and optionally replicated groups of shards (HSDP), as a parallelize function applies them.
+
+The strategy builds the mesh and calls the user's ``parallelize_fn(module, device_mesh)``; what is parallelised how
+is that function's business (torch's ``parallelize_module``, ``fully_shard``, or the helpers of
+:mod:`fabric_lite.strategies.parallelize`). Checkpoints go through ``torch.distributed.checkpoint``, so they load
+into any mesh shape, and into a plain module.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.environments import ClusterEnvironment
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_setup, _model_parallel_ops
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, is_timeout
+from fabric_lite.utilities import _collectives
+from fabric_lite.utilities.types import _PATH, TBroadcast
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fabric_lite._compile import Compiler
+
+TModel = TypeVar("TModel", bound=Module)
+
+#: the precisions the strategy runs in, as in Lightning Fabric
+_PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
+_START_METHODS = ("popen", "spawn", "fork")
+#: mesh dimension names: Lightning's two, and the two that the data-parallel one is made of with HSDP
+DATA_PARALLEL, TENSOR_PARALLEL = "data_parallel", "tensor_parallel"
+REPLICATE, SHARD = "data_parallel_replicate", "data_parallel_shard"
+_ALL = "data_parallel_tensor_parallel"
+
+
+class ModelParallelStrategy(ParallelStrategy):
+    """Tensor, sequence and sharded data parallelism together, on a ``DeviceMesh`` (Lightning Fabric's
+    ``ModelParallelStrategy``, plus HSDP).
+
+    ``fabric.launch()`` builds a mesh ``("data_parallel", "tensor_parallel")`` of ``data_parallel_size x
+    tensor_parallel_size`` ranks (tensor-parallel groups are consecutive ranks, so that they share a node), and
+    ``fabric.setup_module(model)`` hands the model and the mesh to ``parallelize_fn``, which applies
+    ``parallelize_module`` on ``device_mesh["tensor_parallel"]`` and ``fully_shard`` on
+    ``device_mesh["data_parallel"]`` as it likes, and returns the model::
+
+        def parallelize(model, device_mesh):
+            tp, dp = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
+            for block in model.layers:
+                parallelize_module(block, tp, {"attn.wq": ColwiseParallel(), ..., "attn.wo": RowwiseParallel()})
+                fully_shard(block, mesh=dp)
+            return fully_shard(model, mesh=dp)
+
+        fabric = Fabric(devices=4, strategy=ModelParallelStrategy(parallelize, tensor_parallel_size=2))
+        fabric.launch()
+        with fabric.init_module(empty_init=True):  # on the meta device
+            model = Llama()
+        model = fabric.setup_module(model)  # parallelised, then each rank's shards allocated and initialised
+        optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
+
+    :mod:`fabric_lite.strategies.parallelize` writes that function for a standard transformer.
+
+    * **Data.** ``setup_dataloaders`` gives every rank of a tensor-parallel group the same batches: the sampler's
+      replicas and rank come from the data-parallel dimension.
+    * **Meta-device init.** A model created under ``fabric.init_module(empty_init=True)`` is materialised after
+      ``parallelize_fn``, one module at a time, with each module's ``reset_parameters()``: each rank copies its own
+      shard of the full initial value, so the values equal an eager construction's with the same seed, whatever
+      the mesh.
+    * **Collectives** run over the whole world; ``all_reduce``, ``all_gather``, ``broadcast`` and ``barrier`` take
+      ``group=`` a sub-mesh's group (``strategy.device_mesh["data_parallel"].get_group()``).
+    * **Gradients.** ``clip_gradients`` takes the total norm over every gradient, DTensors of any mesh and plain
+      tensors alike; ``no_backward_sync`` skips FSDP2's reduce-scatter (tensor-parallel collectives are part of
+      the computation and always run).
+    * **Precision**: ``"32-true"``, ``"bf16-mixed"`` (autocast; pass :attr:`mixed_precision_policy` to
+      ``fully_shard`` so that FSDP2 also all-gathers in bfloat16 and reduces in float32), ``"bf16-true"``,
+      ``"16-true"``.
+    * **Checkpoints.** ``fabric.save`` writes a ``torch.distributed.checkpoint`` folder (every rank its shards,
+      written beside the target and swapped in) or, with ``save_distributed_checkpoint=False``, one file gathered
+      on rank 0. ``fabric.load`` reads either into any mesh shape, or into a plain module.
+    * **Compiled models**: ``fabric.setup(torch.compile(model))`` compiles each ``fully_shard`` unit on its own
+      (compiling a whole tensor + data parallel model fails in torch: "Mixing fake modes NYI").
+
+    Args:
+        parallelize_fn: ``fn(module, device_mesh) -> module`` applying the parallelisms.
+        data_parallel_size: ranks in a data-parallel group (sharded, or replicated groups of shards); ``"auto"``:
+            the number of nodes (or what is left by ``tensor_parallel_size``).
+        tensor_parallel_size: ranks in a tensor-parallel group; ``"auto"``: the devices of one node (or what is
+            left by ``data_parallel_size``).
+        save_distributed_checkpoint: ``True``: a folder of shards; ``False``: one full file.
+        process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
+        timeout: how long collectives wait for the other processes before raising.
+        data_parallel_replicate_size: HSDP: the data-parallel ranks form this many replicated groups of
+            ``data_parallel_size / data_parallel_replicate_size`` shards each. The mesh then has the dimensions
+            ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")``, and ``"data_parallel"`` is
+            the flattened pair. Pass ``device_mesh["data_parallel_replicate", "data_parallel_shard"]`` to
+            ``fully_shard`` for HSDP.
+        start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script,
+            ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
+
+    Raises:
+        TypeError, ValueError: an argument that is not accepted; the message names it and the choices. Sizes
+            that do not multiply to the world size raise ``ValueError`` at ``Fabric(...)``, naming every number.
+    """
+
+    def __init__(
+        self,
+        parallelize_fn: Callable[[TModel, DeviceMesh], TModel],
+        data_parallel_size: Literal["auto"] | int = "auto",
+        tensor_parallel_size: Literal["auto"] | int = "auto",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        *,
+        data_parallel_replicate_size: int = 1,
+        start_method: Literal["popen", "spawn", "fork"] = "popen",
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision: Precision | None = None,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision=precision,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        try:
+            from torch.distributed.fsdp import fully_shard  # noqa: F401
+            from torch.distributed.tensor.parallel import parallelize_module  # noqa: F401
+        except ImportError as err:
+            raise ImportError(
+                f"ModelParallelStrategy needs torch.distributed.fsdp.fully_shard and torch.distributed.tensor"
+                f" (torch >= 2.6); this is torch {torch.__version__}. Upgrade torch, or use strategy='fsdp'."
+            ) from err
+        if not callable(parallelize_fn):
+            raise TypeError(
+                f"ModelParallelStrategy(parallelize_fn={parallelize_fn!r}): expected a function"
+                " fn(module, device_mesh) that parallelises the module and returns it."
+            )
+        for name, value in (("data_parallel_size", data_parallel_size), ("tensor_parallel_size", tensor_parallel_size)):
+            if value != "auto" and (type(value) is not int or value < 1):
+                raise ValueError(f"ModelParallelStrategy({name}={value!r}): expected 'auto' or a positive int.")
+        if type(data_parallel_replicate_size) is not int or data_parallel_replicate_size < 1:
+            raise ValueError(
+                f"ModelParallelStrategy(data_parallel_replicate_size={data_parallel_replicate_size!r}): expected a"
+                " positive int (1: no replication, plain FSDP over the data-parallel ranks)."
+            )
+        if type(data_parallel_size) is int and data_parallel_size % data_parallel_replicate_size:
+            raise ValueError(
+                f"ModelParallelStrategy(data_parallel_size={data_parallel_size},"
+                f" data_parallel_replicate_size={data_parallel_replicate_size}): the data-parallel ranks must split"
+                f" into {data_parallel_replicate_size} equal groups of shards; choose a replicate size that divides"
+                f" {data_parallel_size}."
+            )
+        if not isinstance(save_distributed_checkpoint, bool):
+            raise TypeError(
+                f"ModelParallelStrategy(save_distributed_checkpoint={save_distributed_checkpoint!r}): expected True"
+                " (a folder of shards) or False (one full file)."
+            )
+        if start_method not in _START_METHODS:
+            raise ValueError(f"ModelParallelStrategy(start_method={start_method!r}) is not one of {_START_METHODS}.")
+        self._parallelize_fn: Callable[[Module, DeviceMesh], Module] = parallelize_fn  # type: ignore[assignment]
+        self._data_parallel_size = data_parallel_size
+        self._tensor_parallel_size = tensor_parallel_size
+        self._replicate_size = data_parallel_replicate_size
+        self._save_distributed_checkpoint = save_distributed_checkpoint
+        self._start_method = start_method
+        self._device_mesh: DeviceMesh | None = None
+        #: the modules set up by this strategy, to find the module an optimizer belongs to
+        self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    @override
+    def checkpoint_io(self) -> CheckpointIO:
+        """Not available: checkpoints are written through ``torch.distributed.checkpoint``, as in Lightning."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not use the CheckpointIO plugin interface: it writes sharded folders (or,"
+            " with save_distributed_checkpoint=False, a gathered file) itself."
+        )
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO) -> None:
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): its checkpoints are written"
+            " by every rank through torch.distributed.checkpoint. Remove it from Fabric(plugins=...)."
+        )
+
+    @property
+    @override
+    def precision(self) -> Precision:
+        return super().precision
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        name = getattr(precision, "precision", "32-true") if precision is not None else "32-true"
+        if name not in _PRECISIONS:
+            raise ValueError(
+                f"ModelParallelStrategy does not support Fabric(..., precision={name!r}): choose one of"
+                f" {', '.join(_PRECISIONS)}."
+            )
+        self._precision = precision
+
+    @property
+    def start_method(self) -> str:
+        """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
+        return self._start_method
+
+    @property
+    def state_dict_type(self) -> str:
+        """What ``fabric.save`` writes: ``"sharded"`` (``save_distributed_checkpoint=True``) or ``"full"``."""
+        return "sharded" if self._save_distributed_checkpoint else "full"
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """``(data_parallel, tensor_parallel)``, or ``(replicate, shard, tensor_parallel)`` with HSDP, for the
+        current world size.
+
+        Raises:
+            ValueError: the sizes do not multiply to the world size; the message shows the arithmetic.
+        """
+        return _model_parallel_ops.mesh_shape(
+            self._data_parallel_size,
+            self._tensor_parallel_size,
+            self._replicate_size,
+            self.world_size,
+            self.num_nodes,
+        )
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh ``parallelize_fn`` gets: dimensions ``("data_parallel", "tensor_parallel")``, or with HSDP
+        ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")`` plus the flattened
+        ``"data_parallel"``.
+
+        Raises:
+            RuntimeError: before ``fabric.launch()``.
+        """
+        if self._device_mesh is None:
+            raise RuntimeError(
+                "ModelParallelStrategy.device_mesh exists once the processes have started: call fabric.launch() first."
+            )
+        return self._device_mesh
+
+    @property
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, to pass to ``fully_shard`` in
+        ``parallelize_fn`` (``bf16-mixed``: all-gather and compute in bfloat16, reduce in float32)."""
+        return _fsdp_setup.mixed_precision_policy(self.precision.precision)
+
+    @property
+    @override
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """The data-parallel dimension's size and this rank's place in it: the ranks of a tensor-parallel group
+        get the same batches."""
+        data_parallel = self.device_mesh[DATA_PARALLEL]
+        return {"num_replicas": data_parallel.size(), "rank": data_parallel.get_local_rank()}
+
+    @override
+    def _set_world_ranks(self) -> None:
+        super()._set_world_ranks()
+        if self.num_processes:  # Fabric has filled in the devices: the sizes can be checked before any process starts
+            _ = self.mesh_shape
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._device_mesh = self._build_mesh()
+
+    def _build_mesh(self) -> DeviceMesh:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape = self.mesh_shape
+        device_type = self.root_device.type
+        if len(shape) == 2:
+            mesh = init_device_mesh(device_type, shape, mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
+        else:
+            mesh = init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE, SHARD, TENSOR_PARALLEL))
+            mesh[REPLICATE, SHARD]._flatten(DATA_PARALLEL)  # as torchtitan does: "data_parallel" is the pair
+        # one group over every dimension: a DTensor reduced over the whole mesh (the gradient norm of a 2-D sharded
+        # model) then takes one all-reduce instead of one per dimension
+        mesh[tuple(mesh.mesh_dim_names or ())]._flatten(_ALL)
+        return mesh
+
+    # ------------------------------------------------------------------ modules and optimizers
+    @override
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer]
+    ) -> tuple[Module, list[Optimizer]]:
+        """Not possible: parallelising replaces the module's parameters (DTensors), so an optimizer created before
+        would update tensors the model no longer uses."""
+        raise NotImplementedError(
+            "ModelParallelStrategy cannot set up a module together with an optimizer created before it:"
+            " parallelize_fn replaces the module's parameters, so the optimizer would hold stale ones. Set up the"
+            " module first, then create the optimizer from its parameters: model = fabric.setup_module(model);"
+            " optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+        )
+
+    @override
+    def setup_module(self, module: Module) -> Module:
+        """``parallelize_fn(module, device_mesh)``, then the meta-device parameters materialised shard by shard.
+
+        Raises:
+            TypeError: the module holds FSDP1 (``FullyShardedDataParallel``) modules, or ``parallelize_fn`` did not
+                return a module.
+            RuntimeError: the module is on the meta device and cannot be initialised (no ``reset_parameters``), or
+                holds meta and real tensors at once.
+        """
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+            raise TypeError(
+                "The module holds torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) modules, which"
+                " ModelParallelStrategy cannot combine with tensor parallelism. Pass the plain module and shard it"
+                " in parallelize_fn with torch.distributed.fsdp.fully_shard (FSDP2)."
+            )
+        owners = _fsdp_setup.meta_owners(module)
+        if owners:
+            _fsdp_setup.check_initialisable(module, owners, None)
+        parallel = self._parallelize_fn(module, self.device_mesh)
+        if not isinstance(parallel, Module):
+            raise TypeError(
+                f"parallelize_fn must return the parallelised module (an nn.Module), but"
+                f" {getattr(self._parallelize_fn, '__name__', self._parallelize_fn)!r} returned"
+                f" {type(parallel).__name__}: end it with `return module`."
+            )
+        if owners:
+            _fsdp_setup.materialize(parallel, owners, self.root_device, None)
+        _model_parallel_ops.move_leftovers(parallel, self.root_device)
+        self._modules.add(parallel)
+        return parallel
+
+    def _compile_module(self, module: Module, compiler: Compiler) -> Module:
+        """How ``Fabric.setup`` compiles the set-up model again: each ``fully_shard`` unit on its own (see
+        :func:`fabric_lite.strategies._fsdp_setup.compile_units`). Returns ``module``."""
+        return _fsdp_setup.compile_units(module, compiler)
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Check that ``optimizer`` updates the parameters of modules set up by this strategy.
+
+        Raises:
+            ValueError: it holds other tensors, typically because it was created before ``setup_module``.
+        """
+        _fsdp_setup.check_optimizer_owned(optimizer, self._modules, "ModelParallelStrategy", "parallelize_fn")
+        return optimizer
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        """Nothing: ``setup_module`` places each rank's shards (a meta-device model cannot be moved whole)."""
+
+    @override
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """With ``empty_init=True`` new parameters are created on the meta device (``setup_module`` allocates and
+        initialises each rank's shards); in the precision's dtype either way."""
+        return _fsdp_setup.meta_init_context(self.precision, empty_init)
+
+    # ------------------------------------------------------------------ training
+    @override
+    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
+        """Backward accumulates gradients locally, without FSDP2's reduce-scatter, until a backward outside the
+        context. Tensor-parallel collectives are part of the computation and still run; a model without
+        ``fully_shard`` units has nothing to skip.
+
+        Raises:
+            TypeError: ``module`` was not set up by this strategy.
+        """
+        if not enabled:
+            return nullcontext()
+        if module not in self._modules:
+            raise TypeError(
+                f"Blocking backward sync is only possible for a module set up by ModelParallelStrategy, got"
+                f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
+            )
+        return _model_parallel_ops.without_gradient_sync(module)
+
+    @override
+    def clip_gradients_norm(
+        self,
+        module: Module,
+        optimizer: Optimizer,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = True,
+    ) -> Tensor:
+        """Clip by the total norm over every gradient (the same on every rank); returns it before clipping.
+
+        ``torch.nn.utils.clip_grad_norm_`` cannot mix plain tensors with DTensors, or DTensors of different meshes
+        (a tensor-parallel model without sequence parallelism keeps its norms' weights as plain tensors): the norm is
+        taken per group of like gradients, each made whole, and combined.
+        """
+        precision = self.precision
+        precision.unscale_gradients(optimizer)
+        groups = _model_parallel_ops.like_groups([p for p in precision.main_params(optimizer) if p.grad is not None])
+        total = _model_parallel_ops.total_norm(groups, float(norm_type))
+        if error_if_nonfinite and not precision.skips_nonfinite_steps() and not torch.isfinite(total):
+            raise RuntimeError(
+                f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}), so they cannot"
+                " be clipped. Pass error_if_nonfinite=False to fabric.clip_gradients to clip anyway."
+            )
+        for group in groups:  # one foreach multiplication per kind: they cannot mix meshes
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
+
+    # ------------------------------------------------------------------ collectives
+    @override
+    def broadcast(self, obj: TBroadcast, src: int = 0, group: Any | None = None) -> TBroadcast:
+        """Send ``obj`` from global rank ``src`` to every process (of ``group``, a sub-mesh's group, when given) and
+        return it there. Every process of the group must call it."""
+        if group is None:
+            return super().broadcast(obj, src)
+        if type(src) is not int or not 0 <= src < max(self.world_size, 1):
+            raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
+        if src not in dist.get_process_group_ranks(group):
+            raise ValueError(
+                f"broadcast(src={src}, group=...): rank {src} is not in the group (its global ranks are"
+                f" {dist.get_process_group_ranks(group)}). src is a global rank of the group."
+            )
+        try:
+            return _collectives.broadcast(obj, src, group, self._comm_device())  # type: ignore[no-any-return]
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out(f"broadcast(src={src})", err) from err
+            raise
+
+    @override
+    def barrier(self, name: str | None = None, group: Any | None = None) -> None:
+        """Wait until every process (of ``group``, when given) has entered the barrier."""
+        if group is None or not dist.is_initialized():
+            super().barrier(name)
+            return
+        try:
+            dist.barrier(group=group)
+        except RuntimeError as err:
+            if is_timeout(err):
+                raise self._timed_out(f"barrier({name!r})" if name else "barrier", err) from err
+            raise
+
+    # ------------------------------------------------------------------ checkpoints
+    @override
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Save ``state``: a ``torch.distributed.checkpoint`` folder (every rank its shards, written into a
+        temporary folder beside ``path`` and swapped in, so a failed save keeps the previous checkpoint), or with
+        ``save_distributed_checkpoint=False`` one file gathered on rank 0. Every rank must call it; every rank
+        raises if any rank failed. ``path`` may be an fsspec URL, with ``storage_options`` for its filesystem.
+
+        Example::
+
+            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
+        """
+        _fsdp_checkpoint.check_storage_options(self, path, storage_options)
+        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options, full=self.state_dict_type == "full")
+
+    @override
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = True,
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from a folder or a full file, saved on any mesh shape (or by another
+        strategy), and return what was not restored. Every rank must call it. The rules are those of
+        :meth:`FSDPStrategy.load_checkpoint`; a module that was not parallelised is loaded too.
+
+        Example::
+
+            remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
+        """
+        return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
+
+    # ------------------------------------------------------------------ teardown
+    @override
+    def teardown(self) -> None:
+        self._modules = weakref.WeakSet()
+        self._device_mesh = None
+        super().teardown()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(parallelize_fn={getattr(self._parallelize_fn, '__name__', '?')},"
+            f" data_parallel_size={self._data_parallel_size!r}, tensor_parallel_size={self._tensor_parallel_size!r},"
+            f" data_parallel_replicate_size={self._replicate_size},"
+            f" save_distributed_checkpoint={self._save_distributed_checkpoint})"
+        )
