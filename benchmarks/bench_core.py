@@ -5,8 +5,10 @@ machine noise hits both alike; it prints one ``RESULT {json}`` line per rank wit
 two-process measurements the ranks meet in a ``barrier`` right before every timed block: ranks that drift apart
 time each other's stragglers instead of the code (without it the figures swung by ±30 %).
 
-MEASURE is ``step`` (single-process training step), ``ddp`` (two-process DDP step and collectives; start it
-with ``torch.distributed.run --nproc-per-node 2``). IMPL is ``fabric_lite``, ``lightning`` or ``accelerate``.
+MEASURE is ``step`` (single-process training step), ``ddp`` (two-process DDP step and collectives, with the
+payload sweep of ``all_reduce`` from 4 B to 64 MiB and, for fabric_lite, every reduce op and dtype group; start it
+with ``torch.distributed.run --nproc-per-node 2``) or ``sweep`` (the payload sweep alone, on any number of ranks).
+IMPL is ``fabric_lite``, ``lightning`` or ``accelerate``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -176,9 +179,11 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
 
     world = dist.get_world_size()
     _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    scalars = {f"m{i}": torch.tensor(float(i + rank)) for i in range(64)}
+    # zeros: the calls reduce in place, round after round, and repeated sums of anything else overflow to inf within
+    # a few hundred calls (a value that is not finite makes fabric_lite's predicted call check again; see RESULTS.md)
+    scalars = {f"m{i}": torch.tensor(0.0) for i in range(64)}
     flat = torch.arange(64, dtype=torch.float32)
-    one = torch.tensor(1.0)
+    one = torch.tensor(0.0)
     one_1d = one.reshape(1)  # raw gloo gathers 1-D tensors only
     collectives: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         # a dict of 64 scalars through the implementation, against one flat all_reduce of the same 64 values
@@ -196,10 +201,18 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
             partial(dist.broadcast, tensor, src=0),
             partial(accel.broadcast, tensor, src=0),
         )
-    for measure, (raw_call, impl_call) in collectives.items():
-        calls = calls_per_round([raw_call, impl_call], coll_calls)
-        times = timed_rounds({"raw": raw_call, impl: impl_call}, coll_rounds, calls, sync=dist.barrier)
-        emit({"measure": measure, "impl": impl, "rank": rank, "calls": calls, "times": times})
+    # 64 tensors of 8 floats (2 KiB): against one flat all_reduce, the cat and the split back included
+    metrics = {f"m{i}": torch.zeros(8) for i in range(64)}
+    values = list(metrics.values())
+
+    def raw_dict() -> None:
+        buffer = torch.cat(values)
+        dist.all_reduce(buffer)
+        torch._foreach_copy_(values, list(buffer.split(8)))
+
+    collectives["all_reduce/dict64x8"] = (raw_dict, lambda: accel.all_reduce(metrics, reduce_op="sum"))
+    collectives.update(sweep(accel, quick=coll_calls < 10, ops=impl == "fabric_lite"))
+    _measure_collectives(impl, rank, collectives, coll_rounds, coll_calls)
     # Leave together, and give gloo's worker threads a moment to release their last work objects: a thread still
     # holding one when the interpreter finalises aborts the process ("terminate called without an active
     # exception"), which happened to Lightning Fabric's run here, whose process group is never destroyed.
@@ -208,9 +221,85 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
     time.sleep(0.05)
 
 
+#: the payload sweep: float32 tensors of these many bytes, summed (``--quick``: up to 64 KiB)
+SWEEP_BYTES = [4, 64, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+#: every reduce op and dtype group, at a small and a large payload
+OP_BYTES = [1 << 10, 1 << 20]
+OPS = ["sum", "mean", "max", "min", "product"]
+DTYPES = ["float32", "float64", "bfloat16", "int64", "bool"]
+
+
+def _size_name(nbytes: int) -> str:
+    return f"{nbytes >> 20}MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10}KiB" if nbytes >= 1 << 10 else f"{nbytes}B"
+
+
+def sweep(
+    accel: Any, quick: bool, prefix: str = "sweep", ops: bool = True
+) -> dict[str, tuple[Callable[[], object], Callable[[], object]]]:
+    """``all_reduce`` of one tensor through the implementation against ``dist.all_reduce`` of it: float32 sums of
+    every size in ``SWEEP_BYTES``, then every op and dtype at the sizes of ``OP_BYTES``."""
+    import torch.distributed as dist
+
+    found: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {}
+    for nbytes in [b for b in SWEEP_BYTES if not quick or b <= 64 << 10]:
+        x = torch.zeros(nbytes // 4)  # zeros stay finite when reduced in place, call after call
+        found[f"{prefix}/{_size_name(nbytes)}"] = (
+            partial(dist.all_reduce, x),
+            partial(accel.all_reduce, x, reduce_op="sum"),
+        )
+    if quick or not ops:
+        return found
+    raw_ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    raw_ops["product"] = dist.ReduceOp.PRODUCT
+    for nbytes in OP_BYTES:
+        for dtype_name in DTYPES:
+            dtype = getattr(torch, dtype_name)
+            x = torch.zeros(nbytes // dtype.itemsize, dtype=dtype)
+            for op in OPS:
+                if dtype == torch.bool and op in ("mean", "product"):
+                    continue
+                if op == "mean":  # raw: what a hand-written mean costs (gloo has no AVG)
+
+                    def raw(x: Any = x) -> None:
+                        dist.all_reduce(x)
+                        x.div_(dist.get_world_size()) if x.is_floating_point() else None
+                else:
+                    raw = partial(dist.all_reduce, x, op=raw_ops[op])
+                found[f"ops/{dtype_name}-{op}-{_size_name(nbytes)}"] = (raw, partial(accel.all_reduce, x, reduce_op=op))
+    return found
+
+
+def _measure_collectives(
+    impl: str,
+    rank: int,
+    collectives: dict[str, tuple[Callable[[], object], Callable[[], object]]],
+    rounds: int,
+    limit: int,
+) -> None:
+    import torch.distributed as dist
+
+    for measure, (raw_call, impl_call) in collectives.items():
+        calls = calls_per_round([raw_call, impl_call], limit)
+        times = timed_rounds({"raw": raw_call, impl: impl_call}, rounds, calls, sync=dist.barrier)
+        emit({"measure": measure, "impl": impl, "rank": rank, "calls": calls, "times": times})
+
+
+def measure_sweep(impl: str, rounds: int, limit: int) -> None:
+    """Under torchrun with any number of ranks: the payload sweep alone (``sweep3/...`` on 3 ranks)."""
+    import torch.distributed as dist
+
+    accel = make_impl(impl, devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
+    accel.launch()
+    world = dist.get_world_size()
+    _measure_collectives(impl, dist.get_rank(), sweep(accel, limit < 10, f"sweep{world}", ops=False), rounds, limit)
+    dist.barrier()
+    dist.destroy_process_group()
+    time.sleep(0.05)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("measure", choices=["step", "ddp"])
+    parser.add_argument("measure", choices=["step", "ddp", "sweep"])
     parser.add_argument("impl", choices=["fabric_lite", "lightning", "accelerate"])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
@@ -219,6 +308,8 @@ def main() -> None:
     coll_rounds, coll_calls = (3, 5) if args.quick else (30, 100)
     if args.measure == "step":
         measure_step(args.impl, rounds, steps)
+    elif args.measure == "sweep":
+        measure_sweep(args.impl, coll_rounds, coll_calls)
     else:
         measure_ddp(args.impl, rounds, steps, coll_rounds, coll_calls)
 

@@ -12,6 +12,9 @@ user would write:
 * ``fsdp``: ``Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)``; the model created under
   ``fabric.init_module(empty_init=True)`` (on the meta device), ``setup_module`` (sharded, then each rank's shards
   materialised), then the optimizer from the sharded parameters and ``setup_optimizers``.
+* ``raw_fsdp``: the same with torch alone (fabric_lite only starts the processes): the model on the meta device,
+  ``fully_shard`` on every block and the root with torch's defaults, ``to_empty`` and ``reset_parameters``, AdamW,
+  ``loss.backward()``. ``fsdp``/``raw_fsdp`` is what the strategy costs over sharding by hand.
 
 Each variant runs in fresh processes (started by fabric_lite's own script launcher), the variants alternate round
 after round, and every rank reports:
@@ -84,8 +87,8 @@ def run_child(variant: str, size: str, device: str) -> None:
     config = SIZES[size]
     width, steps, batch = config["width"], config["steps"], config["batch"]
     devices = 1 if device == "cuda" else 2
-    if variant == "ddp":
-        strategy: Any = "ddp"
+    if variant in ("ddp", "raw_fsdp"):
+        strategy: Any = "ddp"  # raw_fsdp: fabric_lite only starts the processes and forms the group
     else:
         strategy = FSDPStrategy(auto_wrap_policy={Block}, cpu_offload=variant == "fsdp_offload")
     fabric = Fabric(accelerator=device, devices=devices, strategy=strategy)
@@ -95,7 +98,11 @@ def run_child(variant: str, size: str, device: str) -> None:
     rss_before = _rss_now()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    if variant == "ddp":
+    backward = fabric.backward
+    if variant == "raw_fsdp":
+        model, optimizer = _shard_by_hand(width, config["blocks"], fabric.device)
+        backward = torch.Tensor.backward
+    elif variant == "ddp":
         model = make_model(width, config["blocks"])
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         model, optimizer = fabric.setup(model, optimizer)
@@ -114,7 +121,7 @@ def run_child(variant: str, size: str, device: str) -> None:
         start = time.perf_counter()
         loss = nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
-        fabric.backward(loss)
+        backward(loss)
         optimizer.step()
         if device == "cuda":
             torch.cuda.synchronize()
@@ -134,6 +141,25 @@ def run_child(variant: str, size: str, device: str) -> None:
         result["cuda_peak"] = torch.cuda.max_memory_allocated()
     # one write() of less than PIPE_BUF bytes: the ranks share the pipe, and such a write is never interleaved
     os.write(sys.stdout.fileno(), ("RESULT " + json.dumps(result) + "\n").encode())
+
+
+def _shard_by_hand(width: int, blocks: int, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """What ``fsdp`` does, written with torch alone: the model on the meta device, ``fully_shard`` on every block and
+    then the root (torch's defaults, as FSDPStrategy's), the shards materialised and initialised, then AdamW."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with torch.device("meta"):
+        model = make_model(width, blocks)
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device=device)
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.LayerNorm)):
+            module.reset_parameters()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
 def run_variant(variant: str, size: str, device: str) -> list[dict[str, Any]]:
@@ -163,20 +189,22 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value / 1e6:.1f} MB" if unit == "bytes" else f"{value * 1e3:.1f} ms"
 
 
-def table(runs: dict[str, list[list[dict[str, Any]]]], figures: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    """Medians over rounds per rank and figure, each variant against ``ddp``; prints them and returns the rows."""
-    variants = list(runs)
-    ranks = len(runs["ddp"][0])
+def table(
+    runs: dict[str, list[list[dict[str, Any]]]], figures: list[tuple[str, str]], base: str = "ddp"
+) -> list[dict[str, Any]]:
+    """Medians over rounds per rank and figure, each variant against ``base``; prints them and returns the rows."""
+    variants = [base] + [v for v in runs if v != base]
+    ranks = len(runs[base][0])
     rows = []
     header = f"{'figure':<22}{'rank':>5}" + "".join(f"{v:>16}" for v in variants)
-    print(header + "".join(f"{v + '/ddp':>18}" for v in variants[1:]))
+    print(header + "".join(f"{v + '/' + base:>22}" for v in variants[1:]))
     for key, unit in figures:
         for rank in range(ranks):
             medians = {v: statistics.median(run[rank][key] for run in runs[v]) for v in variants}
-            ratios = {v: medians[v] / medians["ddp"] for v in variants[1:]}
+            ratios = {v: medians[v] / medians[base] for v in variants[1:]}
             rows.append({"figure": key, "unit": unit, "rank": rank, "medians": medians, "ratios": ratios})
             line = f"{key:<22}{rank:>5}" + "".join(f"{_fmt(medians[v], unit):>16}" for v in variants)
-            print(line + "".join(f"{ratios[v]:>17.3f}x" for v in variants[1:]))
+            print(line + "".join(f"{ratios[v]:>21.3f}x" for v in variants[1:]))
     return rows
 
 
@@ -184,6 +212,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny model, 2 steps, one round")
     parser.add_argument("--out", help="also write the tables as JSON to this file")
+    parser.add_argument("--rounds", type=int, help="rounds of fresh processes per variant (default 3; 1 with --quick)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=sorted(SIZES), default="full", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
@@ -192,13 +221,17 @@ def main() -> None:
         run_child(args.child, args.size, args.device)
         return
     size, rounds = ("quick", 1) if args.quick else ("full", 3)
+    rounds = args.rounds or rounds
     config = SIZES[size]
     record: dict[str, Any] = {"torch": torch.__version__, "size": config, "quick": args.quick}
     print(f"CPU, 2 ranks, gloo: {config['blocks']} blocks of width {config['width']}, AdamW, batch {config['batch']}")
-    cpu_runs = measure(["ddp", "fsdp"], size, "cpu", rounds)
+    cpu_runs = measure(["ddp", "fsdp", "raw_fsdp"], size, "cpu", rounds)
     params = cpu_runs["ddp"][0][0]["params"]
     print(f"{params / 1e6:.1f}M parameters ({params * 4 / 1e6:.0f} MB in float32), medians of {rounds} round(s)")
-    record["cpu"] = table(cpu_runs, [("rss_peak", "bytes"), ("step", "s")])
+    figures = [("rss_peak", "bytes"), ("step", "s")]
+    record["cpu"] = table({v: cpu_runs[v] for v in ("ddp", "fsdp")}, figures)
+    print("\nfsdp against the same model sharded by hand with fully_shard (raw_fsdp):")
+    record["cpu_raw"] = table({v: cpu_runs[v] for v in ("raw_fsdp", "fsdp")}, figures, base="raw_fsdp")
     record["cpu_runs"] = cpu_runs
     if torch.cuda.is_available():
         print(f"\n{torch.cuda.get_device_name(0)}, world size 1")

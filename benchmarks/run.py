@@ -14,6 +14,9 @@ time, which has no raw counterpart, the interquartile range in seconds). The fig
 * ``step/*``: a single-process training step (``bench_core.py step``).
 * ``ddp_step/*``, ``all_reduce/*``, ``all_gather/*``, ``broadcast/*``: two ranks under torchrun, gloo
   (``bench_core.py ddp``).
+* ``sweep/*`` (2 ranks) and ``sweep3/*`` (3 ranks): ``all_reduce`` (sum) of one float32 tensor of 4 B to 64 MiB
+  (``--quick``: up to 64 KiB) against ``dist.all_reduce`` of it; ``ops/*``: every reduce op and dtype group at
+  1 KiB and 1 MiB, 2 ranks (fabric_lite only).
 * ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
   first ``all_reduce`` (``bench_startup.py``).
 * ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).
@@ -44,7 +47,19 @@ from _common import IMPORTS, REPO, child_env, compared_impls, print_table, pytho
 
 CORE = str(REPO / "benchmarks" / "bench_core.py")
 #: the order of the table: by the part of a figure's name before the "/"
-FIGURES = ["import", "startup", "step", "ddp_step", "all_reduce", "all_gather", "broadcast", "memory"]
+FIGURES = [
+    "import",
+    "startup",
+    "step",
+    "ddp_step",
+    "all_reduce",
+    "all_gather",
+    "broadcast",
+    "sweep",
+    "sweep3",
+    "ops",
+    "memory",
+]
 
 
 def import_times(impls: list[str], runs: int) -> list[dict]:
@@ -70,9 +85,9 @@ def import_times(impls: list[str], runs: int) -> list[dict]:
     return table
 
 
-def _core(python: str, args: list[str], torchrun: bool) -> list[dict]:
+def _core(python: str, args: list[str], torchrun: bool, nproc: int = 2) -> list[dict]:
     command = (
-        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", CORE]
+        [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), CORE]
         if torchrun
         else [python, CORE]
     )
@@ -82,8 +97,8 @@ def _core(python: str, args: list[str], torchrun: bool) -> list[dict]:
     return [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
 
 
-def _core_table(impl: str, args: list[str], torchrun: bool) -> list[dict]:
-    return summarise(_core(python_for(impl), args, torchrun))  # type: ignore[arg-type]
+def _core_table(impl: str, args: list[str], torchrun: bool, nproc: int = 2) -> list[dict]:
+    return summarise(_core(python_for(impl), args, torchrun, nproc))  # type: ignore[arg-type]
 
 
 def machine() -> dict:
@@ -100,11 +115,15 @@ def sections(impls: list[str], quick: bool) -> list[Callable[[], list[dict]]]:
     flag = ["--quick"] if quick else []
     memory = {"rounds": 1, "size": "quick", "steps": 2} if quick else {"rounds": 3, "size": "full", "steps": 5}
     found: list[Callable[[], list[dict]]] = [
-        lambda: summarise(bench_startup.measure(impls, runs=2 if quick else 7)),
+        lambda: summarise(bench_startup.measure(impls, runs=1 if quick else 7)),
         lambda: summarise(bench_memory.measure(impls, **memory)),  # type: ignore[arg-type]
     ]
-    for impl in [i for i in impls if i != "accelerate"]:  # Accelerate is compared single-process only
+    # Accelerate is compared single-process only; a quick run leaves Lightning's two-process figures out too (they
+    # cost more than all of fabric_lite's, and the quick run only shows that the measurements work)
+    for impl in [i for i in impls if i == "fabric_lite" or (i == "lightning" and not quick)]:
         found.append(partial(_core_table, impl, ["ddp", impl, *flag], torchrun=True))
+    # the payload sweep on 3 ranks too (fabric_lite against raw torch.distributed)
+    found.append(partial(_core_table, "fabric_lite", ["sweep", "fabric_lite", *flag], torchrun=True, nproc=3))
     for impl in impls:
         found.append(partial(_core_table, impl, ["step", impl, *flag], torchrun=False))
     found.append(partial(import_times, impls, 1 if quick else 15))

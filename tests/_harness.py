@@ -197,3 +197,22 @@ def lightning_python() -> str | None:
                     break
         _LIGHTNING_PYTHON.append(found)
     return _LIGHTNING_PYTHON[0]
+
+
+def optional_tier_skipped(config: pytest.Config, marker: str, variable: str, module_file: str) -> str | None:
+    """Why an optional tier (``s3``, ``mpi``) does not run in this session, or ``None`` when it does.
+
+    The tier runs when it is asked for: its marker in ``-m`` (``pytest -m s3``), its test file named on the command
+    line, or ``$variable`` set to ``1`` (an error instead of a skip when it cannot be set up). The whole suite
+    (``.ci/run``) leaves it out, with this reason, to stay within CI's time budget; ``$variable=0`` always skips it.
+    """
+    wanted = os.environ.get(variable, "")
+    if wanted == "0":
+        return f"{marker} tier: {variable}=0"
+    if wanted == "1" or marker in (config.option.markexpr or ""):
+        return None
+    if any(Path(arg.split("::", 1)[0]).name == module_file for arg in config.args):
+        return None
+    return (
+        f"{marker} tier: optional, not asked for (run it with `pytest -m {marker}`, or {variable}=1 in the whole suite)"
+    )

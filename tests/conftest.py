@@ -15,6 +15,12 @@ DEFAULT_TIMEOUT = 120  # seconds; multi-process tests bound their children separ
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "timeout(seconds): hard time bound for the test (default 120 s)")
+    # A pytest-xdist worker runs as `python -c ...`, whose __main__ has no file: fabric_lite would then take the tests
+    # for an interactive session (where strategy="ddp" cannot re-run the script). Under plain pytest __main__ is
+    # pytest's own module; give the worker's __main__ the same, so that both runs see the same process.
+    main = sys.modules.get("__main__")
+    if os.environ.get("PYTEST_XDIST_WORKER") and main is not None and not hasattr(main, "__file__"):
+        main.__file__ = pytest.__file__
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ has them.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from datetime import datetime
 from pathlib import Path
@@ -28,6 +29,11 @@ FIGURES = [
     "ddp_step/mlp",
     "all_reduce/dict64",
     "all_reduce/scalar",
+    "all_reduce/dict64x8",
+    "sweep/4B",
+    "sweep/64KiB",
+    "sweep3/4B",
+    "sweep3/64KiB",
     "broadcast/tensor1k",
     "broadcast/tensor4M",
     "memory/tensor_peak",
@@ -94,17 +100,20 @@ def test_fsdp_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "fsdp.json"
     done = run_python(["benchmarks/bench_fsdp.py", "--quick", "--out", str(out)], timeout=150)
     assert done.returncode == 0, done.output
-    assert "fsdp/ddp" in done.stdout and "rss_peak" in done.stdout, done.output
+    assert "fsdp/ddp" in done.stdout and "fsdp/raw_fsdp" in done.stdout and "rss_peak" in done.stdout, done.output
     record = json.loads(out.read_text())
-    assert {(row["figure"], row["rank"]) for row in record["cpu"]} == {
-        (figure, rank) for figure in ("rss_peak", "step") for rank in (0, 1)
-    }
-    for row in record["cpu"]:
-        assert all(value > 0 for value in row["medians"].values()), row
-    ddp, fsdp = record["cpu_runs"]["ddp"][0], record["cpu_runs"]["fsdp"][0]
-    # same seed: the meta-device model is initialised as the eager one, so both train to the same loss
+    for table in ("cpu", "cpu_raw"):
+        assert {(row["figure"], row["rank"]) for row in record[table]} == {
+            (figure, rank) for figure in ("rss_peak", "step") for rank in (0, 1)
+        }
+        for row in record[table]:
+            assert all(value > 0 for value in row["medians"].values()), row
+    ddp, fsdp, raw = (record["cpu_runs"][v][0] for v in ("ddp", "fsdp", "raw_fsdp"))
+    # same seed: the meta-device model is initialised as the eager one, so both train to the same loss; sharded by
+    # hand, the shards are initialised by DTensor's own random generator (other values, the same model)
     for rank in (0, 1):
         assert fsdp[rank]["loss"] == pytest.approx(ddp[rank]["loss"], rel=1e-4)
+        assert raw[rank]["params"] == fsdp[rank]["params"] and math.isfinite(raw[rank]["loss"])
 
 
 @pytest.mark.timeout(300)

@@ -663,3 +663,56 @@ def test_property_inputs_differ_across_ranks_and_cover_the_ops(results, world):
         "min",
         "product",
     }
+
+
+# ---------------------------------------------------------------------------------------------- predicted calls
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_predicted_calls_give_exact_results_and_every_mismatch_still_raises_everywhere(world_size):
+    """A loop of collectives is predicted after its first round (one collective a call, no check ahead of it), with
+    results equal to the closed forms; real NaN and inf values stand; a rank calling another shape, another
+    collective or another reduce op where a call is predicted makes every rank raise the mismatch, and the next
+    calls work (and are predicted again)."""
+    results = spawn_job("tests.jobs.collectives:predicted", world_size, timeout=120)
+    ranks = range(world_size)
+    for rank, obs in enumerate(results):
+        for step, row in enumerate(obs["loop"]):
+            assert row["sum"] == tensor(float(sum(r + step for r in ranks)), "float32"), (rank, step)
+            for i in range(64):
+                mean = sum(r * 100 + i + step for r in ranks) / world_size
+                assert row["mean"][f"m{i}"] == pytest.approx([mean] * 8, rel=1e-6), (rank, step, i)
+            assert row["max"] == [0.0, float(world_size), 69_999.0 * world_size]
+            assert row["min"] == tensor([0.0, -float(world_size - 1)], "float32")
+            expected = torch.tensor([[[r, step], [step, r]] for r in ranks], dtype=torch.float64)
+            assert row["gather"] == describe(expected)
+        # 6 rounds of 5 calls: the first round and the first call of the second are not predicted yet
+        assert obs["hits_after_loop"] == 5 * 6 - 6, obs["hits_after_loop"]
+        nan = obs["nan"]
+        assert nan[:3] == ("tensor", "float32", ()) and math.isnan(nan[3])
+        assert obs["inf_max"] == [math.inf if world_size > 1 else 1.0, math.inf]
+        gathered = obs["nan_gather"][3]
+        assert all(math.isnan(v) for v in gathered[0]) and gathered[1:] == [[float(r)] * 3 for r in ranks[1:]]
+        for case in ("mismatch_shape", "mismatch_kind", "mismatch_gather", "mismatch_reduce_op"):
+            raised = obs[case]
+            assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, case, raised)
+            assert all(f"rank {r}:" in raised.message for r in ranks), raised.message
+        assert obs["after_mismatch"] == obs["again"] == tensor(float(sum(ranks)), "float32")
+        assert obs["gather_again"] == describe(torch.tensor([[float(r)] * 3 for r in ranks]))
+        assert obs["reduce_again"] == tensor([float(sum(ranks))] * 3, "float32")
+        # the last two of the first "again" loop and the last of each other one (a NaN or inf probe is no hit)
+        assert obs["hits"] == obs["hits_after_loop"] + 4, (obs["hits"], obs["hits_after_loop"])
+
+
+def test_checks_on_a_separate_host_group_as_for_nccl():
+    """With NCCL the signatures travel on a gloo group beside it (no copy of device tensors to the host); here the
+    same arrangement on gloo: the results are exact and mismatches raise on every rank, and the barrier works."""
+    for rank, obs in enumerate(spawn_job("tests.jobs.collectives:host_checks", 2, timeout=120)):
+        assert obs["registered"]
+        assert obs["small"] == tensor([2.0, 1.0], "float32")
+        assert obs["ints"] == tensor([1, 2], "int64")
+        assert obs["dict"] == {"a": [1.0] * 3, "b": [1.0] * 2}  # the mean by default
+        assert obs["gather"] == tensor([[0, 1], [1, 2]], "int64")
+        for case in ("mismatch", "gather_mismatch"):
+            raised = obs[case]
+            assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, case, raised)
+            assert "rank 0:" in raised.message and "rank 1:" in raised.message
+        assert obs["after"] == tensor(1.0, "float32")

@@ -53,6 +53,25 @@ def test_nccl_at_world_size_one() -> None:
     assert r["grad_device"] == "cuda:0"
 
 
+def test_collectives_do_not_synchronise_the_device_at_world_size_one() -> None:
+    r = check("collectives_without_sync_one_gpu")
+    assert r == {"world": 1, "host_checks": True, "backend": "nccl", "reduced": [0.0, 1.0, 2.0, 3.0], "gathered": [4]}
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks (this machine has fewer)")
+def test_collectives_do_not_synchronise_the_device_on_two_gpus() -> None:
+    """all_reduce, all_gather and barrier under torch.cuda.set_sync_debug_mode("error"): the checks travel on a gloo
+    group from host metadata, the data on NCCL, and nothing waits for the GPU."""
+    r = check("collectives_without_sync_two_gpus")
+    assert r == {
+        "world": 2,
+        "host_checks": True,
+        "backend": "nccl",
+        "reduced": [0.0, 2.0, 4.0, 6.0],
+        "gathered": [2, 4],
+    }
+
+
 def test_checkpoints_move_between_gpu_and_cpu_with_cuda_rng_state() -> None:
     r = check("checkpoint_round_trip")
     assert r["same_on_cpu"] and r["same_on_gpu"] and r["rng_restored"]

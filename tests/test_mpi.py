@@ -7,6 +7,7 @@ MPIEnvironment with MPI's ranks, and train exactly the weights of the same scrip
 launcher on as many CPU processes.
 
     .venv/bin/python -m pytest -q tests/test_mpi.py       # runs where it can, else skips with the first error
+    .venv/bin/python -m pytest -q -m mpi                  # the same (the whole suite skips it unless FABRIC_LITE_MPI=1)
     FABRIC_LITE_MPI=1 ...                                 # MPI that cannot be set up is an error, not a skip
     FABRIC_LITE_MPI=0 ...                                 # skip without trying
 """
@@ -22,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests._harness import REPO, Completed, base_env, run_python
+from tests._harness import REPO, Completed, base_env, optional_tier_skipped, run_python
 from tests.cluster.mpi_setup import MPIRUN, MPIUnavailable, ensure_installed, mpi_env
 
-pytestmark = [pytest.mark.mpi, pytest.mark.distributed]
+pytestmark = [pytest.mark.mpi, pytest.mark.distributed, pytest.mark.xdist_group("mpi")]
 
 SCRIPT = str(REPO / "tests" / "scripts" / "slurm_train.py")
 JOB_TIMEOUT = 120  # seconds for one job; three ranks take about 20 s on a busy 2-core machine
@@ -40,11 +41,12 @@ def results(output: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def mpi() -> Path:
+def mpi(request: pytest.FixtureRequest) -> Path:
     """Open MPI and mpi4py, installed when missing; skips (or fails with FABRIC_LITE_MPI=1) with the first error."""
+    reason = optional_tier_skipped(request.config, "mpi", "FABRIC_LITE_MPI", "test_mpi.py")
+    if reason:
+        pytest.skip(reason)
     wanted = os.environ.get("FABRIC_LITE_MPI", "")
-    if wanted == "0":
-        pytest.skip("MPI tier: FABRIC_LITE_MPI=0")
     try:
         return ensure_installed(timeout=180)
     except MPIUnavailable as error:

@@ -3,6 +3,7 @@
 s3fs and moto are installed into .venv-s3/site on first use (tests/cluster/s3_setup.py, ~40 s once); every
 fabric_lite job runs in a child process with that folder on PYTHONPATH and the server as its S3 endpoint.
 
+    .venv/bin/python -m pytest -q -m s3     # the tier alone (the whole suite skips it unless FABRIC_LITE_S3=1)
     FABRIC_LITE_S3=1 ...   # S3 that cannot be set up is an error, not a skip
     FABRIC_LITE_S3=0 ...   # skip without trying
 """
@@ -22,20 +23,21 @@ from typing import Any
 import pytest
 import torch
 
-from tests._harness import Completed, base_env, run_python
+from tests._harness import Completed, base_env, optional_tier_skipped, run_python
 from tests.cluster.s3_setup import S3Server, S3Unavailable, ensure_installed, s3_env
 
-pytestmark = [pytest.mark.s3, pytest.mark.distributed]
+pytestmark = [pytest.mark.s3, pytest.mark.distributed, pytest.mark.xdist_group("s3")]
 
 JOB_TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
-def s3() -> Iterator[str]:
+def s3(request: pytest.FixtureRequest) -> Iterator[str]:
     """The endpoint of a running moto S3 server holding an empty bucket ``fabric``; stopped after the module."""
+    reason = optional_tier_skipped(request.config, "s3", "FABRIC_LITE_S3", "test_s3.py")
+    if reason:
+        pytest.skip(reason)
     wanted = os.environ.get("FABRIC_LITE_S3", "")
-    if wanted == "0":
-        pytest.skip("S3 tier: FABRIC_LITE_S3=0")
     try:
         ensure_installed(timeout=180)
         server = S3Server().start()

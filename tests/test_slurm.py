@@ -32,7 +32,7 @@ from tests._harness import REPO, base_env, run_python
 from tests.cluster import slurm_cluster as cluster_module
 from tests.cluster.slurm_cluster import ClusterUnavailable, SlurmCluster, _pids_with_env, _which, ensure_installed
 
-pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
+pytestmark = [pytest.mark.slurm, pytest.mark.distributed, pytest.mark.xdist_group("slurm")]
 
 SCRIPT = str(REPO / "tests" / "scripts" / "slurm_train.py")
 PYTHON = sys.executable
@@ -283,7 +283,8 @@ def test_job_named_bash(cluster: SlurmCluster, reference: list[float], tmp_path:
 # ----------------------------------------------------------------------------------------------------- failures
 @pytest.mark.timeout(120)
 def test_ntasks_per_node_disagreeing_with_devices_is_an_error(cluster: SlurmCluster, tmp_path: Path) -> None:
-    argv = [*SRUN, "--ntasks-per-node=2", "-n", "2", PYTHON, SCRIPT, "--devices", "3"]
+    # --kill-on-bad-exit=0: both tasks fail by themselves; with 1, srun may kill the second before it prints
+    argv = ["srun", "--kill-on-bad-exit=0", "--ntasks-per-node=2", "-n", "2", PYTHON, SCRIPT, "--devices", "3"]
     done = submit(cluster, argv, tmp_path, timeout=90)
     assert done.returncode != 0, output(done)
     message = "Fabric(devices=3) does not match SLURM's 2 tasks per node (SLURM_STEP_TASKS_PER_NODE=2"

@@ -68,12 +68,17 @@ class ParallelStrategy(Strategy):
         process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
         timeout: how long collectives and the rendezvous wait for the other processes before raising.
 
-    ``all_reduce`` and ``all_gather`` always check, in one small collective, that every rank passes tensors of the
-    same shapes and dtypes (and the same reduce op): a mismatch raises :class:`CollectiveMismatchError` on every
-    rank with a per-rank table, where gloo would abort or return wrong data. With ``debug_collectives`` (set by
+    ``all_reduce`` and ``all_gather`` always check that every rank passes tensors of the same shapes and dtypes (and
+    the same reduce op): a mismatch raises :class:`CollectiveMismatchError` on every rank with a per-rank table, where
+    gloo would abort or return wrong data (the tensors of that call are then undefined). The check costs one small
+    all-gather, which also carries payloads of up to 480 bytes; a call that every rank's history of agreed calls
+    predicts (a training loop's, from its second round) costs nothing more than the backend's collective: see
+    ``fabric_lite.utilities._collectives._History``. With NCCL the checks travel on a gloo group beside it, built from
+    the tensors' metadata on the host, and ``barrier`` meets there too, so none of these makes the host wait for the
+    GPU; the data stay on the device. With ``debug_collectives`` (set by
     ``Fabric(debug=True)`` or ``FABRIC_LITE_DEBUG=1``) ``broadcast``, ``barrier`` and ``reduce_boolean_decision``
     are checked too, so ranks that call different collectives at the same point are named at once instead of
-    timing out.
+    timing out (and no call is predicted).
 
     Example::
 
@@ -236,6 +241,8 @@ class ParallelStrategy(Strategy):
 
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
+        # in debug mode every collective takes the fixed check, so none may be predicted (see _collectives._History)
+        _collectives.predicting = not self.debug_collectives
         if dist.is_initialized():
             # someone (the user, a test harness) created the default group already: use it if it matches
             if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
@@ -279,6 +286,9 @@ class ParallelStrategy(Strategy):
             ) from err
         self._owns_process_group = True
         atexit.register(self._destroy_process_group)
+        if self.process_group_backend == "nccl":
+            # the collectives' checks (and barriers) travel on the host: the GPU's stream never waits for them
+            _collectives.use_host_checks(None, dist.new_group(backend="gloo"))
 
     def _timed_out(self, name: str, err: BaseException) -> CollectiveTimeoutError:
         """The error for a collective that timed out, naming it and, where the store can tell, the missing ranks.
@@ -348,6 +358,7 @@ class ParallelStrategy(Strategy):
 
     def _destroy_process_group(self) -> None:
         if self._owns_process_group and dist.is_initialized():
+            _collectives.forget_histories()
             dist.destroy_process_group()
             # gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient
             # all-reduce) after the caller has moved on, and releasing one takes the GIL. A worker thread still
@@ -387,7 +398,9 @@ class ParallelStrategy(Strategy):
         try:
             if dist.get_world_size(group) > 1 and tensors:  # over one rank every reduction is the identity
                 call = f"all_reduce(reduce_op={_collectives.reduce_op_name(op)})"
-                _collectives.all_reduce_checked(tensors, op, group, backend, self._comm_device(), call)
+                _collectives.all_reduce_checked(
+                    tensors, op, group, backend, self._comm_device(), call, predict=not self.debug_collectives
+                )
         except RuntimeError as err:
             if is_timeout(err):
                 raise self._timed_out("all_reduce", err) from err
@@ -409,7 +422,9 @@ class ParallelStrategy(Strategy):
         leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
         try:
-            gathered = _collectives.all_gather([leaves[i] for i in positions], group, device, sync_grads)
+            gathered = _collectives.all_gather(
+                [leaves[i] for i in positions], group, device, sync_grads, predict=not self.debug_collectives
+            )
         except RuntimeError as err:
             if is_timeout(err):
                 raise self._timed_out("all_gather", err) from err
@@ -433,7 +448,7 @@ class ParallelStrategy(Strategy):
             return obj
         try:
             if self.debug_collectives:
-                _collectives.check_collective(f"broadcast(src={src})", [], None, self._comm_device())
+                _collectives.check_collective(f"broadcast(src={src})", [], None, self._comm_device(), predict=False)
             return _collectives.broadcast(obj, src, None, self._comm_device())  # type: ignore[no-any-return]
         except RuntimeError as err:
             if is_timeout(err):
@@ -447,8 +462,11 @@ class ParallelStrategy(Strategy):
             return
         try:
             if self.debug_collectives:
-                _collectives.check_collective("barrier", [], None, self._comm_device())
-            if dist.get_backend() == "nccl" and self.root_device.type == "cuda":
+                _collectives.check_collective("barrier", [], None, self._comm_device(), predict=False)
+            host_group = _collectives.host_check_group(None)
+            if host_group is not None:
+                dist.barrier(group=host_group)  # the processes meet on the host; the GPU's work goes on
+            elif dist.get_backend() == "nccl" and self.root_device.type == "cuda":
                 dist.barrier(device_ids=[self.root_device.index])
             else:
                 dist.barrier()
@@ -464,7 +482,9 @@ class ParallelStrategy(Strategy):
             return bool(decision)
         try:
             if self.debug_collectives:
-                _collectives.check_collective(f"reduce_boolean_decision(all={all})", [], None, self._comm_device())
+                _collectives.check_collective(
+                    f"reduce_boolean_decision(all={all})", [], None, self._comm_device(), predict=False
+                )
             return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
         except RuntimeError as err:
             if is_timeout(err):

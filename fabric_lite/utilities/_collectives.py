@@ -13,10 +13,12 @@ costs one collective, not 64. There is no barrier before a collective: a collect
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -255,6 +257,9 @@ def _exchange(
 
     Returns the gathered messages' payload part, one row per rank, or ``None`` when the payload did not travel.
     """
+    check_group = _CHECK_GROUPS.get(id(_resolve(group)))
+    if check_group is not None:  # device tensors: the signatures travel on the host, the data stay where they are
+        group, device, payload = check_group[1], torch.device("cpu"), None
     world_size = dist.get_world_size(group)
     nbytes = _NO_PAYLOAD
     if payload is not None:
@@ -309,15 +314,29 @@ def _raise_mismatch(call: str, tensors: Sequence[Tensor], group: Any) -> None:
     )
 
 
-def check_collective(call: str, tensors: Sequence[Tensor], group: Any, device: torch.device) -> None:
+def check_collective(
+    call: str, tensors: Sequence[Tensor], group: Any, device: torch.device, predict: bool | None = None
+) -> None:
     """Raise :class:`CollectiveMismatchError` on every rank, with a per-rank table, unless every rank of ``group``
     calls the same collective (``call``, e.g. ``"barrier"``) on tensors of the same count, shapes and dtypes.
 
     Costs one small collective. Without it gloo aborts the process in C++ on tensors of different sizes, and
     silently returns wrong data on tensors of equal size but different shapes.
     """
-    groups = _group_by_device_dtype(tensors) if tensors else []
-    _exchange(call, tensors, groups, group, device, None)
+    groups = _by_element_size(_group_by_device_dtype(tensors)) if tensors else []
+    plan = _Plan(_signature(call, groups), "check", None, (), "")
+    with _agreeing(group, plan, predict) as call_state:
+        if call_state.predicted is not None:
+            _run_poisoned(call_state.predicted, group)
+        _exchange(call, tensors, groups, group, device, None)
+
+
+def _run_poisoned(plan: _Plan, group: Any) -> None:
+    """Take part in the predicted collective without real data (this rank calls something else): see _History."""
+    if plan.kind == "all_gather":
+        _gather_planned(_poisoned(plan), group)
+    else:
+        _reduce_planned(plan, _poisoned(plan), None, group)
 
 
 def _by_element_size(groups: list[list[Tensor]]) -> list[list[Tensor]]:
@@ -349,21 +368,45 @@ def _reduce_rows(rows: Tensor, reduce_op: Any, world_size: int) -> Tensor:
 
 
 def all_reduce_checked(
-    tensors: Sequence[Tensor], reduce_op: Any, group: Any, backend: str, device: torch.device, call: str
+    tensors: Sequence[Tensor],
+    reduce_op: Any,
+    group: Any,
+    backend: str,
+    device: torch.device,
+    call: str,
+    predict: bool | None = None,
 ) -> None:
     """:func:`all_reduce_`, after checking that every rank reduces the same shapes and dtypes with the same op.
 
-    Up to 480 bytes of tensors (e.g. a dict of 64 float32 metrics) travel with the check, in one collective, and
-    are reduced locally, identically on every rank; larger ones follow in :func:`all_reduce_`.
+    When every rank's history predicts this call (see :class:`_History`), the data travel at once, in the backend's
+    own collective, and the check costs nothing more; otherwise one small all-gather checks the signatures first,
+    carrying up to 480 bytes of tensors (reduced locally, identically on every rank), and larger ones follow.
+    ``predict=False`` (debug mode, where every collective is checked by the fixed exchange) never predicts; ``None``
+    means :data:`predicting`.
     """
     groups = _by_element_size(_group_by_device_dtype(tensors))
-    fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
-    buffers: list[Tensor] | None = None
-    aliases: list[list[Tensor]] = []
-    if fusable and sum(t.numel() * t.element_size() for t in tensors) <= _PAYLOAD_BYTES:
-        aliases = [[_alias(t) for t in members] for members in groups]
-        buffers = [_flat_buffer(a).to(device) for a in aliases]
-    rows = _exchange(call, tensors, groups, group, device, buffers)
+    plan = _Plan(_signature(call, groups), "all_reduce", reduce_op, _layout(groups), backend)
+    consumed = False
+    with _agreeing(group, plan, predict) as call_state:
+        predicted = call_state.predicted
+        if predicted is not None:
+            if predicted.key == plan.key:
+                aliases = [[_alias(t) for t in members] for members in groups]
+                if _reduce_planned(plan, [_flat_buffer(a) for a in aliases], aliases, group):
+                    call_state.hit = True
+                    return
+                consumed = True  # reduced already: the probe only says that a value is not finite, or a mismatch
+            else:
+                _run_poisoned(predicted, group)
+        fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
+        buffers: list[Tensor] | None = None
+        aliases = []
+        if not consumed and fusable and sum(t.numel() * t.element_size() for t in tensors) <= _PAYLOAD_BYTES:
+            aliases = [[_alias(t) for t in members] for members in groups]
+            buffers = [_flat_buffer(a).to(device) for a in aliases]
+        rows = _exchange(call, tensors, groups, group, device, buffers)
+    if consumed:
+        return  # every rank matched the prediction (the signatures agree), so the reduction that ran is the result
     if rows is None or buffers is None:
         all_reduce_(tensors, reduce_op, group, backend)
         return
@@ -378,6 +421,212 @@ def all_reduce_checked(
             members[0].view(-1).copy_(reduced)
         else:
             _write_back(reduced.to(members[0].device), members)
+
+
+# ---------------------------------------------------------------------------------------------- predicted calls
+# A training loop calls the same collectives with the same shapes over and over. Every rank keeps the same history
+# of the calls that every rank agreed on (it changes only after a call that succeeded, or failed, on every rank), so
+# every rank predicts the same next call: the one that followed the previous call last time. When a prediction
+# exists, every rank runs the predicted collective at once, with its own tensors if its call is the predicted one,
+# and otherwise with a buffer of the predicted sizes filled with a value that cannot come out of real data
+# unnoticed (NaN for sums and products, +inf for max, -inf for min: each absorbs every other value). So the sizes
+# agree on every rank whatever each rank called (gloo aborts the process when they do not), and one element of the
+# result (the "probe") says whether every rank took part with real data. If it is finite, they did, and the call
+# cost exactly the backend's collective. If not, every rank falls back to the fixed exchange of signatures, which
+# either raises the mismatch on every rank or, when the signatures agree, shows that the value was real (a NaN in
+# the data, say) and the result stands. Only floating-point tensors on the CPU over gloo have such values and a
+# free probe; other calls are never predicted (and take the exchange first). The ranks' tensors are undefined after
+# a mismatch error, as the error says.
+
+#: whether checked collectives may be predicted; off in debug mode, where every collective takes the fixed exchange
+#: (set for the process by ``ParallelStrategy``, so that helpers such as ``all_gather_ddp_if_available`` agree)
+predicting = True
+_START = (0, 0, 0)
+_MAX_HISTORY = 256
+_POISON = {ReduceOp.SUM: math.nan, _MEAN: math.nan, ReduceOp.PRODUCT: math.nan, ReduceOp.MAX: math.inf}
+_POISON[ReduceOp.MIN] = -math.inf
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# gathering and reducing locally beats gloo's all-reduce below this many gathered bytes (measured on 2 and 3 CPU
+# ranks, benchmarks/run.py's payload sweep); a single element is the exception (gloo's all-reduce of one element
+# skips its ring)
+_LOCAL_REDUCE_BYTES = 256 * 1024
+
+
+class _Plan:
+    """A checked collective as every rank sees it: its signature, kind, reduce op and flat buffers."""
+
+    __slots__ = ("backend", "key", "kind", "layout", "op", "predictable")
+
+    def __init__(
+        self, key: tuple[int, int, int], kind: str, op: Any, layout: tuple[tuple[torch.dtype, int], ...], backend: str
+    ) -> None:
+        self.key = key
+        self.kind = kind
+        self.op = op
+        self.layout = layout
+        self.backend = backend
+        self.predictable = (
+            backend == "gloo"
+            and bool(layout)
+            and all(dtype in _FLOATS and numel > 0 for dtype, numel in layout)
+            and (kind == "all_gather" or op in _POISON)
+        )
+
+
+def _layout(groups: Sequence[Sequence[Tensor]]) -> tuple[tuple[torch.dtype, int], ...]:
+    if any(m[0].device.type != "cpu" for m in groups):
+        return ()  # device tensors: the probe would synchronise the device with the host
+    return tuple((m[0].dtype, sum(t.numel() for t in m)) for m in groups)
+
+
+class _History:
+    """The calls every rank of one process group agreed on, as "which call followed which"."""
+
+    __slots__ = ("hits", "last", "next")
+
+    def __init__(self) -> None:
+        self.last: tuple[int, int, int] = _START
+        self.next: dict[tuple[int, int, int], _Plan] = {}
+        self.hits = 0  # calls that took the predicted path and needed nothing else (for tests and benchmarks)
+
+    def predicted(self) -> _Plan | None:
+        plan = self.next.get(self.last)
+        return plan if plan is not None and plan.predictable else None
+
+    def advance(self, plan: _Plan, hit: bool = False) -> None:
+        self.hits += hit
+        if len(self.next) >= _MAX_HISTORY and self.last not in self.next:
+            self.next.clear()
+        self.next[self.last] = plan
+        self.last = plan.key
+
+    def forget(self) -> None:
+        self.next.clear()
+        self.last = _START
+
+
+_HISTORIES: dict[int, tuple[Any, _History]] = {}
+# process group -> (the group, a gloo group of the same ranks that carries its checks on the host)
+_CHECK_GROUPS: dict[int, tuple[Any, Any]] = {}
+
+
+def _resolve(group: Any) -> Any:
+    return group if group is not None else dist.distributed_c10d._get_default_group()
+
+
+def use_host_checks(group: Any, check_group: Any) -> None:
+    """Send the signatures of ``group``'s checked collectives through ``check_group`` (a gloo group of the same
+    ranks), built on the host from the tensors' metadata: for NCCL, where a check on the device would make the host
+    wait for the GPU twice a call. The data still travel on ``group``, and no payload travels with the check."""
+    pg = _resolve(group)
+    _CHECK_GROUPS[id(pg)] = (pg, check_group)
+
+
+def host_check_group(group: Any) -> Any | None:
+    """The gloo group that carries ``group``'s checks (see :func:`use_host_checks`), or ``None``."""
+    entry = _CHECK_GROUPS.get(id(_resolve(group)))
+    return entry[1] if entry is not None else None
+
+
+def _history(group: Any) -> _History:
+    pg = _resolve(group)
+    entry = _HISTORIES.get(id(pg))
+    if entry is None or entry[0] is not pg:
+        entry = _HISTORIES[id(pg)] = (pg, _History())
+    return entry[1]
+
+
+def predicted_calls(group: Any = None) -> int:
+    """How many checked collectives on ``group`` so far took the predicted path (one collective, nothing else)."""
+    return _history(group).hits
+
+
+def forget_histories() -> None:
+    """Drop every process group's history of calls and host check group (when the process groups are destroyed)."""
+    _HISTORIES.clear()
+    _CHECK_GROUPS.clear()
+
+
+class _CallState:
+    __slots__ = ("hit", "predicted")
+
+    def __init__(self, predicted: _Plan | None) -> None:
+        self.predicted = predicted
+        self.hit = False  # the predicted collective was the whole call
+
+
+@contextlib.contextmanager
+def _agreeing(group: Any, plan: _Plan, predict: bool | None) -> Iterator[_CallState]:
+    """Around one checked call: yields the predicted plan (``None`` without one, or when not predicting); afterwards
+    records ``plan`` as agreed by every rank, or forgets the history when the call raised (on every rank: a mismatch)
+    or failed (the job ends)."""
+    history = _history(group) if (predicting if predict is None else predict) else None
+    state = _CallState(history.predicted() if history is not None else None)
+    try:
+        yield state
+    except BaseException:
+        if history is not None:
+            history.forget()
+        raise
+    if history is not None:
+        history.advance(plan, hit=state.hit)
+
+
+def _poisoned(plan: _Plan) -> list[Tensor]:
+    value = math.nan if plan.kind == "all_gather" else _POISON[plan.op]
+    return [torch.full((numel,), value, dtype=dtype) for dtype, numel in plan.layout]
+
+
+def _finite(values: Tensor) -> bool:
+    return bool(torch.isfinite(values).all()) if values.numel() > 1 else math.isfinite(values.item())
+
+
+def _reduce_planned(plan: _Plan, buffers: list[Tensor], aliases: list[list[Tensor]] | None, group: Any) -> bool:
+    """Run ``plan``'s reduction on ``buffers`` (written back into ``aliases`` when given); whether the probe is clean.
+
+    Small payloads are all-gathered and reduced locally (cheaper than gloo's all-reduce, see ``_LOCAL_REDUCE_BYTES``),
+    larger ones go through the backend's all-reduce; the choice depends on the plan only, so every rank makes it."""
+    world_size = dist.get_world_size(group)
+    total = sum(b.numel() * b.element_size() for b in buffers)
+    clean = True
+    if sum(b.numel() for b in buffers) > 1 and total * world_size <= _LOCAL_REDUCE_BYTES:
+        parts = [b.reshape(-1).view(torch.uint8) for b in buffers]
+        if len(parts) > 1 and total % 8:  # rows a whole number of 8-byte words: every slice viewable as its dtype
+            parts.append(torch.zeros(8 - total % 8, dtype=torch.uint8))
+        message = parts[0] if len(parts) == 1 else torch.cat(parts)
+        gathered = torch.empty(world_size * message.numel(), dtype=torch.uint8)
+        _all_gather_flat(gathered, message, group)
+        rows = gathered.view(world_size, -1)
+        offset = 0
+        for i, buffer in enumerate(buffers):
+            size = buffer.numel() * buffer.element_size()
+            values = rows[:, offset : offset + size].view(buffer.dtype)
+            offset += size
+            if i == 0:
+                clean = _finite(values[:, 0])
+                if not clean and aliases is None:
+                    return False
+            reduced = _reduce_rows(values, plan.op, world_size)
+            if aliases is not None:
+                _store(reduced, buffer, aliases[i])
+        return clean
+    for i, buffer in enumerate(buffers):
+        if plan.op == _MEAN:
+            _all_reduce_mean(buffer, group, plan.backend, world_size)
+        else:
+            dist.all_reduce(buffer, op=plan.op, group=group)
+        if i == 0:
+            clean = _finite(buffer.reshape(-1)[:1])
+        if aliases is not None:
+            _write_back(buffer, aliases[i])
+    return clean
+
+
+def _store(reduced: Tensor, buffer: Tensor, members: list[Tensor]) -> None:
+    if len(members) == 1 and members[0].is_contiguous() and buffer.data_ptr() == members[0].data_ptr():
+        members[0].view(-1).copy_(reduced)
+    else:
+        _write_back(reduced, members)
 
 
 def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
@@ -440,31 +689,49 @@ class _AllGatherGrad(torch.autograd.Function):
         return grad[dist.get_rank(ctx.group)], None
 
 
-def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync_grads: bool) -> list[Tensor]:
+def all_gather(
+    tensors: Sequence[Tensor], group: Any, device: torch.device, sync_grads: bool, predict: bool | None = None
+) -> list[Tensor]:
     """Gather each tensor from every rank of ``group`` into a new tensor of shape ``(world_size, *shape)``."""
     if not sync_grads and tensors:
-        fused = _all_gather_fused(tensors, group, device)
+        fused = _all_gather_fused(tensors, group, device, predict)
         if fused is not None:
             return fused
     else:
-        check_collective("all_gather", tensors, group, device)
+        check_collective("all_gather", tensors, group, device, predict)
     if sync_grads:
         return [_AllGatherGrad.apply(t, group) for t in tensors]  # type: ignore[no-untyped-call]
     if not tensors:
         return []
+    groups = _group_by_device_dtype(tensors)
+    outs = _gather_planned([_flat_buffer([t.detach() for t in members]) for members in groups], group, probe=False)[1]
+    return _split_gathered(tensors, groups, outs, dist.get_world_size(group))
+
+
+def _gather_planned(buffers: list[Tensor], group: Any, probe: bool = True) -> tuple[bool, list[Tensor]]:
+    """All-gather each buffer (one per device and dtype) flat; whether the probe (the first element of the first
+    buffer on every rank) is finite (always ``True`` without ``probe``), and the gathered buffers,
+    ``(world_size, numel)`` each."""
     world_size = dist.get_world_size(group)
-    results: dict[int, Tensor] = {}
-    for members in _group_by_device_dtype(tensors):
-        if len(members) == 1:
-            flat = members[0].detach().contiguous().reshape(-1)
-        else:
-            flat = _flat_buffer([t.detach() for t in members])
+    outs = []
+    for buffer in buffers:
+        flat = buffer.reshape(-1)
         out = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
         _all_gather_flat(out, flat, group)
+        outs.append(out.view(world_size, -1))
+    clean = not probe or not outs or outs[0].shape[1] == 0 or not outs[0].is_floating_point()
+    clean = clean or _finite(outs[0][:, 0])
+    return clean, outs
+
+
+def _split_gathered(
+    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], outs: Sequence[Tensor], world_size: int
+) -> list[Tensor]:
+    results: dict[int, Tensor] = {}
+    for members, rows in zip(groups, outs, strict=True):
         if len(members) == 1:
-            results[id(members[0])] = out.view(world_size, *members[0].shape)
+            results[id(members[0])] = rows.view(world_size, *members[0].shape)
             continue
-        rows = out.view(world_size, -1)
         offset = 0
         for t in members:
             n = t.numel()
@@ -473,15 +740,33 @@ def all_gather(tensors: Sequence[Tensor], group: Any, device: torch.device, sync
     return [results[id(t)] for t in tensors]
 
 
-def _all_gather_fused(tensors: Sequence[Tensor], group: Any, device: torch.device) -> list[Tensor] | None:
-    """Check the ranks' shapes and, for up to 480 bytes of tensors, gather them in the same collective.
+def _all_gather_fused(
+    tensors: Sequence[Tensor], group: Any, device: torch.device, predict: bool | None
+) -> list[Tensor] | None:
+    """Check the ranks' shapes and gather: at once when the call was predicted (see :class:`_History`), in the
+    check's own collective for up to 480 bytes of tensors.
 
-    Returns the gathered tensors, or ``None`` when they did not fit (the check has then passed)."""
+    Returns the gathered tensors, or ``None`` when they did not travel yet (the check has then passed)."""
     groups = _by_element_size(_group_by_device_dtype(tensors))
-    buffers: list[Tensor] | None = None
-    if sum(t.numel() * t.element_size() for t in tensors) <= _PAYLOAD_BYTES:
-        buffers = [_flat_buffer([t.detach() for t in members]).to(device) for members in groups]
-    rows = _exchange("all_gather", tensors, groups, group, device, buffers)
+    plan = _Plan(_signature("all_gather", groups), "all_gather", None, _layout(groups), dist.get_backend(group))
+    early: list[Tensor] | None = None
+    with _agreeing(group, plan, predict) as call_state:
+        predicted = call_state.predicted
+        if predicted is not None:
+            if predicted.key == plan.key:
+                clean, outs = _gather_planned([_flat_buffer([t.detach() for t in m]) for m in groups], group)
+                early = _split_gathered(tensors, groups, outs, outs[0].shape[0])
+                if clean:
+                    call_state.hit = True
+                    return early
+            else:
+                _run_poisoned(predicted, group)
+        buffers: list[Tensor] | None = None
+        if early is None and sum(t.numel() * t.element_size() for t in tensors) <= _PAYLOAD_BYTES:
+            buffers = [_flat_buffer([t.detach() for t in members]).to(device) for members in groups]
+        rows = _exchange("all_gather", tensors, groups, group, device, buffers)
+    if early is not None:
+        return early  # every rank gathered its real tensors (the signatures agree): a value was not finite
     if rows is None or buffers is None:
         return None
     world_size = rows.shape[0]

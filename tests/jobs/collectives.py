@@ -691,3 +691,80 @@ def property_cases(fabric: Any, seed: int, n_cases: int) -> list[dict[str, Any]]
             record["reduce"] = (reduced, expected_reduce)
         results.append(record)
     return results
+
+
+# ---------------------------------------------------------------------------------------------- predicted calls
+def predicted(fabric: Any) -> dict[str, Any]:
+    """A training loop's collectives, repeated, then every way a predicted call can go wrong (see
+    ``fabric_lite.utilities._collectives._History``); every value is checked by the test against closed forms."""
+    from fabric_lite.utilities import _collectives
+
+    rank, world = fabric.global_rank, fabric.world_size
+    obs: dict[str, Any] = {}
+    loop = []
+    for step in range(6):
+        scalar = torch.tensor(float(rank + step))
+        metrics = {f"m{i}": torch.full((8,), float(rank * 100 + i + step)) for i in range(64)}
+        big = torch.arange(70_000, dtype=torch.float32) * (rank + 1)
+        gathered = torch.tensor([[rank, step], [step, rank]], dtype=torch.float64)
+        loop.append(
+            {
+                "sum": describe(fabric.all_reduce(scalar, reduce_op="sum")),
+                "mean": {k: v.tolist() for k, v in fabric.all_reduce(metrics, reduce_op="mean").items()},
+                "max": fabric.all_reduce(big, reduce_op="max")[[0, 1, 69_999]].tolist(),
+                "min": describe(fabric.all_reduce(torch.tensor([float(rank), -float(rank)]), reduce_op="min")),
+                "gather": describe(fabric.all_gather(gathered)),
+            }
+        )
+    obs["loop"] = loop
+    obs["hits_after_loop"] = _collectives.predicted_calls()
+    # values that look like a rank taking part without data, but are real: the results stand
+    obs["nan"] = describe(fabric.all_reduce(torch.tensor(math.nan if rank == 0 else 1.0), reduce_op="sum"))
+    for _ in range(2):
+        fabric.all_reduce(torch.ones(70_000), reduce_op="max")
+    obs["inf_max"] = fabric.all_reduce(torch.full((70_000,), math.inf if rank == world - 1 else 1.0), reduce_op="max")[
+        [0, -1]
+    ].tolist()
+    # a rank that calls something else where a call is predicted: every rank raises, then the loop goes on
+    obs["mismatch_shape"] = catch(
+        lambda: fabric.all_reduce(torch.tensor(1.0) if rank != 1 else torch.ones(3), reduce_op="sum")
+    )
+    obs["after_mismatch"] = describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum"))
+    for _ in range(3):  # predicted again
+        obs["again"] = describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum"))
+    obs["mismatch_kind"] = catch(
+        lambda: (
+            fabric.all_gather(torch.tensor(float(rank)))
+            if rank == 1
+            else fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum")
+        )
+    )
+    for _ in range(3):
+        obs["gather_again"] = describe(fabric.all_gather(torch.tensor([float(rank)] * 3)))
+    obs["nan_gather"] = describe(fabric.all_gather(torch.tensor([math.nan if rank == 0 else float(rank)] * 3)))
+    obs["mismatch_gather"] = catch(lambda: fabric.all_gather(torch.tensor([float(rank)] * (3 if rank == 0 else 4))))
+    for _ in range(3):
+        obs["reduce_again"] = describe(fabric.all_reduce(torch.tensor([float(rank)] * 3), reduce_op="sum"))
+    obs["mismatch_reduce_op"] = catch(
+        lambda: fabric.all_reduce(torch.tensor([float(rank)] * 3), reduce_op="max" if rank == 0 else "sum")
+    )
+    obs["hits"] = _collectives.predicted_calls()
+    return obs
+
+
+def host_checks(fabric: Any) -> dict[str, Any]:
+    """The checks on a separate gloo group (what the strategy sets up for NCCL), exercised with gloo data."""
+    from fabric_lite.utilities import _collectives
+
+    rank = fabric.global_rank
+    _collectives.use_host_checks(None, dist.new_group(backend="gloo"))
+    obs: dict[str, Any] = {"registered": _collectives.host_check_group(None) is not None}
+    obs["small"] = describe(fabric.all_reduce(torch.tensor([1.0, float(rank)]), reduce_op="sum"))
+    obs["ints"] = describe(fabric.all_reduce(torch.tensor([rank, 2], dtype=torch.int64), reduce_op="max"))
+    obs["dict"] = {k: v.tolist() for k, v in fabric.all_reduce({"a": torch.ones(3), "b": torch.ones(2)}).items()}
+    obs["gather"] = describe(fabric.all_gather(torch.tensor([rank, rank + 1])))
+    obs["mismatch"] = catch(lambda: fabric.all_reduce(torch.ones(2 + rank), reduce_op="sum"))
+    obs["gather_mismatch"] = catch(lambda: fabric.all_gather(torch.ones(1 + rank)))
+    fabric.barrier()
+    obs["after"] = describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum"))
+    return obs

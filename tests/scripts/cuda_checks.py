@@ -210,9 +210,51 @@ def scaler_on_cuda() -> dict:
     }
 
 
+def _collectives_without_sync(fabric: Fabric) -> dict:
+    import torch.distributed as dist
+
+    from fabric_lite.utilities import _collectives
+
+    x = torch.arange(4.0, device=fabric.device)
+    metrics = {"loss": torch.tensor(1.0, device=fabric.device), "n": torch.ones(3, device=fabric.device)}
+    for _ in range(3):  # warm: NCCL's first collectives may allocate
+        fabric.all_reduce(x.clone(), reduce_op="sum")
+        fabric.all_gather(x)
+        fabric.barrier()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host-device synchronisation below raises
+    try:
+        reduced = fabric.all_reduce(x.clone(), reduce_op="sum")
+        fabric.all_reduce(metrics, reduce_op="mean")
+        gathered = fabric.all_gather(x)
+        fabric.barrier()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return {
+        "world": fabric.world_size,
+        "host_checks": _collectives.host_check_group(None) is not None,
+        "backend": dist.get_backend(),
+        "reduced": reduced.tolist(),
+        "gathered": list(gathered.shape),
+    }
+
+
+def collectives_without_sync_one_gpu() -> dict:
+    fabric = Fabric(accelerator="cuda", devices=1, strategy="ddp")
+    fabric.launch()
+    return _collectives_without_sync(fabric)
+
+
+def collectives_without_sync_two_gpus() -> dict:
+    fabric = Fabric(accelerator="cuda", devices=2, strategy="ddp_spawn")
+    return fabric.launch(_collectives_without_sync)  # type: ignore[no-any-return]
+
+
 CHECKS = {
     f.__name__: f
     for f in (
+        collectives_without_sync_one_gpu,
+        collectives_without_sync_two_gpus,
         single_device,
         double_precision,
         nccl_world_size_one,
