@@ -416,11 +416,7 @@ def all_reduce_checked(
         size = buffer.numel() * buffer.element_size()
         values = rows[:, offset : offset + size].view(buffer.dtype)
         offset += size
-        reduced = _reduce_rows(values, reduce_op, world_size)
-        if len(members) == 1 and members[0].is_contiguous() and buffer.data_ptr() == members[0].data_ptr():
-            members[0].view(-1).copy_(reduced)
-        else:
-            _write_back(reduced.to(members[0].device), members)
+        _store(_reduce_rows(values, reduce_op, world_size).to(members[0].device), buffer, members)
 
 
 # ---------------------------------------------------------------------------------------------- predicted calls
@@ -623,6 +619,7 @@ def _reduce_planned(plan: _Plan, buffers: list[Tensor], aliases: list[list[Tenso
 
 
 def _store(reduced: Tensor, buffer: Tensor, members: list[Tensor]) -> None:
+    """Write ``reduced`` (the reduction of ``buffer``, the flat buffer of ``members``) into ``members``."""
     if len(members) == 1 and members[0].is_contiguous() and buffer.data_ptr() == members[0].data_ptr():
         members[0].view(-1).copy_(reduced)
     else:
