@@ -211,6 +211,18 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
         torch._foreach_copy_(values, list(buffer.split(8)))
 
     collectives["all_reduce/dict64x8"] = (raw_dict, lambda: accel.all_reduce(metrics, reduce_op="sum"))
+    # the floor of any wrapper on this machine: raw calls with 40 us of host time between them (what a checked call's
+    # Python costs), against raw calls back to back (see RESULTS.md: a rank that arrives late wakes a waiting one)
+    control = torch.zeros(1 << 18)
+
+    def late() -> None:
+        dist.all_reduce(control)
+        deadline = time.perf_counter() + 40e-6
+        while time.perf_counter() < deadline:
+            pass
+
+    if impl == "fabric_lite":  # measured once, in fabric_lite's run
+        collectives["control/1MiB_plus_40us"] = (partial(dist.all_reduce, control), late)
     collectives.update(sweep(accel, quick=coll_calls < 10, ops=impl == "fabric_lite"))
     _measure_collectives(impl, rank, collectives, coll_rounds, coll_calls)
     # Leave together, and give gloo's worker threads a moment to release their last work objects: a thread still

@@ -28,6 +28,7 @@ from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS
 from fabric_lite.strategies import loaded_instance
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
 from fabric_lite.strategies.strategy import Strategy
@@ -328,6 +329,26 @@ def _strategy_label(strategy: Any, name: str) -> str:
     return type(strategy).__name__ if name == "instance" else name
 
 
+def _check_deepspeed(label: str, accelerator: str, precision: str) -> None:
+    """DeepSpeed runs five precisions, on CUDA or the CPU, and has no float16 on the CPU."""
+    if accelerator == "mps":
+        raise ValueError(
+            f"strategy={label!r} runs on CUDA GPUs or on the CPU, not on accelerator='mps'. Choose"
+            " accelerator='cuda' or 'cpu', or another strategy."
+        )
+    if precision not in DEEPSPEED_PRECISIONS:
+        raise ValueError(
+            f"precision={precision!r} is not supported with strategy={label!r}: DeepSpeed runs one of"
+            f" {', '.join(map(repr, DEEPSPEED_PRECISIONS))}."
+        )
+    if accelerator == "cpu" and precision.startswith("16-"):
+        raise ValueError(
+            f"precision={precision!r} with strategy={label!r} needs float16, which DeepSpeed's CPU accelerator does"
+            " not run ('Type fp16 is not supported on your device'). On the CPU choose precision='bf16-mixed' or"
+            " 'bf16-true'; float16 needs accelerator='cuda'."
+        )
+
+
 #: how ``fabric-lite run`` hands its flags to ``Fabric(...)`` in the script: argument name -> environment variable
 CLI_ENV_VARS = {
     "accelerator": "FABRIC_LITE_ACCELERATOR",
@@ -549,6 +570,10 @@ def resolve_plan(
         slurm_note = _note_not_started_by_srun(env, len(device_indices) if parallel else 1)
         if slurm_note:
             warnings.append(slurm_note)
+
+    deepspeed = strategy_name.startswith("deepspeed") or loaded_instance(strategy, "DeepSpeedStrategy")
+    if deepspeed:  # before the 16-mixed fallback below: DeepSpeed refuses float16 on the CPU instead
+        _check_deepspeed(_strategy_label(strategy, strategy_name), accelerator_name, precision_name)
 
     if precision_name == "16-mixed" and accelerator_name == "cpu" and not precision_plugins:
         warnings.append(

@@ -845,7 +845,10 @@ class Fabric:
         """
         self._validate_launched()
         if isinstance(data, Tensor):
-            return self._strategy.all_reduce(convert_to_tensors(data, self.device), group=group, reduce_op=reduce_op)
+            device = self.device
+            return self._strategy.all_reduce(
+                data if data.device == device else convert_to_tensors(data, device), group=group, reduce_op=reduce_op
+            )
         # walk the collection once: convert its numbers, then reduce its tensors (in place) as one flat list
         leaves, spec = flatten(data)
         converted = convert_leaves(leaves, self.device)

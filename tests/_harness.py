@@ -1,7 +1,7 @@
 """Run code in fresh processes with a hard time bound, and check that nothing is left behind.
 
 Every multi-process test goes through :func:`run_python` (a script or ``-c`` code, in a new session) or
-:func:`spawn_job` (a function run on N ranks by fabric_lite's own ``ddp_spawn`` launcher, inside such a
+:func:`spawn_job` (a function run on N ranks by fabric_lite's own ``ddp_fork`` launcher, inside such a
 subprocess). On timeout the whole session is killed and the test fails with everything the processes printed.
 After the command ends, any process still alive in its session is an orphan: it is killed and the test fails.
 """
@@ -161,7 +161,7 @@ def _run_bounded(
 
 def spawn_job(target: str, nprocs: int, timeout: float = 90, **kwargs: Any) -> list[Any]:
     """Run ``target(fabric, **kwargs)`` (``"tests.jobs.module:function"``) on ``nprocs`` CPU ranks with
-    ``ddp_spawn`` and return the list of per-rank return values (gathered by the job runner)."""
+    ``ddp_fork`` and return the list of per-rank return values (gathered by the job runner)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.pkl"
         done = run_python(
@@ -200,7 +200,7 @@ def lightning_python() -> str | None:
 
 
 def optional_tier_skipped(config: pytest.Config, marker: str, variable: str, module_file: str) -> str | None:
-    """Why an optional tier (``s3``, ``mpi``) does not run in this session, or ``None`` when it does.
+    """Why an optional tier (``s3``, ``mpi``, ``benchmark``) does not run in this session, or ``None`` when it does.
 
     The tier runs when it is asked for: its marker in ``-m`` (``pytest -m s3``), its test file named on the command
     line, or ``$variable`` set to ``1`` (an error instead of a skip when it cannot be set up). The whole suite

@@ -63,6 +63,50 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Modules that run on one pytest-xdist worker each: those whose module-scoped fixtures run multi-process jobs (tens
+# of seconds each, which every worker running one of their tests would run again), and those that share an outside
+# resource (a SLURM cluster, network namespaces, an S3 server, an MPI install). pytest-xdist's own `loadgroup` cannot
+# do it here: it groups by renaming a test's `_nodeid`, which pytest 9 no longer reads (`nodeid` comes from `_id`),
+# so its xdist_group markers have no effect; the scheduler below groups by module instead.
+_ONE_WORKER_MODULES = {
+    "test_checkpoints.py",
+    "test_cli.py",
+    "test_collective_plugins.py",
+    "test_collectives_dist.py",
+    "test_compat.py",
+    "test_compile.py",
+    "test_dataloaders.py",
+    "test_ddp_toolkit.py",
+    "test_ddp_training.py",
+    "test_deepspeed.py",
+    "test_distributed_utils.py",
+    "test_fsdp.py",
+    "test_model_parallel.py",
+    "test_mpi.py",
+    "test_precision_dist.py",
+    "test_resume.py",
+    "test_s3.py",
+    "test_slurm.py",
+    "test_two_hosts.py",
+    "test_utilities_dist.py",
+}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Under ``--dist loadgroup``: every module of ``_ONE_WORKER_MODULES`` is one unit of work, the other tests one
+    unit each."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module.rsplit("/", 1)[-1] in _ONE_WORKER_MODULES else super()._split_scope(nodeid)
+
+    return ModuleGroups(config, log)  # type: ignore[arg-type]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.reliability_cases import cases_of
 
@@ -70,6 +114,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         cases = cases_of(item.nodeid)
         if cases:
             item.add_marker(pytest.mark.reliability(*cases))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order in which units of work are handed out
+        # the grouped modules (the long units) first, the single tests after them: the workers then end together
+        # instead of one running a whole module alone at the end
+        items.sort(key=lambda item: item.path.name not in _ONE_WORKER_MODULES)
 
 
 _RELIABILITY_RUNS: dict[str, dict[str, object]] = {}

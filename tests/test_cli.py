@@ -122,6 +122,7 @@ def test_flags_before_or_after_the_script_as_lightning_parses_them(
 
 
 @pytest.mark.compat
+@pytest.mark.timeout(180)
 def test_lightning_parses_the_same_command_lines(tmp_path: Path) -> None:
     python = lightning_python()
     if python is None:

@@ -667,6 +667,7 @@ def test_property_inputs_differ_across_ranks_and_cover_the_ops(results, world):
 
 # ---------------------------------------------------------------------------------------------- predicted calls
 @pytest.mark.parametrize("world_size", WORLDS)
+@pytest.mark.timeout(180)
 def test_predicted_calls_give_exact_results_and_every_mismatch_still_raises_everywhere(world_size):
     """A loop of collectives is predicted after its first round (one collective a call, no check ahead of it), with
     results equal to the closed forms; real NaN and inf values stand; a rank calling another shape, another
@@ -700,6 +701,84 @@ def test_predicted_calls_give_exact_results_and_every_mismatch_still_raises_ever
         assert obs["reduce_again"] == tensor([float(sum(ranks))] * 3, "float32")
         # the last two of the first "again" loop and the last of each other one (a NaN or inf probe is no hit)
         assert obs["hits"] == obs["hits_after_loop"] + 4, (obs["hits"], obs["hits_after_loop"])
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+@pytest.mark.timeout(240)
+def test_predicted_integer_and_boolean_reductions_are_exact_and_mismatches_raise_everywhere(world_size):
+    """Integer and boolean reductions (every op; one element, a few, and enough to go through the backend's
+    all-reduce) are predicted from their third round, with a flag beside the data, and give exactly what the
+    unpredicted path gives; a rank calling another dtype, shape or op at a predicted call makes every rank raise."""
+    from tests.jobs.collectives import INTEGER_CASES, integer_input
+
+    results = spawn_job("tests.jobs.collectives:predicted_integers", world_size, timeout=180)
+    ranks = range(world_size)
+    cases = len(INTEGER_CASES) + 1
+    for rank, obs in enumerate(results):
+        for round in range(4):
+            for name, dtype, numel, op in INTEGER_CASES:
+                inputs = torch.stack([integer_input(dtype, numel, op, r) for r in ranks])
+                if dtype == "bool":
+                    expected = inputs.all(0) if op in ("min", "product") else inputs.any(0)
+                elif op in ("sum", "mean"):
+                    expected = inputs.sum(0, dtype=inputs.dtype)
+                    if op == "mean":
+                        expected = torch.div(expected, world_size, rounding_mode="trunc")
+                elif op == "product":
+                    expected = inputs.prod(0, dtype=inputs.dtype)
+                else:
+                    expected = inputs.amax(0) if op == "max" else inputs.amin(0)
+                assert obs[f"{round}/{name}"] == describe(expected[:5]), (rank, round, name)
+            assert obs[f"{round}/mixed"] == {
+                "n": tensor(sum(r + 1 for r in ranks), "int64"),
+                "ok": tensor(True, "bool"),
+                "loss": tensor(0.5 * sum(ranks), "float32"),
+            }
+        # nothing predicted in the first round, all but the first call of the second, all of the third and fourth
+        assert [obs[f"{r}/hits"] for r in range(4)] == [0, cases - 1, 2 * cases - 1, 3 * cases - 1]
+        for case in ("mismatch_dtype", "mismatch_shape", "mismatch_op"):
+            raised = obs[case]
+            assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, case, raised)
+            assert all(f"rank {r}:" in raised.message for r in ranks), raised.message
+        assert obs["after"] == tensor([sum(ranks), world_size], "int64")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world_size", WORLDS)
+def test_predicted_broadcasts_give_what_the_source_sent(world_size):
+    """A broadcast like the previous one from its source travels as one message of its own size; every change of
+    shape, dtype, source or kind (an object, a parameter, a tensor too large to predict, an error) is noticed by
+    every rank, which then gets what the source sent, as without prediction."""
+    results = spawn_job("tests.jobs.collectives:predicted_broadcasts", world_size, timeout=120)
+    last = world_size - 1
+    expected = {
+        f"loop{step}": (tensor([float(i + step) for i in range(8)], "float32"), "Tensor", False) for step in range(4)
+    }
+    expected |= {
+        "other_shape": (tensor([0.0, 1.0, 2.0, 3.0, 4.0], "float32"), "Tensor", False),
+        "other_dtype": (tensor([0, 1, 2, 3, 4], "int64"), "Tensor", False),
+        "same_again": (tensor([0, 2, 4, 6, 8], "int64"), "Tensor", False),
+        "other_source": (tensor([i * (last + 3) for i in range(5)], "int64"), "Tensor", False),
+        "object": {"rank": 0, "values": [0, 0, 0]},
+        "after_object": (tensor([[0.0] * 3] * 2, "float32"), "Tensor", False),
+        "after_object_again": (tensor([[1.0] * 3] * 2, "float32"), "Tensor", False),
+        "parameter": (tensor([[2.0] * 3] * 2, "float32"), "Parameter", True),
+        "grad": (tensor([[3.0] * 3] * 2, "float32"), "Tensor", True),
+        "large": (tensor([float(i) for i in range(8)], "float64"), "Tensor", False),
+        "small_after_large": (tensor([0.0] * 3, "float32"), "Tensor", False),
+        "empty": (tensor([], "float32"), "Tensor", False),
+        "small_after_empty": (tensor([1.0] * 3, "float32"), "Tensor", False),
+    }
+    for rank, obs in enumerate(results):
+        for name, value in expected.items():
+            assert obs[name] == value, (rank, name, obs[name])
+        raised = obs["unpicklable"]
+        assert isinstance(raised, Raised) and raised.type == "TypeError" and "could not pickle" in raised.message
+        assert obs["after_error"] == tensor([5.0] * 3, "float32")
+        # predicted and held: loop1-3, same_again, after_object_again, small_after_large is not (the large one is
+        # never remembered), nor is anything right after a change
+        assert obs["hits"] == 5, obs["hits"]
 
 
 def test_checks_on_a_separate_host_group_as_for_nccl():

@@ -31,13 +31,15 @@ CASES = {
 }
 
 
-def observe(impl: str, case: str, extra: list[str] | None = None) -> dict[int, dict]:
+def observe(impl: str, case: str, extra: list[str] | None = None, runs: int = 1) -> dict[int, dict]:
+    """Each rank's observations of the compat script under ``impl`` (``{rank: obs}``); with ``runs`` > 1 (several
+    precisions in one single-device process), ``{(precision, rank): obs}``."""
     python = lightning_python() if impl == "lightning" else None
     args = CASES[case]
     args = [*args, SCRIPT, "--strategy", "ddp", "--devices", "2"] if case == "torchrun" else [SCRIPT, *args]
     done = run_python([*args, *(extra or [])], timeout=180, env=base_env({"COMPAT_IMPL": impl}), python=python)
     rows = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("OBS ")]
-    expected_ranks = 1 if case == "single_device" else 2
+    expected_ranks = (1 if case == "single_device" else 2) * runs
     if impl == "lightning" and done.returncode != 0:
         # Lightning Fabric itself now and then dies at exit with SIGABRT after all its work is done (gloo's
         # worker threads outliving the interpreter, RELIABILITY case 29, which fabric_lite's teardown avoids).
@@ -46,6 +48,8 @@ def observe(impl: str, case: str, extra: list[str] | None = None) -> dict[int, d
         assert len(rows) == expected_ranks, done.output
     else:
         assert done.returncode == 0, f"{impl} {case} failed:\n{done.output}"
+    if runs > 1:
+        return {(row["precision"], row["rank"]): row["obs"] for row in rows}  # type: ignore[misc]
     return {row["rank"]: row["obs"] for row in rows}
 
 
@@ -54,21 +58,30 @@ def test_same_results_as_lightning(case: str) -> None:
     compare(observe("fabric_lite", case), observe("lightning", case), case)
 
 
-@pytest.mark.parametrize(
-    ("precision", "case"),
-    [
-        ("64-true", "single_device"),
-        ("bf16-mixed", "single_device"),
-        ("16-mixed", "single_device"),  # bf16 on the CPU in both, with a warning
-        ("16-true", "single_device"),
-        ("bf16-true", "single_device"),
-        ("bf16-mixed", "ddp_spawn"),
-        ("16-true", "ddp_spawn"),
-    ],
-)
-def test_same_training_as_lightning_in_every_precision(precision: str, case: str) -> None:
-    extra = ["--precision", precision, "--only-training"]
-    compare(observe("fabric_lite", case, extra), observe("lightning", case, extra), case)
+# 16-mixed is bf16 on the CPU in both, with a warning
+PRECISIONS = ["64-true", "bf16-mixed", "16-mixed", "16-true", "bf16-true"]
+
+
+@pytest.fixture(scope="module")
+def single_device_precisions() -> dict[str, dict[tuple[str, int], dict]]:
+    """Every precision's training, single device, one process per implementation (a process each would cost five
+    interpreter starts more, for the same observations)."""
+    extra = ["--precision", ",".join(PRECISIONS), "--only-training"]
+    runs = len(PRECISIONS)
+    return {impl: observe(impl, "single_device", extra, runs=runs) for impl in ("fabric_lite", "lightning")}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_same_training_as_lightning_in_every_precision(
+    precision: str, single_device_precisions: dict[str, dict[tuple[str, int], dict]]
+) -> None:
+    ours, theirs = ({0: runs[(precision, 0)]} for runs in single_device_precisions.values())
+    compare(ours, theirs, "single_device")
+
+
+def test_same_training_as_lightning_in_a_precision_on_two_spawned_processes() -> None:
+    extra = ["--precision", "bf16-mixed", "--only-training"]
+    compare(observe("fabric_lite", "ddp_spawn", extra), observe("lightning", "ddp_spawn", extra), "ddp_spawn")
 
 
 def compare(ours: dict[int, dict], theirs: dict[int, dict], case: str) -> None:

@@ -220,6 +220,7 @@ def test_inductor_losses_equal_eager(fabric: Fabric, inductor_cache: str, monkey
     torch.testing.assert_close(runs[True], runs[False], rtol=TOLERANCE, atol=TOLERANCE)
 
 
+@pytest.mark.timeout(300)
 def test_ddp_compiled_on_two_processes(inductor_cache: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Compiled DDP (inductor) trains as eager DDP; DDP is what gets compiled; the backend, no_backward_sync,
     mark_forward_method and checkpoints work."""
@@ -246,6 +247,7 @@ def test_ddp_compiled_on_two_processes(inductor_cache: str, monkeypatch: pytest.
         assert rank == {"True": expected, "True_loaded": True, "False": expected, "False_loaded": True}
 
 
+@pytest.mark.timeout(300)
 def test_fsdp_compiled_block_by_block_on_two_processes(tmp_path: Path) -> None:
     out = tmp_path / "result.pkl"
     done = run_python(["-m", "tests.jobs.compile_jobs", "2", str(out)], timeout=240)
@@ -297,6 +299,7 @@ print("OBS " + json.dumps({"losses": losses, "graphs": len(graphs), "saved": sav
 
 @pytest.mark.compat
 @pytest.mark.skipif(lightning_python() is None, reason="no Lightning Fabric venv: run .ci/setup")
+@pytest.mark.timeout(180)
 def test_same_as_lightning() -> None:
     observed = {}
     for impl, python in (("fabric_lite", None), ("lightning", lightning_python())):

@@ -18,7 +18,7 @@ import pytest
 from tests._harness import REPO, base_env, run_python
 
 DOCS = REPO / "docs"
-OPTIONAL_PACKAGES = ("horovod", "tensorboard", "tensorboardX", "tqdm")
+OPTIONAL_PACKAGES = ("deepspeed", "horovod", "tensorboard", "tensorboardX", "tqdm")
 
 # runs the generator with the optional packages made unimportable: the reference must not need them
 GENERATE_WITHOUT_OPTIONAL = r"""

@@ -362,7 +362,7 @@ def _cuda_check(name: str) -> dict:
     return rows[0]  # type: ignore[no-any-return]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_the_cuda_check_script_runs_on_the_cpu() -> None:
     """The CUDA checks' loop with an instance on the CPU, so that the script is exercised without a GPU."""
     done = run_python(["tests/scripts/cuda_dp_checks.py", "dp_one_device", "cpu"], timeout=60)

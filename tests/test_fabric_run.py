@@ -131,6 +131,7 @@ def test_run_with_ddp_runs_the_body_in_every_process_and_each_gets_its_result() 
 
 # ---------------------------------------------------------------------------------------------------------- compat
 @pytest.mark.compat
+@pytest.mark.timeout(180)
 def test_lightning_base_run_and_sharded_model_behave_the_same() -> None:
     python = lightning_python()
     if python is None:

@@ -75,6 +75,7 @@ def test_spawn_and_fork_return_rank_zero_result(strategy: str) -> None:
     assert launcher_result[0]["pid"] == rows[0]["pid"]
 
 
+@pytest.mark.timeout(180)
 def test_torchrun_starts_the_processes_not_fabric_lite() -> None:
     done = run_python(
         [
@@ -98,6 +99,7 @@ def test_torchrun_starts_the_processes_not_fabric_lite() -> None:
     assert all(r["total"] == 5 * 3 for r in rows)
 
 
+@pytest.mark.timeout(180)
 def test_torchrun_mismatch_is_an_error_on_every_rank() -> None:
     done = run_python(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT, "--devices", "3"],

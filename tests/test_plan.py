@@ -408,6 +408,14 @@ REGISTRY_TABLE = {
     "horovod": (True, None),
     "fsdp": (True, "popen"),
     "fsdp_cpu_offload": (True, "popen"),
+    "deepspeed": (True, "popen"),
+    "deepspeed_stage_1": (True, "popen"),
+    "deepspeed_stage_1_offload": (True, "popen"),
+    "deepspeed_stage_2": (True, "popen"),
+    "deepspeed_stage_2_offload": (True, "popen"),
+    "deepspeed_stage_3": (True, "popen"),
+    "deepspeed_stage_3_offload": (True, "popen"),
+    "deepspeed_stage_3_offload_nvme": (True, "popen"),
 }
 # names whose plan depends on the machine or the launcher: tested in tests/test_dp.py and tests/test_horovod.py
 OWN_TESTS = ("dp", "horovod")
@@ -443,7 +451,7 @@ def test_parallel_strategy_on_one_device(name: str) -> None:
         pytest.param("foo", id="foo"),
         pytest.param("DDP", id="DDP-upper-case"),
         pytest.param("xla_fsdp", id="lightning-xla-fsdp"),
-        pytest.param("deepspeed", id="lightning-deepspeed"),
+        pytest.param("deepspeed_stage_4", id="no-such-deepspeed-stage"),
         pytest.param("", id="empty"),
         pytest.param(None, id="None"),
         pytest.param(DDPStrategy, id="class-not-instance"),

@@ -173,6 +173,7 @@ def test_protocol_without_its_package_is_refused(
     assert list(tmp_path.iterdir()) == []  # above all, no folder named `gs:` with the checkpoint in it
 
 
+@pytest.mark.timeout(180)
 def test_without_fsspec_urls_give_the_install_hint(tmp_path: Path) -> None:
     code = f"""
 import sys
@@ -196,6 +197,7 @@ except ImportError as err:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local.ckpt"]
 
 
+@pytest.mark.timeout(180)
 def test_local_save_and_import_do_not_import_fsspec(tmp_path: Path) -> None:
     code = f"""
 import sys

@@ -60,6 +60,7 @@ def test_without_the_random_state_the_resumed_run_differs(uninterrupted, tmp_pat
     assert any(not torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
 
 
+@pytest.mark.timeout(300)
 def test_torchrun_restart_after_a_killed_rank_resumes_to_identical_weights(uninterrupted, tmp_path: Path) -> None:
     done = run_python(
         [

@@ -61,7 +61,7 @@ def _env(endpoint: str) -> dict[str, str]:
 
 
 def _job(endpoint: str, target: str, nprocs: int, **kwargs: Any) -> list[Any]:
-    """``target(fabric, **kwargs)`` on ``nprocs`` ranks (ddp_spawn, gloo) with the S3 endpoint configured."""
+    """``target(fabric, **kwargs)`` on ``nprocs`` ranks (ddp_fork, gloo) with the S3 endpoint configured."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.pkl"
         done = run_python(

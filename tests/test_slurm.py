@@ -362,7 +362,8 @@ def wait_for_lines(path: Path, wanted: Sequence[str], timeout: float, cluster: S
         if all(line in lines for line in wanted):
             return lines
         if time.monotonic() > deadline:
-            pytest.fail(f"{wanted} not all in {path} within {timeout} s: {lines}\n{cluster.logs()}")
+            jobs = "".join(f"--- {out.name} ---\n{out.read_text()}\n" for out in sorted(path.parent.glob("job-*.out")))
+            pytest.fail(f"{wanted} not all in {path} within {timeout} s: {lines}\n{jobs}{cluster.logs()}")
         time.sleep(0.2)
 
 

@@ -27,7 +27,6 @@ SNAPSHOT = REPO / "tests" / "data" / "lightning_fabric_surface.json"
 DUMPER = REPO / "tests" / "scripts" / "lightning_surface.py"
 
 _XLA = "XLA/TPU: needs torch_xla and a TPU, neither of which exists for this project's machines"
-_DEEPSPEED = "DeepSpeed: added by the open issue 'DeepSpeed: ZeRO stages 1-3, offload and ZeRO-3 init'"
 
 #: Lightning names fabric_lite does not have, and why
 EXCLUDED: dict[str, str] = {
@@ -45,31 +44,13 @@ EXCLUDED: dict[str, str] = {
         " on the CPU machines this project builds and tests on"
     ),
     "lightning_fabric.plugins.precision.TransformerEnginePrecision": "TransformerEngine: as above",
-    "lightning_fabric.plugins.DeepSpeedPrecision": _DEEPSPEED,
-    "lightning_fabric.plugins.precision.DeepSpeedPrecision": _DEEPSPEED,
-    "lightning_fabric.strategies.DeepSpeedStrategy": _DEEPSPEED,
 }
 
 #: parameters of names that fabric_lite has, left out for now, and why
 EXCLUDED_PARAMETERS: dict[tuple[str, str], str] = {}
 
 #: strategy registry names fabric_lite does not register, and why
-EXCLUDED_STRATEGIES: dict[str, str] = {
-    **{name: _XLA for name in ("single_tpu", "single_xla", "xla", "xla_fsdp")},
-    **{
-        name: _DEEPSPEED
-        for name in (
-            "deepspeed",
-            "deepspeed_stage_1",
-            "deepspeed_stage_1_offload",
-            "deepspeed_stage_2",
-            "deepspeed_stage_2_offload",
-            "deepspeed_stage_3",
-            "deepspeed_stage_3_offload",
-            "deepspeed_stage_3_offload_nvme",
-        )
-    },
-}
+EXCLUDED_STRATEGIES: dict[str, str] = {name: _XLA for name in ("single_tpu", "single_xla", "xla", "xla_fsdp")}
 
 
 def _reference() -> dict[str, Any]:

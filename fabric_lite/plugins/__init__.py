@@ -15,7 +15,14 @@ from fabric_lite.plugins.environments import (
     TorchElasticEnvironment,
 )
 from fabric_lite.plugins.io import CheckpointIO, TorchCheckpointIO
-from fabric_lite.plugins.precision import DoublePrecision, FSDPPrecision, HalfPrecision, MixedPrecision, Precision
+from fabric_lite.plugins.precision import (
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+)
 
 if TYPE_CHECKING:
     from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
@@ -26,6 +33,7 @@ __all__ = [
     "BitsandbytesPrecision",
     "CheckpointIO",
     "ClusterEnvironment",
+    "DeepSpeedPrecision",
     "DoublePrecision",
     "FSDPPrecision",
     "HalfPrecision",

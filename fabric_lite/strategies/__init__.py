@@ -1,8 +1,8 @@
 """Strategies: how training runs across devices and processes.
 
-``DataParallelStrategy``, ``FSDPStrategy``, ``HorovodStrategy`` and ``ModelParallelStrategy`` are imported on first
-use (they pull in ``torch.nn.DataParallel``, ``torch.distributed.fsdp``, Horovod and ``torch.distributed.tensor``), so
-that ``import fabric_lite`` stays fast.
+``DataParallelStrategy``, ``DeepSpeedStrategy``, ``FSDPStrategy``, ``HorovodStrategy`` and ``ModelParallelStrategy``
+are imported on first use (they pull in ``torch.nn.DataParallel``, DeepSpeed, ``torch.distributed.fsdp``, Horovod and
+``torch.distributed.tensor``), so that ``import fabric_lite`` stays fast.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
+    from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
     from fabric_lite.strategies.dp import DataParallelStrategy
     from fabric_lite.strategies.fsdp import FSDPStrategy
     from fabric_lite.strategies.horovod import HorovodStrategy
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "DataParallelStrategy": "fabric_lite.strategies.dp",
+    "DeepSpeedStrategy": "fabric_lite.strategies.deepspeed",
     "FSDPStrategy": "fabric_lite.strategies.fsdp",
     "HorovodStrategy": "fabric_lite.strategies.horovod",
     "ModelParallelStrategy": "fabric_lite.strategies.model_parallel",
@@ -34,6 +36,7 @@ __all__ = [
     "STRATEGY_REGISTRY",
     "DDPStrategy",
     "DataParallelStrategy",
+    "DeepSpeedStrategy",
     "FSDPStrategy",
     "HorovodStrategy",
     "ModelParallelStrategy",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Callable, Generator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -23,7 +23,7 @@ from fabric_lite.plugins.precision import FSDPPrecision, MixedPrecision, Precisi
 from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_options, _fsdp_setup
 from fabric_lite.strategies._fsdp_options import ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
-from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, switched_off_while_nested
 from fabric_lite.utilities.types import _PATH
 
 if TYPE_CHECKING:
@@ -414,20 +414,13 @@ class FSDPStrategy(ParallelStrategy):
             )
         return self._without_gradient_sync(module)
 
-    @contextmanager
-    def _without_gradient_sync(self, module: Any) -> Generator[None, None, None]:
-        key = id(module)
-        depth = self._no_sync_depth.get(key, 0)
-        if depth == 0:
-            module.set_requires_gradient_sync(False)
-        self._no_sync_depth[key] = depth + 1
-        try:
-            yield
-        finally:
-            self._no_sync_depth[key] -= 1
-            if self._no_sync_depth[key] == 0:
-                del self._no_sync_depth[key]
-                module.set_requires_gradient_sync(True)
+    def _without_gradient_sync(self, module: Any) -> AbstractContextManager[None]:
+        return switched_off_while_nested(
+            self._no_sync_depth,
+            id(module),
+            lambda: module.set_requires_gradient_sync(False),
+            lambda: module.set_requires_gradient_sync(True),
+        )
 
     @override
     def clip_gradients_norm(

@@ -6,6 +6,8 @@ import atexit
 import logging
 import threading
 import time
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -118,6 +120,9 @@ class ParallelStrategy(Strategy):
         self._timeouts = 0
         self._store_is_external = False
         self._owns_process_group = False
+        # fixed while a process group lives, and asked for on every collective (set up in _setup_distributed)
+        self._devices_fixed: tuple[torch.device, torch.device] | None = None  # (root device, comm device)
+        self._group_facts: dict[int, tuple[Any, str, int]] = {}  # id(group) -> (group, backend, world size)
 
     # ------------------------------------------------------------------ configuration (filled in by Fabric)
     @property
@@ -195,6 +200,8 @@ class ParallelStrategy(Strategy):
     @property
     @override
     def root_device(self) -> torch.device:
+        if self._devices_fixed is not None:
+            return self._devices_fixed[0]
         if not self._parallel_devices:
             raise RuntimeError(f"{type(self).__name__} has no devices yet; it is configured by Fabric(...).")
         return self._parallel_devices[self.local_rank]
@@ -241,6 +248,8 @@ class ParallelStrategy(Strategy):
 
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
+        self._devices_fixed = None
+        self._group_facts.clear()
         # in debug mode every collective takes the fixed check, so none may be predicted (see _collectives._History)
         _collectives.predicting = not self.debug_collectives
         if dist.is_initialized():
@@ -357,6 +366,8 @@ class ParallelStrategy(Strategy):
             ) from err
 
     def _destroy_process_group(self) -> None:
+        self._devices_fixed = None
+        self._group_facts.clear()
         if self._owns_process_group and dist.is_initialized():
             _collectives.forget_histories()
             dist.destroy_process_group()
@@ -378,7 +389,24 @@ class ParallelStrategy(Strategy):
     # ------------------------------------------------------------------ collectives
     def _comm_device(self) -> torch.device:
         """Where small bookkeeping tensors live: the device for NCCL, the CPU for everything else."""
-        return self.root_device if self.process_group_backend == "nccl" else torch.device("cpu")
+        fixed = self._devices_fixed
+        if fixed is None:
+            root = self.root_device
+            comm = root if self.process_group_backend == "nccl" else torch.device("cpu")
+            if not dist.is_initialized():
+                return comm
+            # the devices cannot change while the process group lives; asked for on every collective, they are
+            # worked out once (from the environment: tens of microseconds)
+            self._devices_fixed = fixed = (root, comm)
+        return fixed[1]
+
+    def _group_backend_and_size(self, group: Any | None) -> tuple[str, int]:
+        """``group``'s backend and world size (the default group's for ``None``), looked up once per group."""
+        pg = group if group is not None else dist.group.WORLD
+        facts = self._group_facts.get(id(pg))
+        if facts is None or facts[0] is not pg:
+            facts = self._group_facts[id(pg)] = (pg, dist.get_backend(pg), dist.get_world_size(pg))
+        return facts[1], facts[2]
 
     @override
     def all_reduce(
@@ -393,13 +421,18 @@ class ParallelStrategy(Strategy):
         op = _collectives.resolve_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
-        backend = dist.get_backend(group)
+        backend, world_size = self._group_backend_and_size(group)
         tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
         try:
-            if dist.get_world_size(group) > 1 and tensors:  # over one rank every reduction is the identity
-                call = f"all_reduce(reduce_op={_collectives.reduce_op_name(op)})"
+            if world_size > 1 and tensors:  # over one rank every reduction is the identity
                 _collectives.all_reduce_checked(
-                    tensors, op, group, backend, self._comm_device(), call, predict=not self.debug_collectives
+                    tensors,
+                    op,
+                    group,
+                    backend,
+                    self._comm_device(),
+                    _collectives.reduce_call(op),
+                    predict=not self.debug_collectives,
                 )
         except RuntimeError as err:
             if is_timeout(err):
@@ -416,7 +449,7 @@ class ParallelStrategy(Strategy):
         ``ValueError`` with a per-rank table. With ``sync_grads=True`` the result is differentiable and each
         process's tensor receives the sum, over processes, of the gradients of its slice.
         """
-        if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        if not dist.is_initialized() or self._group_backend_and_size(group)[1] == 1:
             return tensor
         device = self._comm_device()
         leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
@@ -519,3 +552,22 @@ class ParallelStrategy(Strategy):
             raise error
         if message is not None:
             raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
+
+
+@contextmanager
+def switched_off_while_nested(
+    depths: dict[int, int], key: int, switch_off: Callable[[], None], switch_on: Callable[[], None]
+) -> Generator[None, None, None]:
+    """``switch_off()`` on entering the outermost of nested blocks for ``key`` (a module, an engine), ``switch_on()``
+    on leaving it, whatever the block raised; ``depths`` counts the open blocks per key (for ``no_backward_sync``)."""
+    depth = depths.get(key, 0)
+    if depth == 0:
+        switch_off()
+    depths[key] = depth + 1
+    try:
+        yield
+    finally:
+        depths[key] -= 1
+        if depths[key] == 0:
+            del depths[key]
+            switch_on()

@@ -7,6 +7,8 @@ whether it runs one process per device, and how the extra processes are started:
 * ``spawn`` / ``fork``: ``Fabric.launch(fn)`` starts one process per device with that start method,
 * ``None``: a single process (``dp`` drives several devices from it), or processes that an outside launcher
   starts (``horovodrun`` for ``horovod``).
+
+The ``deepspeed*`` names are Lightning Fabric's; their keyword arguments are ``DeepSpeedStrategy``'s.
 """
 
 from __future__ import annotations
@@ -144,5 +146,63 @@ STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
         True,
         None,
         "Horovod (optional dependency): horovodrun starts one process per device, fabric_lite starts none",
+    ),
+    "deepspeed": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed (optional dependency), ZeRO stage 2; the script is re-run once per extra local rank",
+    ),
+    "deepspeed_stage_1": StrategyEntry(
+        "DeepSpeedStrategy", True, "popen", "DeepSpeed with ZeRO stage 1 (optimizer state sharded)", {"stage": 1}
+    ),
+    "deepspeed_stage_1_offload": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed with ZeRO stage 1 and the optimizer offloaded to the CPU",
+        {"stage": 1, "offload_optimizer": True},
+    ),
+    "deepspeed_stage_2": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed with ZeRO stage 2 (optimizer state and gradients sharded)",
+        {"stage": 2},
+    ),
+    "deepspeed_stage_2_offload": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed with ZeRO stage 2 and the optimizer offloaded to the CPU",
+        {"stage": 2, "offload_optimizer": True},
+    ),
+    "deepspeed_stage_3": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed with ZeRO stage 3 (optimizer state, gradients and parameters sharded)",
+        {"stage": 3},
+    ),
+    "deepspeed_stage_3_offload": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed with ZeRO stage 3, the optimizer and the parameters offloaded to the CPU",
+        {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+    ),
+    "deepspeed_stage_3_offload_nvme": StrategyEntry(
+        "DeepSpeedStrategy",
+        True,
+        "popen",
+        "DeepSpeed with ZeRO stage 3, the optimizer and the parameters offloaded to NVMe (nvme_path)",
+        {
+            "stage": 3,
+            "offload_optimizer": True,
+            "offload_parameters": True,
+            "remote_device": "nvme",
+            "offload_params_device": "nvme",
+            "offload_optimizer_device": "nvme",
+        },
     ),
 }

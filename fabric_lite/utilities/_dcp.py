@@ -378,6 +378,8 @@ def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
 
     The file is written atomically (a temporary file beside it, renamed into place), with torch's
     ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``. Run it in one process: it reads every shard.
+    A DeepSpeed checkpoint folder (``DeepSpeedStrategy``'s) becomes ``{model_key: float32 weights, **other entries}``
+    through DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (no optimizer state; needs DeepSpeed).
 
     Either may be an fsspec URL (``s3://bucket/run/step-1000``): the folder is then read with torch's
     ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.utilities.checkpoint`).
@@ -399,6 +401,10 @@ def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
     """
     if _is_remote(checkpoint_folder) or _is_remote(output_file):
         return _consolidate_url(str(checkpoint_folder), str(output_file))
+    from fabric_lite.strategies import _deepspeed_checkpoint
+
+    if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint_folder):
+        return _deepspeed_checkpoint.consolidate(checkpoint_folder, output_file)
     folder = check_sharded_checkpoint(checkpoint_folder)
     target = Path(_local_path(output_file))
     if target.is_dir():

@@ -1,4 +1,5 @@
-"""Turn a sharded checkpoint folder (``FSDPStrategy``'s default) into one full checkpoint file.
+"""Turn a sharded checkpoint folder (``FSDPStrategy``'s default, or ``DeepSpeedStrategy``'s) into one full checkpoint
+file.
 
     fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt
     python -m fabric_lite.utilities.consolidate checkpoints/step-1000 step-1000.ckpt   # the same
@@ -9,6 +10,9 @@ state keyed by parameter name. It needs no process group and no GPU, but the mem
 The command line is Lightning's ``fabric consolidate``: without ``--output_file`` the file is written beside the
 folder, named after it with the suffix ``.consolidated``, and an existing file is never overwritten. The same from
 Python: :func:`fabric_lite.utilities.consolidate_checkpoint`.
+
+A DeepSpeed folder becomes ``{model_key: float32 weights, **other entries}``, through DeepSpeed's
+``get_fp32_state_dict_from_zero_checkpoint`` (DeepSpeed must be installed; the optimizer state is left out).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ def add_consolidate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "checkpoint_folder",
         metavar="CHECKPOINT_FOLDER",
-        help="the folder fabric.save wrote with FSDPStrategy() (it holds a .metadata file and *.distcp shards)",
+        help="the folder fabric.save wrote with FSDPStrategy() (it holds a .metadata file and *.distcp shards) or with"
+        " DeepSpeedStrategy() (it holds a checkpoint/ folder)",
     )
     parser.add_argument(
         "--output_file",
@@ -72,14 +77,17 @@ def run_consolidate(args: argparse.Namespace) -> int:
                 f"The checkpoint folder {str(folder)!r} does not exist. Pass the folder that fabric.save wrote with"
                 " FSDPStrategy()."
             )
-        check_sharded_checkpoint(folder)
+        from fabric_lite.strategies._deepspeed_checkpoint import is_deepspeed_checkpoint
+
+        if not is_deepspeed_checkpoint(folder):
+            check_sharded_checkpoint(folder)
         if target.exists():
             raise FileExistsError(
                 f"The output file {str(target)!r} exists already. Choose another path with --output_file, or move or"
                 " delete the file first."
             )
         written = consolidate_checkpoint(folder, target)
-    except (CheckpointError, FileNotFoundError, FileExistsError) as err:
+    except (CheckpointError, FileNotFoundError, FileExistsError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB)")

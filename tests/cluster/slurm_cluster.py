@@ -114,6 +114,27 @@ def ensure_installed(timeout: float = 600) -> None:
         raise ClusterUnavailable(f"`{how}` succeeded but {', '.join(still)} are still missing")
 
 
+def _first_job_id_with_free_ports(jobs: int = 64) -> int:
+    """A first job id whose ``jobs`` ids derive rendezvous ports (``15000 +`` the last four digits) that nothing
+    listens on now."""
+    import random
+
+    for _ in range(100):
+        first = random.randrange(1000, 9000 - jobs)
+        if all(_port_is_free(15000 + job) for job in range(first, first + jobs)):
+            return first
+    return 1000
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -384,6 +405,9 @@ class SlurmCluster:
             "InactiveLimit": 0,
             # `sbatch --wait` polls every 2 s only while that is under MinJobAge/2, else after 8 and 32 s more;
             "MinJobAge": 4,
+            # fabric_lite (as Lightning) derives a job's rendezvous port from its id (15000 + the last four digits):
+            # start the ids where those ports are free now, rather than at 1 (port 15001) in every session
+            "FirstJobId": _first_job_id_with_free_ports(),
         }
         lines = [f"{key}={value}" for key, value in settings.items()]
         lines += [

@@ -752,6 +752,102 @@ def predicted(fabric: Any) -> dict[str, Any]:
     return obs
 
 
+#: the integer and boolean reductions of :func:`predicted_integers`: (name, dtype, numel, reduce op); 70,000
+#: elements go through the backend's all-reduce (more than _collectives._LOCAL_REDUCE_BYTES gathered), the others
+#: are gathered and reduced locally
+INTEGER_CASES = [
+    (f"{dtype}-{op}-{numel}", dtype, numel, op)
+    for dtype in ("int64", "int32", "bool")
+    for numel in (1, 5, 70_000)
+    for op in ("sum", "mean", "max", "min", "product")
+]
+
+
+def integer_input(dtype: str, numel: int, op: str, rank: int) -> torch.Tensor:
+    """Rank-dependent values whose reductions the test computes exactly (products stay small)."""
+    if dtype == "bool":
+        return (torch.arange(numel) + rank) % 3 == 0
+    if op == "product":
+        values = (rank + 2) * (1 - 2 * (torch.arange(numel) % 2))
+    else:
+        values = (torch.arange(numel) % 7 - 3) * (rank + 1) + rank
+    return values.to(getattr(torch, dtype))
+
+
+def predicted_integers(fabric: Any) -> dict[str, Any]:
+    """Integer and boolean reductions of every op, small and large, repeated as a loop repeats them (predicted from
+    the third round: a flag beside the data marks a rank without real data), then mismatches at predicted calls."""
+    from fabric_lite.utilities import _collectives
+
+    rank = fabric.global_rank
+    obs: dict[str, Any] = {}
+    start = _collectives.predicted_calls()
+    for round in range(4):
+        for name, dtype, numel, op in INTEGER_CASES:
+            reduced = fabric.all_reduce(integer_input(dtype, numel, op, rank), reduce_op=op)
+            obs[f"{round}/{name}"] = describe(reduced[:5])
+        # a dict of mixed dtypes: one flagged call
+        mixed = {"n": torch.tensor(rank + 1), "ok": torch.tensor(rank == 0), "loss": torch.tensor(0.5 * rank)}
+        obs[f"{round}/mixed"] = {k: describe(v) for k, v in fabric.all_reduce(mixed, reduce_op="sum").items()}
+        obs[f"{round}/hits"] = _collectives.predicted_calls() - start
+    large = torch.arange(70_000, dtype=torch.int64)
+    for _ in range(3):
+        fabric.all_reduce(large.clone(), reduce_op="sum")
+    # where a large integer sum is predicted: rank 1 reduces floats instead, then another shape, then another op
+    obs["mismatch_dtype"] = catch(
+        lambda: fabric.all_reduce(large.clone() if rank != 1 else large.float(), reduce_op="sum")
+    )
+    for _ in range(3):
+        fabric.all_reduce(torch.arange(5), reduce_op="max")
+    obs["mismatch_shape"] = catch(lambda: fabric.all_reduce(torch.arange(5 if rank != 1 else 6), reduce_op="max"))
+    for _ in range(3):
+        fabric.all_reduce(torch.ones(5, dtype=torch.bool), reduce_op="min")
+    obs["mismatch_op"] = catch(
+        lambda: fabric.all_reduce(torch.ones(5, dtype=torch.bool), reduce_op="min" if rank != 1 else "max")
+    )
+    for _ in range(3):
+        obs["after"] = describe(fabric.all_reduce(torch.tensor([rank, 1]), reduce_op="sum"))
+    return obs
+
+
+def predicted_broadcasts(fabric: Any) -> dict[str, Any]:
+    """Broadcasts as a loop makes them (predicted after the first), and every way a prediction can fail: another
+    shape, dtype or source, an object, a parameter, a large tensor, a source that cannot pickle."""
+    rank, world = fabric.global_rank, fabric.world_size
+    obs: dict[str, Any] = {}
+    sequence: list[tuple[str, int, Any]] = []
+    for step in range(4):
+        sequence.append((f"loop{step}", 0, torch.arange(1024, dtype=torch.float32) * (rank + 1) + step))
+    sequence += [
+        ("other_shape", 0, torch.arange(5, dtype=torch.float32) * (rank + 1)),
+        ("other_dtype", 0, torch.arange(5, dtype=torch.int64) * (rank + 1)),
+        ("same_again", 0, torch.arange(5, dtype=torch.int64) * (rank + 2)),
+        ("other_source", world - 1, torch.arange(5, dtype=torch.int64) * (rank + 3)),
+        ("object", 0, {"rank": rank, "values": [rank] * 3}),
+        ("after_object", 0, torch.full((2, 3), float(rank))),
+        ("after_object_again", 0, torch.full((2, 3), float(rank + 1))),
+        ("parameter", 0, torch.nn.Parameter(torch.full((2, 3), float(rank + 2)))),
+        ("grad", 0, torch.full((2, 3), float(rank + 3), requires_grad=True)),
+        ("large", 0, torch.arange(70_000, dtype=torch.float64) * (rank + 1)),
+        ("small_after_large", 0, torch.ones(3) * rank),
+        ("empty", 0, torch.empty(0)),
+        ("small_after_empty", 0, torch.ones(3) * (rank + 1)),
+    ]
+    for name, src, value in sequence:
+        received = fabric.broadcast(value, src=src)
+        if isinstance(received, torch.Tensor):
+            obs[name] = (describe(received[:8] if received.dim() == 1 else received), type(received).__name__,
+                         received.requires_grad)  # fmt: skip
+        else:
+            obs[name] = received
+    obs["unpicklable"] = catch(lambda: fabric.broadcast(threading.Lock() if rank == 0 else None, src=0))
+    obs["after_error"] = describe(fabric.broadcast(torch.ones(3) * (rank + 5), src=0))
+    from fabric_lite.utilities import _collectives
+
+    obs["hits"] = _collectives.predicted_broadcasts()
+    return obs
+
+
 def host_checks(fabric: Any) -> dict[str, Any]:
     """The checks on a separate gloo group (what the strategy sets up for NCCL), exercised with gloo data."""
     from fabric_lite.utilities import _collectives

@@ -149,7 +149,8 @@ def run(fabric) -> dict:
         "collectives": {} if os.environ.get("COMPAT_ONLY_TRAINING") == "1" else collectives(fabric),
         "training": training(fabric),
     }
-    os.write(1, ("OBS " + json.dumps({"rank": fabric.global_rank, "obs": obs}) + "\n").encode())
+    row = {"rank": fabric.global_rank, "precision": os.environ.get("COMPAT_PRECISION"), "obs": obs}
+    os.write(1, ("OBS " + json.dumps(row) + "\n").encode())
     return {"rank0": fabric.global_rank}
 
 
@@ -157,10 +158,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--devices", default="1")
-    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--precision", default="32-true", help="one precision, or several (comma-separated) in turn")
     parser.add_argument("--only-training", action="store_true")
     args = parser.parse_args()
     devices = int(args.devices) if args.devices.isdigit() else args.devices
+    precisions = args.precision.split(",")
+    if len(precisions) > 1:  # one process, one Fabric per precision (single device only): each OBS line says which
+        for precision in precisions:
+            os.environ["COMPAT_ONLY_TRAINING"] = "1" if args.only_training else "0"
+            fabric = Fabric(accelerator="cpu", devices=devices, strategy=args.strategy, precision=precision)
+            fabric.launch()
+            os.environ["COMPAT_PRECISION"] = precision
+            run(fabric)
+        return
     fabric = Fabric(accelerator="cpu", devices=devices, strategy=args.strategy, precision=args.precision)
     # spawned workers re-import this module, so the choice travels in the environment
     os.environ["COMPAT_ONLY_TRAINING"] = "1" if args.only_training else "0"

@@ -1,4 +1,5 @@
-"""Precision plugins: how a loop computes (full, double, mixed and true half precision, 8- and 4-bit weights).
+"""Precision plugins: how a loop computes (full, double, mixed and true half precision, 8- and 4-bit weights, and
+DeepSpeed's, which leaves the casting of the model to its engine).
 
 ``BitsandbytesPrecision`` is imported on first use (its module is light, but it is the door to the optional
 ``bitsandbytes``, which is imported only when the plugin is constructed).
@@ -10,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fabric_lite.plugins.precision.amp import MixedPrecision
+from fabric_lite.plugins.precision.deepspeed import DeepSpeedPrecision
 from fabric_lite.plugins.precision.double import DoublePrecision
 from fabric_lite.plugins.precision.fsdp import FSDPPrecision
 from fabric_lite.plugins.precision.half import HalfPrecision
@@ -22,6 +24,7 @@ _LAZY = {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"}
 
 __all__ = [
     "BitsandbytesPrecision",
+    "DeepSpeedPrecision",
     "DoublePrecision",
     "FSDPPrecision",
     "HalfPrecision",

@@ -1,0 +1,94 @@
+"""DeepSpeed's precision: the engine converts the model and runs the backward and the step; this plugin only casts
+what goes in and out of the model."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric_lite.plugins.precision.precision import Precision, _cast_floating, _DtypeContext
+
+#: the precisions DeepSpeed runs, as ``Fabric(precision=...)`` names them (Lightning's DeepSpeedPrecision accepts the
+#: same five); ``"16-mixed"``/``"16-true"`` need a device with float16 support (not DeepSpeed's CPU accelerator)
+DEEPSPEED_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+_DTYPES = {
+    "32-true": torch.float32,
+    "16-true": torch.float16,
+    "bf16-true": torch.bfloat16,
+    "16-mixed": torch.float16,
+    "bf16-mixed": torch.bfloat16,
+}
+
+
+class DeepSpeedPrecision(Precision):
+    """The precision plugin of :class:`~fabric_lite.strategies.DeepSpeedStrategy`, chosen by it from
+    ``Fabric(precision=...)``.
+
+    DeepSpeed does the precision work itself, from its config (``DeepSpeedStrategy`` writes ``"bf16"``/``"fp16"``
+    into it): its engine casts the model to the half type and keeps float32 master weights in the optimizer, and
+    its ``backward`` scales a float16 loss. This plugin casts floating inputs to that dtype and floating outputs back
+    to the default dtype; with ``"-true"`` it also creates and converts the module in that dtype. ``fabric.backward``
+    runs ``engine.backward(loss)`` through it.
+
+    Args:
+        precision: ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"16-mixed"`` or ``"16-true"``.
+
+    Raises:
+        ValueError: another precision; the message lists the accepted ones.
+
+    Example::
+
+        fabric = Fabric(strategy="deepspeed_stage_2", precision="bf16-mixed")  # gets DeepSpeedPrecision("bf16-mixed")
+        fabric = Fabric(strategy="deepspeed", plugins=[DeepSpeedPrecision("bf16-mixed")])  # the same
+    """
+
+    def __init__(self, precision: Literal["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]) -> None:
+        if precision not in DEEPSPEED_PRECISIONS:
+            raise ValueError(
+                f"`precision={precision!r}` is not supported in DeepSpeed. `precision` must be one of:"
+                f" {DEEPSPEED_PRECISIONS}."
+            )
+        self.precision = precision
+        self._desired_dtype = _DTYPES[precision]
+
+    def convert_module(self, module: Module) -> Module:
+        """With ``"-true"``, the module in the half type; with ``"-mixed"`` unchanged (the engine casts it)."""
+        if self.precision.endswith("-true"):
+            return module.to(dtype=self._desired_dtype)
+        return module
+
+    def tensor_init_context(self) -> AbstractContextManager[Any]:
+        """With ``"-true"``, new floating tensors get the half type."""
+        return _DtypeContext(self._desired_dtype) if self.precision.endswith("-true") else nullcontext()
+
+    def module_init_context(self) -> AbstractContextManager[Any]:
+        """With ``"-true"``, a new module's parameters get the half type."""
+        return self.tensor_init_context()
+
+    def convert_input(self, data: Any) -> Any:
+        """Floating tensors cast to the dtype the engine computes in."""
+        return _cast_floating(data, self._desired_dtype)
+
+    def convert_output(self, data: Any) -> Any:
+        """Floating tensors cast back to the default dtype."""
+        return _cast_floating(data, torch.get_default_dtype())
+
+    def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
+        """``model.backward(tensor)``: the DeepSpeed engine scales the loss (float16) and reduces the gradients."""
+        engine_backward = getattr(model, "backward", None)
+        if not callable(engine_backward):
+            raise TypeError(
+                f"DeepSpeedPrecision.backward needs the DeepSpeed engine, got {type(model).__name__}: call"
+                " fabric.backward(loss) (with model=... when several models were set up)."
+            )
+        engine_backward(tensor, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
+        """``optimizer.step()``: given the engine, DeepSpeed steps (and zeroes the gradients) at its accumulation
+        boundary."""
+        return optimizer.step(**kwargs)

@@ -1,0 +1,392 @@
+"""How :class:`~fabric_lite.strategies.deepspeed.DeepSpeedStrategy` saves and loads checkpoints, and turns one into a
+single file.
+
+A checkpoint is the folder DeepSpeed's engine writes, in Lightning Fabric's layout (so that either loads the other's),
+plus fabric_lite's index::
+
+    step-100/
+        checkpoint/                 DeepSpeed's tag folder: every rank's partitions of the weights and optimizer
+        latest                      "checkpoint"
+        zero_to_fp32.py             DeepSpeed's own conversion script
+        fabric_lite.json            which entry was the module, the optimizer, and the user's other entries
+
+The user's other entries travel as DeepSpeed's "client state" (in the model-states file rank 0 writes). An entry
+whose name DeepSpeed uses itself (``lr_scheduler``, ``global_steps``, ...) is stored under ``fabric_lite:<name>``,
+so that neither overwrites the other. Saving is atomic: every rank writes into a temporary folder beside the target,
+and rank 0 swaps it into place, so ``path`` always holds the previous checkpoint or the complete new one.
+
+DeepSpeed is imported inside the functions, never at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric_lite.strategies._fsdp_checkpoint import _on_rank_zero
+from fabric_lite.utilities import _dcp
+from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, atomic_save, safe_load
+from fabric_lite.utilities.cloud_io import _is_remote, _local_path
+from fabric_lite.utilities.types import _PATH, _Stateful
+
+if TYPE_CHECKING:
+    from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
+
+#: DeepSpeed's tag: the subfolder holding the partitions (Lightning Fabric's name for it)
+TAG = "checkpoint"
+INDEX_FILE = "fabric_lite.json"
+_ESCAPE = "fabric_lite:"
+#: the entries of DeepSpeed's own model-states file (DeepSpeed 0.19), which a client entry of that name would replace
+DEEPSPEED_KEYS = frozenset(
+    {
+        "module",
+        "buffer_names",
+        "optimizer",
+        "param_shapes",
+        "frozen_param_shapes",
+        "shared_params",
+        "frozen_param_fragments",
+        "lr_scheduler",
+        "data_sampler",
+        "random_ltd",
+        "sparse_tensor_module_names",
+        "skipped_steps",
+        "global_steps",
+        "global_samples",
+        "dp_world_size",
+        "mp_world_size",
+        "checkpoint_parallel_dimensions",
+        "universal_checkpoint_info",
+        "ds_config",
+        "ds_version",
+    }
+)
+
+
+def is_deepspeed_checkpoint(path: _PATH) -> bool:
+    """Whether ``path`` is a local folder written by DeepSpeed's ``save_checkpoint`` with Lightning's tag (it holds
+    a ``checkpoint`` subfolder). Imports nothing.
+
+    Example::
+
+        is_deepspeed_checkpoint("checkpoints/step-100")  # True for what fabric.save wrote with DeepSpeedStrategy
+    """
+    if _is_remote(path):
+        return False
+    folder = Path(_local_path(path))
+    return folder.is_dir() and (folder / TAG).is_dir()
+
+
+def engine_in(state: dict[str, Any], action: str) -> tuple[str, Any]:
+    """The key and the DeepSpeed engine among the values of ``state``.
+
+    Raises:
+        ValueError: no engine, or several; the message says what to pass.
+    """
+    engine_class = importlib.import_module("deepspeed").DeepSpeedEngine
+    engines = [(key, value) for key, value in state.items() if isinstance(value, engine_class)]
+    if not engines:
+        raise ValueError(
+            f"Could not find a DeepSpeed model in the provided checkpoint state (keys {sorted(state)}). Please provide"
+            f" the model as part of the state like so: `{action}(..., state={{'model': model, ...}})`, with the model"
+            " returned by fabric.setup(model, optimizer)."
+        )
+    if len(engines) > 1:
+        raise ValueError(
+            f"Found multiple DeepSpeed engine modules in the given state ({[key for key, _ in engines]}). A DeepSpeed"
+            " checkpoint holds one model: save or load each model separately, with a different path."
+        )
+    return engines[0]
+
+
+def save(strategy: DeepSpeedStrategy, path: _PATH, state: dict[str, Any], exclude_frozen_parameters: bool) -> None:
+    """Write ``state`` as a checkpoint folder at ``path`` (see :meth:`DeepSpeedStrategy.save_checkpoint`)."""
+    if _is_remote(path):
+        raise ValueError(
+            f"DeepSpeedStrategy cannot save to {str(path)!r}: DeepSpeed's engine writes local files. Save to a local"
+            " (or shared) folder and copy it afterwards."
+        )
+    module_key, engine = engine_in(state, "save_checkpoint")
+    optimizer = engine.optimizer
+    optimizer_key = next((k for k, v in state.items() if optimizer is not None and v is optimizer), None)
+    user = {k: v for k, v in state.items() if k not in (module_key, optimizer_key)}
+    client = strategy._convert_state(user, {})  # stateful objects and other modules as state dicts
+    stored = {key: _ESCAPE + key if key in DEEPSPEED_KEYS or key.startswith(_ESCAPE) else key for key in client}
+    client_state = {stored[key]: value for key, value in client.items()}
+    target = Path(_local_path(path))
+    temp = Path(_on_rank_zero(strategy, lambda: str(_make_temp_folder(target))))
+    error: str | None = None
+    try:
+        engine.save_checkpoint(
+            str(temp), client_state=client_state, tag=TAG, exclude_frozen_parameters=exclude_frozen_parameters
+        )
+    except Exception as err:
+        error = f"rank {strategy.global_rank}: {type(err).__name__}: {err}"
+    errors: list[str | None] = [error]
+    if dist.is_initialized() and strategy.world_size > 1:
+        errors = [None] * strategy.world_size
+        dist.all_gather_object(errors, error)
+    failed = [e for e in errors if e is not None]
+
+    def publish() -> None:
+        if failed:
+            _dcp.remove(temp)
+            raise CheckpointError(
+                f"Saving the DeepSpeed checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
+                " checkpoint at that path, if any, is unchanged."
+            )
+        try:
+            index = {"format": 1, "module": module_key, "optimizer": optimizer_key, "entries": stored}
+            _write_json(temp / INDEX_FILE, index)
+        except BaseException:
+            _dcp.remove(temp)
+            raise
+        _dcp.publish_folder(temp, target)
+
+    _on_rank_zero(strategy, publish)
+
+
+def _make_temp_folder(target: Path) -> Path:
+    """An empty folder beside ``target``, with the mode a plain ``mkdir`` gives.
+
+    Raises:
+        CheckpointError: ``target`` is a folder that is not a DeepSpeed checkpoint (replacing it would delete what it
+            holds), or the folder cannot be created.
+    """
+    if target.is_dir() and not is_deepspeed_checkpoint(target):
+        raise CheckpointError(
+            f"Cannot save a DeepSpeed checkpoint to {str(target)!r}: a folder that is not a DeepSpeed checkpoint"
+            " exists there, and saving would replace it and everything in it. Choose another path, or remove the"
+            " folder first."
+        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        file_mode = _file_mode(target.parent / f".{target.name}.mode-probe")
+        os.chmod(temp, file_mode | ((file_mode & 0o444) >> 2))  # rw for the file mode, x where it is readable
+    except OSError as err:
+        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: {err}.") from err
+    return temp
+
+
+def _write_json(path: Path, value: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_index(folder: Path) -> dict[str, Any] | None:
+    """What :func:`save` recorded about the entries; ``None`` for a folder written without fabric_lite (Lightning)."""
+    try:
+        index = json.loads((folder / INDEX_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return index if isinstance(index, dict) else None
+
+
+def check_folder(path: _PATH) -> Path:
+    """``path`` as a DeepSpeed checkpoint folder, or an error saying what it is instead (as Lightning's).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a DeepSpeed checkpoint folder; the message names the folder to pass when
+            ``path`` is inside one.
+    """
+    folder = Path(_local_path(path))
+    if is_deepspeed_checkpoint(folder):
+        return folder
+    message = f"The provided path is not a valid DeepSpeed checkpoint: {folder}"
+    if is_deepspeed_checkpoint(folder.parent):
+        raise FileNotFoundError(
+            f"{message}. It looks like you passed the path to a subfolder. Try to load using this parent directory"
+            f" instead: {folder.parent}"
+        )
+    if folder.is_file() and is_deepspeed_checkpoint(folder.parent.parent):
+        raise FileNotFoundError(
+            f"{message}. It looks like you passed the path to a file inside a DeepSpeed checkpoint folder. Try to"
+            f" load using this parent directory instead: {folder.parent.parent}"
+        )
+    raise FileNotFoundError(message)
+
+
+def _user_entries(index: dict[str, Any] | None, client: dict[str, Any]) -> dict[str, str]:
+    """The user's entries of the client state, ``name -> stored name``: from the index, or for a folder written by
+    Lightning, every entry DeepSpeed did not write itself."""
+    if index is not None:
+        return {str(k): str(v) for k, v in dict(index.get("entries", {})).items() if v in client}
+    return {key: key for key in client if key not in DEEPSPEED_KEYS}
+
+
+def load(
+    strategy: DeepSpeedStrategy,
+    path: _PATH,
+    state: dict[str, Any],
+    strict: bool,
+) -> dict[str, Any]:
+    """Restore ``state`` in place from a checkpoint folder and return the user's entries it did not restore (see
+    :meth:`DeepSpeedStrategy.load_checkpoint`)."""
+    folder = check_folder(path)
+    module_key, engine = engine_in(state, "load_checkpoint")
+    optimizer_keys = [k for k, v in state.items() if engine.optimizer is not None and v is engine.optimizer]
+    index = read_index(folder)
+    # ZeRO writes one optimizer-state file per rank; without ZeRO (stage 0) the optimizer is in the model states
+    zero_files = len(list((folder / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
+    has_optimizer = bool(index.get("optimizer")) if index is not None else True
+    if strict and index is not None:
+        names = list(dict(index.get("entries", {})))
+        missing = [k for k in state if k != module_key and k not in optimizer_keys and k not in names]
+        missing += [k for k in optimizer_keys if not has_optimizer]
+        if missing:
+            saved_objects = [str(index.get("module"))] + ([str(index["optimizer"])] if index.get("optimizer") else [])
+            raise KeyError(
+                f"The checkpoint {str(folder)!r} has no entry for {missing} (it has {sorted(saved_objects + names)})."
+                " Load with strict=False to restore only the entries it has."
+            )
+    if optimizer_keys and zero_files and zero_files != engine.dp_world_size:
+        raise CheckpointError(
+            f"The DeepSpeed checkpoint {str(folder)!r} was saved by {zero_files} ranks and is loaded by"
+            f" {engine.dp_world_size}: DeepSpeed cannot re-partition ZeRO's optimizer state to another world size."
+            f" Leave the optimizer out of the state to load the weights (and your other entries) only, e.g."
+            f" fabric.load(path, {{{module_key!r}: model}}), or load with {zero_files} ranks."
+        )
+    _, client = engine.load_checkpoint(
+        str(folder),
+        tag=TAG,
+        load_optimizer_states=bool(optimizer_keys),
+        load_lr_scheduler_states=False,
+        load_module_strict=strict,
+    )
+    if client is None:
+        raise CheckpointError(
+            f"DeepSpeed was unable to load the checkpoint {str(folder)!r}. Ensure you passed in a DeepSpeed compatible"
+            " checkpoint folder, or a single checkpoint file."
+        )
+    entries = _user_entries(index, client)
+    for key, obj in list(state.items()):
+        if key == module_key or key in optimizer_keys or key not in entries:
+            continue
+        value = client[entries[key]]
+        if isinstance(obj, _Stateful) and not isinstance(obj, type):
+            obj.load_state_dict(value)
+        else:
+            state[key] = value
+    return {key: client[stored] for key, stored in entries.items() if key not in state}
+
+
+def load_full(
+    path: _PATH,
+    state: Module | Optimizer | dict[str, Any] | None,
+    strict: bool,
+    weights_only: bool | None,
+) -> dict[str, Any]:
+    """Restore a module (set up with DeepSpeed or not) and the user's entries from one checkpoint file (a
+    consolidated DeepSpeed checkpoint, or what another strategy saved); with no state, return the whole file. Every
+    rank reads the file.
+
+    Raises:
+        ValueError: ``state`` holds an optimizer: a full file's optimizer state cannot go into ZeRO's partitions.
+        KeyError: with ``strict``, an entry of ``state`` that the file lacks.
+    """
+    checkpoint = safe_load(path, weights_only=weights_only)
+    if not state:
+        return checkpoint  # type: ignore[no-any-return]
+    if isinstance(state, Optimizer):
+        raise ValueError(_FULL_OPTIMIZER.format(path=str(path)))
+    if isinstance(state, Module):
+        load_module_weights(state, checkpoint, strict)
+        return {}
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(
+            f"The checkpoint {str(path)!r} holds a {type(checkpoint).__name__}, not a dict of entries."
+        )
+    optimizers = [k for k, v in state.items() if isinstance(v, Optimizer) or _is_deepspeed_optimizer(v)]
+    if optimizers:
+        raise ValueError(_FULL_OPTIMIZER.format(path=str(path)) + f" (state keys {optimizers})")
+    missing = [key for key in state if key not in checkpoint]
+    if strict and missing:
+        raise KeyError(
+            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
+            " Load with strict=False to restore only the entries it has."
+        )
+    for key, obj in list(state.items()):
+        if key not in checkpoint:
+            continue
+        value = checkpoint.pop(key)
+        if isinstance(obj, Module):
+            load_module_weights(obj, value, strict)
+        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
+            obj.load_state_dict(value)
+        else:
+            state[key] = value
+    return checkpoint
+
+
+_FULL_OPTIMIZER = (
+    "Cannot load optimizer state from the single file {path!r} into a DeepSpeed optimizer: ZeRO keeps its own"
+    " partitions of it. Leave the optimizer out of the state to load the weights only, or load a DeepSpeed checkpoint"
+    " folder"
+)
+
+
+def _is_deepspeed_optimizer(obj: Any) -> bool:
+    return isinstance(obj, importlib.import_module("deepspeed.runtime.base_optimizer").DeepSpeedOptimizer)
+
+
+def load_module_weights(module: Module, state_dict: dict[str, Any], strict: bool) -> None:
+    """Load a full state dict into ``module``: a DeepSpeed engine (ZeRO-3's partitioned parameters are gathered for
+    it, and the optimizer's float32 master weights refreshed from the result), or a plain module."""
+    deepspeed = importlib.import_module("deepspeed")
+    engine = module if isinstance(module, deepspeed.DeepSpeedEngine) else None
+    target = engine.module if engine is not None else module
+    partitioned = [p for p in target.parameters() if hasattr(p, "ds_id")]
+    # every rank loads the same file; modifier_rank=0 re-partitions rank 0's (equal) values on exit
+    with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=0, enabled=bool(partitioned)):
+        target.load_state_dict(state_dict, strict=strict)
+    optimizer = engine.optimizer if engine is not None else None
+    refresh: Callable[[], None] | None = getattr(optimizer, "refresh_fp32_params", None)
+    if refresh is not None:
+        refresh()
+
+
+def consolidate(checkpoint_folder: _PATH, output_file: _PATH) -> Path:
+    """Write the weights of a DeepSpeed checkpoint folder, gathered in float32, as one ``torch.save`` file, with the
+    user's other entries: ``{module_key: state_dict, **entries}`` (``"model"`` for a folder written by Lightning).
+    The optimizer state is not included (DeepSpeed's ``zero_to_fp32`` reconstructs weights only). Needs DeepSpeed,
+    no process group; written atomically.
+
+    Raises:
+        ModuleNotFoundError: DeepSpeed is not installed; the message gives the install command.
+        CheckpointError: ``output_file`` is a folder, or reading failed.
+    """
+    from fabric_lite.strategies._deepspeed_runtime import import_deepspeed
+
+    import_deepspeed()
+    zero_to_fp32 = importlib.import_module("deepspeed.utils.zero_to_fp32")
+    folder = check_folder(checkpoint_folder)
+    target = Path(_local_path(output_file))
+    if target.is_dir():
+        raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(target)!r}: it is a folder.")
+    index = read_index(folder)
+    try:
+        states = sorted((folder / TAG).glob("*model_states.pt"))
+        client = safe_load(states[0]) if states else {}
+        if any((folder / TAG).glob("*zero_pp_rank_*_optim_states.pt")):
+            weights = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=TAG)
+        else:  # stage 0: the whole module is in the model states, as the model held it
+            weights = {k: v.float() if v.is_floating_point() else v for k, v in client["module"].items()}
+    except Exception as err:
+        raise CheckpointError(f"Consolidating the DeepSpeed checkpoint {str(folder)!r} failed: {err}") from err
+    entries = _user_entries(index, client)
+    module_key = str(index.get("module", "model")) if index else "model"
+    output = {module_key: dict(weights), **{key: client[stored] for key, stored in entries.items()}}
+    atomic_save(output, target)
+    return target

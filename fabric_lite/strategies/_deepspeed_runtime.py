@@ -1,0 +1,147 @@
+"""DeepSpeed itself, for :class:`~fabric_lite.strategies.deepspeed.DeepSpeedStrategy`: importing it (with the errors
+that say how to install a working pair of DeepSpeed and torch), its precision plugin, and pointing it at this process
+(its accelerator, the variables it reads, and the process group fabric_lite formed).
+
+Nothing here imports DeepSpeed at module level.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import re
+import sys
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from fabric_lite.plugins.precision import HalfPrecision, MixedPrecision, Precision
+from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
+
+#: how to install DeepSpeed for fabric_lite (its Python code only: the C++ ops compile on first use, see the README)
+DEEPSPEED_INSTALL = "pip install 'fabric-lite[deepspeed]'"
+#: torch >= 2.6 loads checkpoints with weights_only=True by default, which DeepSpeed handles from 0.16.0 on
+_MIN_DEEPSPEED_FOR_TORCH_2_6 = (0, 16, 0)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def import_deepspeed() -> Any:
+    """``deepspeed``, or an error that says how to install a version that works with this torch.
+
+    Raises:
+        ModuleNotFoundError: DeepSpeed is not installed (or misses a module of its own); the message gives the
+            install command.
+        ImportError: the installed DeepSpeed does not work with the installed torch; the message names both versions.
+    """
+    try:
+        version: str | None = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    too_old = version is not None and _version_tuple(version) < _MIN_DEEPSPEED_FOR_TORCH_2_6
+    if too_old and _version_tuple(torch.__version__) >= (2, 6):
+        raise ImportError(
+            f"DeepSpeed {version} does not work with torch {torch.__version__}: torch >= 2.6 loads checkpoints"
+            " with weights_only=True, which DeepSpeed supports from 0.16.0 on. Upgrade it:"
+            f" pip install -U 'deepspeed>=0.16.0' (or {DEEPSPEED_INSTALL})."
+        )
+    try:
+        return importlib.import_module("deepspeed")
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"strategy='deepspeed' needs DeepSpeed, which this Python ({sys.executable}) cannot import"
+            f" ({type(err).__name__}: {err}). Install it with:\n    DS_BUILD_OPS=0 {DEEPSPEED_INSTALL}\n"
+            "(DS_BUILD_OPS=0: DeepSpeed's C++ ops are compiled on first use only, see the README's section"
+            " 'DeepSpeed (optional)'; .ci/setup-deepspeed builds .venv-deepspeed this way.)"
+        ) from err
+    except Exception as err:  # DeepSpeed's import touches torch internals that move between releases
+        raise ImportError(
+            f"DeepSpeed {version or '(unknown version)'} cannot be imported with torch {torch.__version__}"
+            f" ({type(err).__name__}: {err}). Install a DeepSpeed release made for this torch (pip install -U"
+            " deepspeed), or the torch version this DeepSpeed was made for."
+        ) from err
+
+
+def deepspeed_precision(precision: Precision | None) -> DeepSpeedPrecision | None:
+    """The precision as DeepSpeed's: fabric_lite's built-in plugins (what ``Fabric(precision=...)`` creates) become
+    a :class:`DeepSpeedPrecision` of the same name; others cannot drive DeepSpeed's engine.
+
+    Raises:
+        TypeError: another precision plugin (double precision, quantised weights, FSDP's, your own).
+    """
+    if precision is None or isinstance(precision, DeepSpeedPrecision):
+        return precision
+    if type(precision) in (Precision, MixedPrecision, HalfPrecision):
+        return DeepSpeedPrecision(precision.precision)  # type: ignore[arg-type]
+    raise TypeError(
+        f"DeepSpeedStrategy cannot run the precision plugin {type(precision).__name__}(precision="
+        f"{precision.precision!r}): DeepSpeed's engine casts the model and runs the backward itself. Pass"
+        f" Fabric(precision=...) with one of {', '.join(map(repr, DEEPSPEED_PRECISIONS))}, or"
+        " plugins=[DeepSpeedPrecision(...)]."
+    )
+
+
+def join_process_group(
+    deepspeed: Any,
+    *,
+    device: torch.device,
+    ranks: tuple[int, int, int],
+    main_address: str,
+    main_port: int,
+    backend: str,
+    timeout: timedelta,
+) -> None:
+    """Point DeepSpeed at this process, whose process group exists already: its accelerator, the variables it
+    reads, and its communication layer, which then wraps that group instead of forming one.
+
+    ``ranks`` is ``(global rank, local rank, world size)``.
+
+    Raises:
+        RuntimeError: a CUDA device whose index is not the local rank, or DeepSpeed set to another accelerator.
+    """
+    global_rank, local_rank, world_size = ranks
+    if device.type == "cuda" and device.index != local_rank:
+        # DeepSpeed places ZeRO-3 parameters on cuda:$LOCAL_RANK, whatever the device given to it
+        raise RuntimeError(
+            f"DeepSpeedStrategy runs local rank {local_rank} on {device}, but DeepSpeed expects cuda:{local_rank}:"
+            " the device indices must equal the local ranks. To use other GPUs, select them with"
+            " CUDA_VISIBLE_DEVICES (e.g. CUDA_VISIBLE_DEVICES=2,3 with devices=2)."
+        )
+    accelerators = importlib.import_module("deepspeed.accelerator")
+    selected = accelerators.get_accelerator().device_name()
+    if device.type == "cpu" and selected != "cpu":
+        # what DS_ACCELERATOR=cpu would have chosen; DeepSpeed picks CUDA by itself wherever it finds it
+        cpu = importlib.import_module("deepspeed.accelerator.cpu_accelerator")
+        accelerators.set_accelerator(cpu.CPU_Accelerator())
+    elif device.type != "cpu" and selected != device.type:
+        raise RuntimeError(
+            f"DeepSpeed uses its {selected!r} accelerator, but this process computes on {device}. Unset"
+            f" DS_ACCELERATOR (now {os.environ.get('DS_ACCELERATOR')!r}), or choose Fabric(accelerator={selected!r})."
+        )
+    if device.type == "cpu" and not deepspeed.comm.is_initialized():
+        _skip_shared_memory_extension(deepspeed)
+    # DeepSpeed reads these, as torchrun sets them, long after initialisation (ZeRO-3 places parameters on
+    # LOCAL_RANK's device, its engine asserts LOCAL_RANK is set); under torchrun or `fabric-lite run` they hold these
+    # values already. A later Fabric(...) in this process therefore joins this job, as under torchrun.
+    os.environ["MASTER_ADDR"] = main_address
+    os.environ["MASTER_PORT"] = str(main_port)
+    os.environ["RANK"] = str(global_rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    deepspeed.init_distributed(
+        dist_backend=backend, auto_mpi_discovery=False, timeout=timeout, dist_init_required=False
+    )
+
+
+def _skip_shared_memory_extension(deepspeed: Any) -> None:
+    """On the CPU, DeepSpeed's communication layer compiles a shared-memory all-reduce extension the first time it
+    starts (90-120 s on 2 cores), for its inference all-reduce alone, which training never calls. Unless DeepSpeed
+    was installed with it built (``DS_BUILD_SHM_COMM=1``), it is marked unavailable: DeepSpeed then all-reduces
+    through the process group. (DeepSpeed keeps that table in its module so that edits like this one persist.)"""
+    installed_ops = importlib.import_module("deepspeed.git_version_info").installed_ops
+    if not installed_ops.get("deepspeed_shm_comm", False):
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
