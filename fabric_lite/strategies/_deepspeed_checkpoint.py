@@ -33,6 +33,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_lite.strategies._fsdp_checkpoint import _on_rank_zero
+from fabric_lite.strategies.strategy import restore_entries
 from fabric_lite.utilities import _dcp
 from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, atomic_save, safe_load
 from fabric_lite.utilities.cloud_io import _is_remote, _local_path
@@ -311,22 +312,8 @@ def load_full(
     optimizers = [k for k, v in state.items() if isinstance(v, Optimizer) or _is_deepspeed_optimizer(v)]
     if optimizers:
         raise ValueError(_FULL_OPTIMIZER.format(path=str(path)) + f" (state keys {optimizers})")
-    missing = [key for key in state if key not in checkpoint]
-    if strict and missing:
-        raise KeyError(
-            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
-            " Load with strict=False to restore only the entries it has."
-        )
-    for key, obj in list(state.items()):
-        if key not in checkpoint:
-            continue
-        value = checkpoint.pop(key)
-        if isinstance(obj, Module):
-            load_module_weights(obj, value, strict)
-        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
-            obj.load_state_dict(value)
-        else:
-            state[key] = value
+    # the optimizers were refused above: what remains restores as with the other strategies
+    restore_entries(state, checkpoint, path, strict, lambda module, value: load_module_weights(module, value, strict))
     return checkpoint
 
 

@@ -343,22 +343,7 @@ class Strategy(ABC):
         if isinstance(state, Optimizer):
             state.load_state_dict(checkpoint)
             return {}
-        missing = [key for key in state if key not in checkpoint]
-        if strict and missing:
-            raise KeyError(
-                f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
-                " Load with strict=False to restore only the entries it has."
-            )
-        for key, obj in list(state.items()):
-            if key not in checkpoint:
-                continue
-            value = checkpoint.pop(key)
-            if isinstance(obj, Module):
-                self.load_module_state_dict(obj, value, strict=strict)
-            elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
-                obj.load_state_dict(value)
-            else:
-                state[key] = value
+        restore_entries(state, checkpoint, path, strict, lambda m, v: self.load_module_state_dict(m, v, strict=strict))
         return checkpoint
 
     def teardown(self) -> None:
@@ -401,3 +386,32 @@ class _SkipInit(TorchFunctionMode):
         if getattr(func, "__module__", None) == "torch.nn.init":
             return kwargs["tensor"] if "tensor" in kwargs else args[0]
         return func(*args, **kwargs)
+
+
+def restore_entries(
+    state: dict[str, Any],
+    checkpoint: dict[str, Any],
+    path: Any,
+    strict: bool,
+    load_module: Callable[[Module, Any], Any],
+) -> None:
+    """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
+    ``load_module``, optimizers and stateful objects through ``load_state_dict``, plain values by replacement (in
+    ``state``); what is left in ``checkpoint`` is the remainder. With ``strict``, an entry of ``state`` that the
+    checkpoint lacks raises ``KeyError`` naming both sides."""
+    missing = [key for key in state if key not in checkpoint]
+    if strict and missing:
+        raise KeyError(
+            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
+            " Load with strict=False to restore only the entries it has."
+        )
+    for key, obj in list(state.items()):
+        if key not in checkpoint:
+            continue
+        value = checkpoint.pop(key)
+        if isinstance(obj, Module):
+            load_module(obj, value)
+        elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
+            obj.load_state_dict(value)
+        else:
+            state[key] = value
