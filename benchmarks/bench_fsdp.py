@@ -213,6 +213,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a tiny model, 2 steps, one round")
     parser.add_argument("--out", help="also write the tables as JSON to this file")
     parser.add_argument("--rounds", type=int, help="rounds of fresh processes per variant (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--section", choices=["all", "cpu", "gpu"], default="all", help="run only the CPU or only the GPU section"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=sorted(SIZES), default="full", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
@@ -224,19 +227,26 @@ def main() -> None:
     rounds = args.rounds or rounds
     config = SIZES[size]
     record: dict[str, Any] = {"torch": torch.__version__, "size": config, "quick": args.quick}
-    print(f"CPU, 2 ranks, gloo: {config['blocks']} blocks of width {config['width']}, AdamW, batch {config['batch']}")
-    cpu_runs = measure(["ddp", "fsdp", "raw_fsdp"], size, "cpu", rounds)
-    params = cpu_runs["ddp"][0][0]["params"]
-    print(f"{params / 1e6:.1f}M parameters ({params * 4 / 1e6:.0f} MB in float32), medians of {rounds} round(s)")
-    figures = [("rss_peak", "bytes"), ("step", "s")]
-    record["cpu"] = table({v: cpu_runs[v] for v in ("ddp", "fsdp")}, figures)
-    print("\nfsdp against the same model sharded by hand with fully_shard (raw_fsdp):")
-    record["cpu_raw"] = table({v: cpu_runs[v] for v in ("raw_fsdp", "fsdp")}, figures, base="raw_fsdp")
-    record["cpu_runs"] = cpu_runs
-    if torch.cuda.is_available():
-        print(f"\n{torch.cuda.get_device_name(0)}, world size 1")
-        gpu_runs = measure(["ddp", "fsdp", "fsdp_offload"], size, "cuda", rounds)
-        record["gpu"] = table(gpu_runs, [("cuda_peak", "bytes"), ("rss_peak", "bytes"), ("step", "s")])
+    blocks = f"{config['blocks']} blocks of width {config['width']}, AdamW, batch {config['batch']}"
+    if args.section in ("all", "cpu"):
+        print(f"CPU, 2 ranks, gloo: {blocks}")
+        cpu_runs = measure(["ddp", "fsdp", "raw_fsdp"], size, "cpu", rounds)
+        params = cpu_runs["ddp"][0][0]["params"]
+        print(f"{params / 1e6:.1f}M parameters ({params * 4 / 1e6:.0f} MB in float32), medians of {rounds} round(s)")
+        figures = [("rss_peak", "bytes"), ("step", "s")]
+        record["cpu"] = table({v: cpu_runs[v] for v in ("ddp", "fsdp")}, figures)
+        print("\nfsdp against the same model sharded by hand with fully_shard (raw_fsdp):")
+        record["cpu_raw"] = table({v: cpu_runs[v] for v in ("raw_fsdp", "fsdp")}, figures, base="raw_fsdp")
+        record["cpu_runs"] = cpu_runs
+    if args.section == "cpu":
+        pass
+    elif torch.cuda.is_available():
+        print(f"\n{torch.cuda.get_device_name(0)}, world size 1: {blocks}, medians of {rounds} round(s)")
+        gpu_runs = measure(["ddp", "fsdp", "fsdp_offload", "raw_fsdp"], size, "cuda", rounds)
+        figures = [("cuda_peak", "bytes"), ("rss_peak", "bytes"), ("step", "s")]
+        record["gpu"] = table({v: gpu_runs[v] for v in ("ddp", "fsdp", "fsdp_offload")}, figures)
+        print("\nfsdp against the same model sharded by hand with fully_shard (raw_fsdp), on the GPU:")
+        record["gpu_raw"] = table({v: gpu_runs[v] for v in ("raw_fsdp", "fsdp")}, figures, base="raw_fsdp")
         record["gpu_runs"] = gpu_runs
     else:
         print("\nGPU section skipped: CUDA is not available on this machine")

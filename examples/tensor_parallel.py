@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
@@ -210,10 +211,11 @@ def train(fabric: Fabric, args: argparse.Namespace) -> None:
     mesh = fabric.strategy.device_mesh
     data_parallel = mesh["data_parallel"].get_group()
     weight = model.module.layers[0].attention.wq.weight
+    local = weight.to_local() if isinstance(weight, DTensor) else weight  # a 1 x 1 mesh parallelises nothing
     sizes = " x ".join(f"{size} {name}" for name, size in zip(mesh.mesh_dim_names, mesh.shape, strict=True))
     fabric.print(
         f"{sum(p.numel() for p in model.parameters()) / 1e3:.0f}k parameters on a mesh of {sizes};"
-        f" layers.0.attention.wq.weight is {tuple(weight.shape)}, each process holds {tuple(weight.to_local().shape)}"
+        f" layers.0.attention.wq.weight is {tuple(weight.shape)}, each process holds {tuple(local.shape)}"
     )
     fabric.print(f"training steps {start + 1}..{args.steps} on {fabric.world_size} processes")
 

@@ -319,14 +319,16 @@ def test_cuda_setup_forward_and_round_trip(mode: str, tmp_path: object) -> None:
     x = torch.randn(32, 256, device="cuda")
     expected = reference(x).detach()
     f = Fabric(accelerator="cuda", devices=1, plugins=[plugin(mode)])
-    model = f.setup_module(nn.Linear(256, 128))
-    model.load_state_dict(reference.state_dict())
-    assert quant_kind(model.module) == EXPECTED_KIND[mode]
+    layer = nn.Linear(256, 128)
+    layer.load_state_dict(reference.state_dict())
+    model = f.setup_module(nn.Sequential(layer))  # a root Linear is left as it is, as in Lightning
+    assert quant_kind(model.module[0]) == EXPECTED_KIND[mode]
+    assert model.module[0].weight.device.type == "cuda"  # quantised when moved to the device
     assert rel_error(model(x), expected) < 2 * BOUNDS[mode][1]
     with f.init_module():
         created = nn.Linear(256, 128)
     assert created.weight.device.type == "cuda" and quant_kind(created) == EXPECTED_KIND[mode]
     f.save(tmp_path / "ckpt.pt", {"model": model})  # type: ignore[operator]
-    other = f.setup_module(nn.Linear(256, 128))
+    other = f.setup_module(nn.Sequential(nn.Linear(256, 128)))
     f.load(tmp_path / "ckpt.pt", {"model": other})  # type: ignore[operator]
     assert torch.equal(other(x), model(x))

@@ -8,6 +8,9 @@ process itself. One GPU cannot host two NCCL ranks, so NCCL is checked at world 
 from __future__ import annotations
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -111,3 +114,59 @@ def test_every_precision_on_one_gpu_single_device_and_nccl() -> None:
 
 def test_16_mixed_scaler_on_cuda() -> None:
     assert check("scaler_on_cuda") == {"device": "cuda", "skipped": True, "halved": True, "restored": True}
+
+
+def test_compiled_model_on_one_gpu_single_device_and_nccl() -> None:
+    """Inductor on the GPU: the compiled model is set up uncompiled and compiled again around the strategy's module
+    (DistributedDataParallel under DDP); losses equal to eager; no ``_orig_mod.`` in the state dict."""
+    r = check("compiled_on_gpu")
+    for strategy, inner in (("single_device", "Net"), ("ddp", "DistributedDataParallel")):
+        assert not r[strategy]["eager_call_compiled"] and r[strategy]["compiled_call_compiled"], strategy
+        assert r[strategy]["forward_module"] == inner
+        assert r[strategy]["max_difference"] <= 1e-5, strategy
+        assert r[strategy]["keys"] == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"]
+
+
+def test_fsdp_on_one_gpu_trains_and_round_trips_a_sharded_checkpoint() -> None:
+    r = check("fsdp_on_gpu")
+    for precision in ("32-true", "bf16-mixed"):
+        assert r[precision] == {
+            "param_devices": ["cuda:0"],
+            "loss_went_down": True,
+            "is_folder": True,
+            "same_after_load": True,
+            "remainder": {"step": 20},
+            "output": "torch.float32",
+        }, precision
+
+
+def test_tensor_parallel_example_on_one_gpu_resumes_with_the_same_losses(tmp_path: Path) -> None:
+    """examples/tensor_parallel.py on a 1 x 1 mesh over NCCL: ModelParallelStrategy, DTensor parameters and
+    loss_parallel on the GPU, a sharded checkpoint and a resume that retraces the losses."""
+    flags = ["--accelerator", "cuda", "--devices", "1", "--data-parallel-size", "1", "--tensor-parallel-size", "1"]
+    flags += ["--steps", "12", "--save-every", "6", "--log-every", "3", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    pattern = re.compile(r"step +(\d+)  loss ([\d.]+)")
+    first = run_python(["examples/tensor_parallel.py", *flags], timeout=300)
+    assert first.returncode == 0, first.output
+    losses = {int(m.group(1)): m.group(2) for m in pattern.finditer(first.stdout)}
+    assert list(losses) == [3, 6, 9, 12] and float(losses[12]) < float(losses[3]), first.output
+    shutil.rmtree(tmp_path / "ckpt" / "step-000012")
+    second = run_python(["examples/tensor_parallel.py", *flags, "--resume"], timeout=300)
+    assert second.returncode == 0, second.output
+    resumed = {int(m.group(1)): m.group(2) for m in pattern.finditer(second.stdout)}
+    assert resumed == {9: losses[9], 12: losses[12]}, second.output
+
+
+def test_model_parallel_strategy_on_one_gpu_with_dtensor_parameters() -> None:
+    r = check("model_parallel_on_gpu")
+    assert r == {
+        "mesh": [1, 1],
+        "dtensors": True,
+        "devices": ["cuda:0"],
+        "loss_went_down": True,
+        "finite_norm": True,
+        "is_folder": True,
+        "same_after_load": True,
+        "remainder": {"step": 10},
+        "same_next_loss": True,
+    }

@@ -154,3 +154,16 @@ def test_tensor_parallel_resumes_from_its_last_checkpoint_with_the_same_losses(t
     resumed = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", second.stdout)}
     assert resumed == {9: losses[9], 12: losses[12]}, second.output
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000006", "step-000012"], second.output
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_tensor_parallel_example_on_one_process(tmp_path: Path) -> None:
+    """A 1 x 1 mesh parallelises nothing: the parameters stay plain tensors, and the example still trains and saves
+    (it once assumed DTensor parameters and failed on one process and on one GPU)."""
+    flags = ["--devices", "1", "--data-parallel-size", "1", "--tensor-parallel-size", "1", "--steps", "2"]
+    flags += ["--save-every", "2", "--log-every", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    done = run_example([str(EXAMPLES / "tensor_parallel.py"), *flags], tmp_path)
+    assert "on a mesh of 1 data_parallel x 1 tensor_parallel" in done.stdout, done.output
+    assert "wq.weight is (64, 64), each process holds (64, 64)" in done.stdout, done.output
+    assert [m.group(1) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", done.stdout)] == ["1", "2"]
+    assert (tmp_path / "ckpt" / "step-000002").is_dir()

@@ -6,6 +6,8 @@ prints ``RESULT {json}``.
 
 from __future__ import annotations
 
+import copy
+import getpass
 import json
 import os
 import sys
@@ -250,6 +252,173 @@ def collectives_without_sync_two_gpus() -> dict:
     return fabric.launch(_collectives_without_sync)  # type: ignore[no-any-return]
 
 
+def compiled_on_gpu() -> dict:
+    """A ``torch.compile``d model set up on one GPU, on a single device and then under DDP over NCCL (world size 1):
+    set up uncompiled, compiled again around the strategy's module with inductor, losses equal to eager."""
+    from fabric_lite._compile import is_compiled
+    from tests.jobs.compile_jobs import STEPS, Net, batch
+
+    result: dict = {}
+    for strategy in ("single_device", "ddp"):
+        fabric = Fabric(accelerator="cuda", devices=1, strategy=strategy)
+        fabric.launch()
+        torch.manual_seed(0)
+        template = Net()
+        runs, calls = {}, {}
+        for compiled in (False, True):
+            net = copy.deepcopy(template)
+            model, optimizer = fabric.setup(
+                torch.compile(net) if compiled else net, torch.optim.SGD(net.parameters(), lr=0.1)
+            )
+            losses = []
+            for step in range(STEPS):
+                x, y = fabric.to_device(batch(0, step))
+                loss = nn.functional.mse_loss(model(x), y)
+                fabric.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                losses.append(loss.item())
+            runs[compiled] = losses
+            calls[compiled] = (is_compiled(model._call), type(model._forward_module).__name__)
+        result[strategy] = {
+            "eager_call_compiled": calls[False][0],
+            "compiled_call_compiled": calls[True][0],
+            "forward_module": calls[True][1],
+            "max_difference": max(abs(a - b) for a, b in zip(runs[True], runs[False])),
+            "keys": sorted(model.state_dict()),
+        }
+    return result
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def fsdp_on_gpu() -> dict:
+    """FSDPStrategy on one GPU over NCCL (world size 1) in 32-true and bf16-mixed: parameters sharded on the device,
+    the loss going down, a sharded checkpoint loaded into a fresh model with equal parameters."""
+    from fabric_lite.strategies import FSDPStrategy
+
+    result: dict = {}
+    folder = tempfile.mkdtemp()
+    fabric = None
+    for precision in ("32-true", "bf16-mixed"):
+        strategy = FSDPStrategy(auto_wrap_policy={nn.Linear})
+        fabric = Fabric(accelerator="cuda", devices=1, strategy=strategy, precision=precision)
+        fabric.launch()
+
+        def build() -> tuple:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
+            model = fabric.setup_module(model)
+            return model, fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+        model, optimizer = build()
+        g = torch.Generator().manual_seed(1)
+        x, y = torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g)
+        x, y = fabric.to_device((x, y))
+        losses = []
+        for _ in range(20):
+            loss = nn.functional.mse_loss(model(x), y)
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        path = os.path.join(folder, precision)
+        fabric.save(path, {"model": model, "optimizer": optimizer, "step": 20})
+        fresh, fresh_optimizer = build()
+        state = {"model": fresh, "optimizer": fresh_optimizer}
+        remainder = fabric.load(path, state)
+        with torch.no_grad():
+            same = all(torch.equal(_full(a), _full(b)) for a, b in zip(model.parameters(), fresh.parameters()))
+            inner = model(x).dtype
+        result[precision] = {
+            "param_devices": sorted({str(p.device) for p in model.parameters()}),
+            "loss_went_down": losses[-1] < losses[0] and all(v == v for v in losses),
+            "is_folder": os.path.isdir(path),
+            "same_after_load": same,
+            "remainder": remainder,
+            "output": str(inner),
+        }
+    return result
+
+
+def model_parallel_on_gpu() -> dict:
+    """ModelParallelStrategy on one GPU over NCCL: the example's Llama created on the meta device, tensor parallel
+    and FSDP2 applied on the (1-rank) mesh dimensions so that every parameter is a DTensor on the GPU, loss_parallel,
+    bf16-mixed through the strategy's MixedPrecisionPolicy, clip_gradients over DTensor gradients, and a sharded
+    checkpoint loaded into a fresh model with equal parameters and the same next loss."""
+    import importlib.util
+
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from fabric_lite.strategies import ModelParallelStrategy
+    from fabric_lite.strategies.parallelize import TransformerPlan, apply_fsdp, apply_tensor_parallel
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tensor_parallel.py")
+    spec = importlib.util.spec_from_file_location("tensor_parallel_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    holder: dict = {}
+
+    def parallelize(model: nn.Module, mesh: object) -> nn.Module:
+        plan = TransformerPlan()
+        apply_tensor_parallel(model, mesh["tensor_parallel"], plan, loss_parallel=True)  # type: ignore[index]
+        policy = holder["strategy"].mixed_precision_policy
+        apply_fsdp(model, mesh["data_parallel"], plan, mp_policy=policy)  # type: ignore[index]
+        return model
+
+    strategy = ModelParallelStrategy(parallelize, data_parallel_size=1, tensor_parallel_size=1)
+    holder["strategy"] = strategy
+    fabric = Fabric(accelerator="cuda", devices=1, strategy=strategy, precision="bf16-mixed")
+    fabric.launch()
+    vocab, context = 32, 16
+
+    def build() -> tuple:
+        torch.manual_seed(0)
+        with fabric.init_module(empty_init=True):
+            model = example.Llama(vocab, dim=64, heads=4, hidden=128, layers=2)
+        model = fabric.setup_module(model)
+        return model, fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=3e-3, foreach=False))
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor) -> float:
+        optimizer.zero_grad()
+        with loss_parallel():
+            logits = model(tokens[:, :-1])
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            fabric.backward(loss)
+        norm = fabric.clip_gradients(model, optimizer, max_norm=1.0)
+        optimizer.step()
+        holder["norm"] = float(norm)
+        return (loss.full_tensor() if isinstance(loss, DTensor) else loss).item()
+
+    model, optimizer = build()
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randint(0, vocab, (8, context + 1), generator=g).to(fabric.device) for _ in range(12)]
+    losses = [step(model, optimizer, b) for b in batches[:10]]
+    folder = os.path.join(tempfile.mkdtemp(), "step-10")
+    fabric.save(folder, {"model": model, "optimizer": optimizer, "step": 10})
+    fresh, fresh_optimizer = build()
+    remainder = fabric.load(folder, {"model": fresh, "optimizer": fresh_optimizer})
+    with torch.no_grad():
+        same = all(torch.equal(_full(a), _full(b)) for a, b in zip(model.parameters(), fresh.parameters()))
+    next_original = step(model, optimizer, batches[10])
+    next_resumed = step(fresh, fresh_optimizer, batches[10])
+    return {
+        "mesh": list(strategy.device_mesh.shape),
+        "dtensors": all(isinstance(p, DTensor) for p in model.parameters()),
+        "devices": sorted({str(_full(p).device) for p in model.parameters()}),
+        "loss_went_down": losses[-1] < losses[0],
+        "finite_norm": holder["norm"] == holder["norm"] and holder["norm"] > 0,
+        "is_folder": os.path.isdir(folder),
+        "same_after_load": same,
+        "remainder": remainder,
+        "same_next_loss": next_original == next_resumed,
+    }
+
+
 CHECKS = {
     f.__name__: f
     for f in (
@@ -263,8 +432,16 @@ CHECKS = {
         auto_accelerator,
         every_precision,
         scaler_on_cuda,
+        compiled_on_gpu,
+        fsdp_on_gpu,
+        model_parallel_on_gpu,
     )
 }
 
 if __name__ == "__main__":
-    emit(CHECKS[sys.argv[1]]())
+    # inductor's cache stays where it would be: its compile workers may still write there after the scratch is gone
+    default_cache = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache)
+    with tempfile.TemporaryDirectory() as scratch:  # checkpoints written by the checks go here, and go with it
+        tempfile.tempdir = scratch
+        emit(CHECKS[sys.argv[1]]())
