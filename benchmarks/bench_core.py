@@ -261,6 +261,12 @@ def sweep(
         )
     if quick or not ops:
         return found
+    for nbytes in [b for b in SWEEP_BYTES if b >= 64 << 10]:  # integers from 64 KiB: their flag's two ways
+        x = torch.zeros(nbytes // 8, dtype=torch.int64)
+        found[f"ops/int64-sum-{_size_name(nbytes)}"] = (
+            partial(dist.all_reduce, x),
+            partial(accel.all_reduce, x, reduce_op="sum"),
+        )
     raw_ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     raw_ops["product"] = dist.ReduceOp.PRODUCT
     for nbytes in OP_BYTES:

@@ -16,8 +16,9 @@ time, which has no raw counterpart, the interquartile range in seconds). The fig
   (``bench_core.py ddp``).
 * ``sweep/*`` (2 ranks) and ``sweep3/*`` (3 ranks): ``all_reduce`` (sum) of one float32 tensor of 4 B to 64 MiB
   (``--quick``: up to 64 KiB) against ``dist.all_reduce`` of it; ``ops/*``: every reduce op and dtype group at
-  1 KiB and 1 MiB, 2 ranks (fabric_lite only). ``control/1MiB_plus_40us``: raw 1 MiB all-reduces with 40 us of
-  host time between them against raw ones back to back, the floor of any wrapper's figures on this machine.
+  1 KiB and 1 MiB, and int64 sums of 64 KiB to 64 MiB, 2 ranks (fabric_lite only). ``control/1MiB_plus_40us``:
+  raw 1 MiB all-reduces with 40 us of host time between them against raw ones back to back, the floor of any
+  wrapper's figures on this machine.
 * ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
   first ``all_reduce`` (``bench_startup.py``).
 * ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 #: the name under which ``OptimizedModule`` registers the module it compiles
@@ -65,9 +66,21 @@ class Compiler:
 
     def compile_in_place(self, module: nn.Module) -> None:
         """``module.compile(<the same settings>)``: calls of ``module`` run compiled, and nothing else changes (no
-        wrapper, so no ``_orig_mod.`` in any state dict, and the parent module keeps it where it was)."""
+        wrapper, so no ``_orig_mod.`` in any state dict, and the parent module keeps it where it was).
+
+        An argument that is an ``AsyncCollectiveTensor`` (what a tensor-parallel layer run eagerly before the
+        module hands on, e.g. a sequence-parallel embedding's output) is waited on before the compiled call, its
+        gradient passed straight back: torch 2.13 compiles such an input as one that needs no gradient and silently
+        drops the gradient to whatever produced it (seen here: a 2 x 2 model's embedding got a zero gradient; the
+        test ``test_a_compiled_block_passes_the_gradient_to_an_async_collective_input`` shows it).
+        """
         # what nn.Module.compile does with torch.compile's arguments, here with the context that holds them
-        module._compiled_call_impl = self._context(module._call_impl)
+        compiled = self._context(module._call_impl)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return compiled(*map(_waited, args), **{key: _waited(value) for key, value in kwargs.items()})
+
+        module._compiled_call_impl = call
 
     def compile_units(self, root: nn.Module, units: Iterable[nn.Module]) -> None:
         """Compile each module of ``units`` in place (block by block, as torchtitan does for sharded models); the
@@ -82,6 +95,28 @@ class Compiler:
         blocks = [unit for unit in units if unit is not root]
         for block in blocks or [root]:
             self.compile_in_place(block)
+
+
+class _WaitedInput(torch.autograd.Function):
+    """The plain tensor under an ``AsyncCollectiveTensor``, once its collective is done; the gradient goes back
+    unchanged (the identity, as far as autograd is concerned)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
+        waited: torch.Tensor = tensor.trigger_wait()  # type: ignore[attr-defined]
+        return waited
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _waited(value: Any) -> Any:
+    """``value``, or the waited plain tensor if it is an ``AsyncCollectiveTensor`` (recognised by its class name, so
+    that nothing here imports ``torch.distributed``)."""
+    if type(value).__name__ == "AsyncCollectiveTensor":
+        return _WaitedInput.apply(value) if value.requires_grad else value.trigger_wait()  # type: ignore[no-untyped-call]
+    return value
 
 
 def unwrap_compiled(module: nn.Module) -> tuple[nn.Module, Compiler | None]:

@@ -177,7 +177,25 @@ def test_forward_is_within_the_quantisation_error_of_the_float_layer(mode: str) 
         assert low < rel_error(wrapped(x), expected) < high  # int8-training in eval: no CPU kernel in bitsandbytes
 
 
-@pytest.mark.parametrize("mode", ["nf4", "int8", "int8-training"])
+@pytest.mark.parametrize("mode", MODES)
+def test_setup_without_the_move_leaves_float_weights_until_to_device(mode: str) -> None:
+    """``setup_module(move_to_device=False)`` replaces the layers but, as in Lightning, quantises nothing: the move
+    does (``fabric.to_device``), and the result is the model that ``setup_module`` would have given."""
+    x = torch.randn(2, 32)
+    torch.manual_seed(0)
+    f = fabric(mode)
+    model = Net()
+    wrapped = f.setup_module(model, move_to_device=False)
+    assert type(model.body[0]).__name__ != "Linear"  # replaced already
+    assert quant_kind(model.body[0]) == "float" and model.body[0].weight.dtype is torch.float32  # not quantised
+    assert f.to_device(wrapped) is wrapped
+    assert quant_kind(model.body[0]) == quant_kind(model.body[2]) == EXPECTED_KIND[mode]
+    torch.manual_seed(0)
+    moved = f.setup_module(Net())
+    assert torch.equal(wrapped(x), moved(x))
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_backward_reaches_the_adapter_and_the_input_not_the_frozen_base(mode: str) -> None:
     torch.manual_seed(0)
     reference = nn.Linear(64, 64)
@@ -193,10 +211,13 @@ def test_backward_reaches_the_adapter_and_the_input_not_the_frozen_base(mode: st
     f.backward((base(x) + adapter(x)).pow(2).mean())
     assert adapter.weight.grad is not None and adapter.weight.grad.abs().sum() > 0
     assert all(p.grad is None for p in base.parameters())
-    # the input's gradient went through the quantised layer's backward: the float one's, within its error
+    # the input's gradient went through the quantised layer's backward: the float one's, within its error. The
+    # exact adapter's share dilutes the layer's error (measured 0.064 nf4, 0.078 fp4, 0.0028 int8: about 0.7x the
+    # forward's), so the lower bound is half the forward's: a backward through unquantised weights fails it
     x_float = x.detach().clone().requires_grad_()
     (reference(x_float) + adapter.module.float()(x_float)).pow(2).mean().backward()
-    assert x.grad is not None and rel_error(x.grad, x_float.grad) < 2 * BOUNDS[mode][1]  # type: ignore[arg-type]
+    low, high = BOUNDS[mode]
+    assert x.grad is not None and low / 2 < rel_error(x.grad, x_float.grad) < high  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", ["nf4", "int8"])

@@ -729,6 +729,7 @@ def test_predicted_integer_and_boolean_reductions_are_exact_and_mismatches_raise
                 else:
                     expected = inputs.amax(0) if op == "max" else inputs.amin(0)
                 assert obs[f"{round}/{name}"] == describe(expected[:5]), (rank, round, name)
+                assert obs[f"{round}/{name}/total"] == int(expected.to(torch.int64).sum()), (rank, round, name)
             assert obs[f"{round}/mixed"] == {
                 "n": tensor(sum(r + 1 for r in ranks), "int64"),
                 "ok": tensor(True, "bool"),
@@ -736,14 +737,13 @@ def test_predicted_integer_and_boolean_reductions_are_exact_and_mismatches_raise
             }
         # nothing predicted in the first round, all but the first call of the second, all of the third and fourth
         assert [obs[f"{r}/hits"] for r in range(4)] == [0, cases - 1, 2 * cases - 1, 3 * cases - 1]
-        for case in ("mismatch_dtype", "mismatch_shape", "mismatch_op"):
+        for case in ("mismatch_dtype", "mismatch_dtype_flag_apart", "mismatch_shape", "mismatch_op"):
             raised = obs[case]
             assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, case, raised)
             assert all(f"rank {r}:" in raised.message for r in ranks), raised.message
         assert obs["after"] == tensor([sum(ranks), world_size], "int64")
 
 
-@pytest.mark.timeout(180)
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world_size", WORLDS)
 def test_predicted_broadcasts_give_what_the_source_sent(world_size):

@@ -93,8 +93,10 @@ def test_setup_module_signature_and_recompile(fabric: Fabric) -> None:
     model = fabric.setup_module(torch.compile(Net(), backend=counter), move_to_device=True, _reapply_compile=True)
     model(torch.randn(2, 6))
     assert counter.graphs == 1 and is_compiled(model._call)
-    plain = fabric.setup_module(torch.compile(Net(), backend=counter), _reapply_compile=False)
-    assert not is_compiled(plain._forward_module)
+    net = Net()
+    compiled = torch.compile(net, backend=counter)
+    plain = fabric.setup_module(compiled, _reapply_compile=False)
+    assert plain._call is compiled and plain.module is net  # set up as it is: neither unwrapped nor recompiled
 
 
 def test_checkpoints_of_compiled_and_eager_models_are_interchangeable(fabric: Fabric, tmp_path: Path) -> None:

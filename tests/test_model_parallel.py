@@ -1,15 +1,18 @@
 """ModelParallelStrategy: tensor, sequence and sharded data parallelism (and HSDP) on a DeviceMesh.
 
-Arguments and the mesh arithmetic are checked without processes. The rest runs on real gloo process groups of 1, 2
-and 4 CPU ranks through fabric_lite's own script launcher (tests/jobs/model_parallel_jobs.py), with a tiny two-block
-Llama-style model: losses over 10 steps equal one process over the global batch in every layout, each rank holds
-the expected fraction of every parameter, the ranks of a tensor-parallel group see the same batches, and a
+Arguments, the mesh arithmetic, the optimizer's foreach rule and compiled blocks fed by a tensor-parallel layer are
+checked without processes. The rest runs on real gloo process groups of 1, 2 and 4 CPU ranks through fabric_lite's
+own script launcher (tests/jobs/model_parallel_jobs.py), with a tiny two-block Llama-style model: losses over 10
+steps equal one process over the global batch in every layout (compiled block by block on 2x2 and 2x1), each rank
+holds the expected fraction of every parameter, the ranks of a tensor-parallel group see the same batches,
+``no_backward_sync`` really skips the reduce-scatter, checkpointed blocks really run again in backward, and a
 checkpoint saved on 2x2 loads on 1x4, 4x1, one rank, a plain module and through the consolidation command.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import tempfile
 from datetime import timedelta
@@ -25,7 +28,7 @@ from fabric_lite.strategies import ModelParallelStrategy
 from fabric_lite.strategies._model_parallel_ops import mesh_shape as _mesh_shape
 from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
 from tests._harness import base_env, lightning_python, per_rank, run_python
-from tests.jobs.model_parallel_jobs import STEPS, Llama, reference
+from tests.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, reference
 
 LAUNCH_TIMEOUT = 180  # seconds for one launch of 1-4 ranks on a loaded 2-core machine (~20 s when quiet)
 TOLERANCE = 1e-5
@@ -176,6 +179,74 @@ def test_one_rank_helper_without_parallel_dimensions() -> None:
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def one_rank_mesh() -> Any:
+    """A 1-rank gloo world in this process (a hash store, no port) and its 1-D mesh; destroyed afterwards."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,), mesh_dim_names=("tensor_parallel",))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_foreach_is_settled_per_group_of_mixed_parameters(one_rank_mesh: Any) -> None:
+    """torch's foreach and fused kernels refuse a group of DTensors and plain tensors (a TP model without sequence
+    parallelism): foreach=None becomes False there; True is refused, naming the group and the fix."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from fabric_lite.strategies._model_parallel_ops import settle_foreach
+
+    def params() -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+        weight = torch.nn.Parameter(distribute_tensor(torch.randn(4, 4), one_rank_mesh, [Shard(0)]))
+        return weight, torch.nn.Parameter(torch.randn(4))
+
+    (weight, norm), (other, _) = params(), params()
+    names = {id(weight): "layer.weight", id(norm): "norm.weight"}
+    optimizer = torch.optim.AdamW([{"params": [other]}, {"params": [weight, norm]}], lr=0.1)
+    settle_foreach(optimizer, names)
+    assert [group["foreach"] for group in optimizer.param_groups] == [None, False]  # only the mixed group
+    for param in (weight, norm):
+        param.grad = torch.ones_like(param)
+    optimizer.step()  # the per-parameter loop takes the mix
+    for option in ("foreach", "fused"):
+        mixed = torch.optim.AdamW([{"params": [other]}, {"params": [weight, norm]}], lr=0.1, **{option: True})
+        with pytest.raises(ValueError, match=rf"AdamW\({option}=True\): parameter group 1 mixes 1 DTensor") as info:
+            settle_foreach(mixed, names)
+        assert "(norm.weight)" in str(info.value) and f"Pass {option}=False" in str(info.value)
+        assert "sequence_parallel=True" in str(info.value)
+
+
+def test_a_compiled_block_passes_the_gradient_to_an_async_collective_input() -> None:
+    """A tensor-parallel layer run eagerly before a compiled block (the embedding, sequence-parallel) hands it an
+    ``AsyncCollectiveTensor``; torch 2.13 compiles it as an input without gradient, so the embedding would learn
+    nothing. ``compile_in_place`` waits on it first and passes the gradient back."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    from fabric_lite._compile import Compiler
+
+    class ToLocal(torch.autograd.Function):  # what DTensor.to_local() returns after a functional collective
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return AsyncCollectiveTensor(x.detach().clone())
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad
+
+    class Square(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * x).sum()
+
+    block = Square()
+    Compiler(torch.compile(torch.nn.Identity(), backend="aot_eager").dynamo_ctx).compile_in_place(block)
+    x = torch.arange(3.0, requires_grad=True)
+    block(ToLocal.apply(x)).backward()
+    assert x.grad is not None and x.grad.tolist() == [0.0, 2.0, 4.0]
+
+
 # ---------------------------------------------------------------------------------------------- layouts
 @pytest.fixture(scope="module")
 def expected() -> dict[str, Any]:
@@ -189,8 +260,17 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def two_by_two(folder: Path) -> list[dict[str, Any]]:
-    """2 data-parallel x 2 tensor-parallel, sequence parallel and loss parallel; saves ``folder/sharded``."""
-    return mp_job("train_then_misuse", 4, dp=2, tp=2, loss_parallel=True, kwargs={"folder": str(folder / "sharded")})
+    """2 data-parallel x 2 tensor-parallel, sequence parallel and loss parallel, compiled block by block; saves
+    ``folder/sharded``."""
+    return mp_job(
+        "train_then_misuse",
+        4,
+        dp=2,
+        tp=2,
+        loss_parallel=True,
+        compile="aot_eager",
+        kwargs={"folder": str(folder / "sharded")},
+    )
 
 
 def _matches_reference(runs: list[dict[str, Any]], expected: dict[str, Any]) -> None:
@@ -203,7 +283,10 @@ def _matches_reference(runs: list[dict[str, Any]], expected: dict[str, Any]) -> 
 
 
 def test_two_by_two_equals_one_process(two_by_two: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    """Compiled too: the embedding's gradient crosses into the first compiled block (see the unit test above)."""
     _matches_reference([run["train"] for run in two_by_two], expected)
+    for run in two_by_two:
+        assert run["train"]["compiled"] == {"wrapped": False, "blocks": 2}  # each block's fully_shard unit
 
 
 def test_each_rank_holds_its_fraction_of_every_parameter(two_by_two: list[dict[str, Any]]) -> None:
@@ -244,6 +327,19 @@ def test_misuse_and_group_collectives(two_by_two: list[dict[str, Any]]) -> None:
         assert seen["tp_broadcast"] == seen["tp_ranks"][0]
 
 
+def test_a_failed_sharded_save_keeps_the_previous_checkpoint(two_by_two: list[dict[str, Any]], folder: Path) -> None:
+    """An object that fails to pickle on one rank: every rank raises, the previous folder stays as it was."""
+    for rank, run in enumerate(per_rank([run["misuse"] for run in two_by_two], "replace_and_fail")):
+        failure = run["failure"]
+        assert failure["type"] == "CheckpointError", (rank, failure)
+        assert str(folder / "replaced") in failure["message"] and "refuses to be pickled" in failure["message"]
+        assert run["step"] == 2 and run["previous_intact"], rank
+        before, after = run["files"]
+        assert before == after == [".metadata", *[f"__{r}_0.distcp" for r in range(4)], "fabric_lite.json", "meta.pt"]
+        assert run["leftovers"] == []  # no temporary folder beside it
+        assert run["after"] == 4.0  # every rank still in step
+
+
 def test_parallelize_fn_must_return_the_module(tmp_path: Path) -> None:
     code = """
 import torch
@@ -270,26 +366,77 @@ except TypeError as err:
 @pytest.mark.parametrize(
     "options",
     [
-        {"dp": 1, "tp": 2, "sequence_parallel": False},  # TP alone, norms as plain tensors beside DTensors
+        # TP alone, norms as plain tensors beside DTensors: foreach=None settled to False; compiled (no fully_shard
+        # units, so the model as a whole)
+        {"dp": 1, "tp": 2, "sequence_parallel": False, "compile": "aot_eager", "foreach": None, "foreach_errors": True},
         {"dp": 2, "tp": 1, "accumulate": 2, "compile": "aot_eager"},  # FSDP alone, no_backward_sync, compiled
         {"dp": 4, "tp": 1, "replicate": 2, "activation_checkpointing": True},  # HSDP: 2 replicas of 2 shards
+        {"dp": 2, "tp": 2, "replicate": 2},  # HSDP with TP, a 3-D mesh: 2 replicas x 1 shard x 2 tensor-parallel
     ],
-    ids=["tp_only", "fsdp_only", "hsdp"],
+    ids=["tp_only", "fsdp_only", "hsdp", "hsdp_tp"],
 )
 def test_other_layouts_equal_one_process(options: dict[str, Any], expected: dict[str, Any]) -> None:
     nprocs = options["dp"] * options["tp"]
     runs = mp_job("train", nprocs, **options)
     _matches_reference(runs, expected)
     for run in runs:
-        if options.get("replicate"):
+        if options.get("replicate") and options["tp"] == 1:
             names = {tuple(seen["mesh"]) for seen in run["placements"].values()}
             assert names == {("data_parallel_replicate", "data_parallel_shard")}
             assert all(seen["fraction"] == 0.5 for seen in run["placements"].values())  # sharded in 2, replicated
         if options.get("compile"):
-            assert run["compiled"] == {"wrapped": False, "blocks": 2}  # block by block, the model itself not wrapped
-        if options["tp"] == 2:
+            # block by block, the model itself not wrapped; TP alone has no fully_shard units: the whole model
+            assert run["compiled"] == {"wrapped": False, "blocks": 2 if options["dp"] > 1 else 1}
+        else:  # each block's MLP runs once per step, and again in backward where the block is checkpointed
+            assert run["block_calls"] == [DEPTH * (2 if options.get("activation_checkpointing") else 1)] * STEPS
+        if options["tp"] == 2 and not options.get("sequence_parallel", True):
             plain = [name for name, seen in run["placements"].items() if seen["placements"] is None]
             assert plain and all("norm" in name for name in plain)
+            assert run["foreach"] == [False]  # AdamW(foreach=None), settled for the mixed group; and it trained
+            for option, error in run["foreach_errors"].items():
+                assert error["type"] == "ValueError", (option, error)
+                assert (
+                    f"AdamW({option}=True): parameter group 0 mixes 16 DTensor parameter(s) with 5 plain"
+                    in (error["message"])
+                )
+                assert "layers.0.attention_norm.weight" in error["message"]
+        if options.get("accumulate"):
+            _skips_the_reduce_scatter(run["no_sync"])
+    if options.get("replicate") and options["tp"] == 2:
+        _is_hsdp_with_tensor_parallel(runs)
+
+
+def _skips_the_reduce_scatter(seen: dict[str, Any]) -> None:
+    """Two micro-batches per step, the first inside ``no_backward_sync``: no reduce-scatter there and every unit's
+    gradient sync off; one reduce-scatter per unit (2 blocks and the root) after the second; nested blocks leave
+    the sync off until the outermost ends."""
+    units = DEPTH + 1
+    assert seen["reduce_scatters"] == [0, units] * STEPS
+    assert seen["inside"] == [[False] * units, [True] * units] * STEPS  # the second micro-batch: enabled=False
+    assert seen["after"] == [[True] * units] * 2 * STEPS
+    assert seen["nested_inner"] == seen["nested_after_inner"] == [False] * units
+    assert seen["nested_after_outer"] == [True] * units
+
+
+def _is_hsdp_with_tensor_parallel(runs: list[dict[str, Any]]) -> None:
+    """The mesh is (replicate 2, shard 1, tensor parallel 2); parameters are replicated over the first dimension,
+    sharded by FSDP over the second and by TP over the third; the replicas hold equal shards after training and saw
+    different data, the ranks of a TP group the same."""
+    names = ["data_parallel_replicate", "data_parallel_shard", "tensor_parallel"]
+    for run in runs:
+        assert run["mesh_shape"] == {"names": names, "shape": [2, 1, 2]}
+        for name, seen in run["placements"].items():
+            assert seen["mesh"] == names, name
+            assert seen["placements"][0] == "R", (name, seen)  # replicated over the replicas
+            if "norm" in name:  # sequence parallel: replicated over tensor-parallel ranks
+                assert seen["placements"][2] == "R" and seen["fraction"] == 1.0, (name, seen)
+            else:
+                assert seen["placements"][2].startswith("S(") and seen["fraction"] == 0.5, (name, seen)
+    by_rank = {run["rank"]: run for run in runs}
+    for rank, replica in ((0, 2), (1, 3)):
+        assert by_rank[rank]["local"] == by_rank[replica]["local"]  # the same shards in both replicas
+        assert not set(by_rank[rank]["seen"]) & set(by_rank[replica]["seen"])
+    assert by_rank[0]["local"] != by_rank[1]["local"] and by_rank[0]["seen"] == by_rank[1]["seen"]
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -338,14 +485,22 @@ def test_a_2x2_checkpoint_loads_into_a_plain_module_and_consolidates(
 
 @pytest.mark.timeout(240)
 def test_full_checkpoint_file(tmp_path: Path) -> None:
-    """``save_distributed_checkpoint=False``: one file from rank 0, the same layout a plain module loads."""
+    """``save_distributed_checkpoint=False``: one file from rank 0, the same layout a plain module loads, and that
+    loads back into a freshly parallelised model (1x2) exactly."""
     target = tmp_path / "full.ckpt"
-    runs = mp_job("train", 2, dp=1, tp=2, save_distributed_checkpoint=False, kwargs={"folder": str(target), "steps": 2})
+    kwargs = {"folder": str(target), "steps": 2, "reload": True}
+    runs = mp_job("train", 2, dp=1, tp=2, save_distributed_checkpoint=False, kwargs=kwargs)
     assert target.is_file() and runs[0]["saved_files"] == "file"
     model = Llama()
     Fabric(accelerator="cpu", devices=1).load(target, {"model": model}, strict=False)
     for key, value in runs[0]["state"].items():
         assert torch.equal(model.state_dict()[key], value), key
+    for run in runs:
+        reloaded = run["reloaded"]
+        assert reloaded["remainder"] == [] and reloaded["step"] == 2 and reloaded["optimizer_steps"] == [2]
+        assert all(seen["placements"] is not None for seen in reloaded["placements"].values())  # all DTensors
+        for key, value in run["state"].items():
+            assert torch.equal(reloaded["state"][key], value), (run["rank"], key)
 
 
 def test_helper_is_a_parallelize_fn() -> None:
@@ -374,11 +529,24 @@ def test_checkpoints_load_across_lightning_and_fabric_lite(writer: str, reader: 
 
 @pytest.mark.timeout(240)
 def test_bf16_mixed_trains_close_to_float32(expected: dict[str, Any]) -> None:
-    """``bf16-mixed``: autocast around the tensor-parallel forward, float32 parameters; the losses follow float32's
-    within bfloat16's precision (a relative 2**-8 per operation)."""
-    runs = mp_job("train", 2, dp=1, tp=2, precision="bf16-mixed", kwargs={"steps": 4})
+    """``bf16-mixed`` on 2x2 with ``mp_policy=strategy.mixed_precision_policy``: autocast around the tensor-parallel
+    forward, float32 sharded parameters that FSDP2 gathers in bfloat16; the losses follow float32's within
+    bfloat16's precision (a relative 2**-8 per operation)."""
+    runs = mp_job("train", 4, dp=2, tp=2, precision="bf16-mixed", mp_policy=True, kwargs={"steps": 4})
     for run in runs:
-        assert all(dtype == "torch.float32" for dtype in run["dtypes"]), run["dtypes"]
+        assert run["dtypes"] == ["torch.float32"], run["dtypes"]  # the sharded parameters, which AdamW updates
+        assert run["forward_dtypes"] == ["torch.bfloat16"]  # the gathered ones, while a block runs
         differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:4], strict=True)]
         assert max(differences) < 0.05, (run["losses"], expected["losses"][:4])
         assert max(differences) > 0, "bf16-mixed computed in float32"
+
+
+@pytest.mark.timeout(240)
+def test_bf16_true_trains_in_bfloat16(expected: dict[str, Any]) -> None:
+    """``bf16-true`` on 2x1 with the strategy's policy: parameters created, gathered and updated in bfloat16."""
+    runs = mp_job("train", 2, dp=2, tp=1, precision="bf16-true", mp_policy=True, kwargs={"steps": 2})
+    for run in runs:
+        assert run["dtypes"] == run["forward_dtypes"] == ["torch.bfloat16"]
+        assert len(run["losses"]) == 2 and all(math.isfinite(loss) for loss in run["losses"] + run["norms"])
+        differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:2], strict=True)]
+        assert max(differences) < 0.05, (run["losses"], expected["losses"][:2])

@@ -67,6 +67,49 @@ def test_save_load_on_file_url(fabric: Fabric, tmp_path: Path) -> None:
     assert not Path("file:").exists()
 
 
+@pytest.mark.parametrize("kind", ["csv", "tensorboard"])
+def test_loggers_on_a_file_url_write_to_its_local_folder(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file:///abs/logs`` is the local folder ``/abs/logs``: never a folder named ``file:`` where the script runs."""
+    monkeypatch.chdir(tmp_path)  # a literal `file:` folder would appear here
+    if kind == "csv":
+        logger: Any = CSVLogger(f"file://{tmp_path}/logs", name="exp", flush_logs_every_n_steps=1)
+    else:
+        pytest.importorskip("tensorboardX")
+        from fabric_lite.loggers import TensorBoardLogger
+
+        logger = TensorBoardLogger(f"file://{tmp_path}/logs", name="exp")
+    assert logger.root_dir == str(tmp_path / "logs")
+    assert logger.log_dir == str(tmp_path / "logs" / "exp" / "version_0")
+    logger.log_metrics({"loss": 0.5}, step=0)
+    logger.finalize("success")
+    files = os.listdir(logger.log_dir)
+    if kind == "csv":
+        assert files == ["metrics.csv"]
+    else:
+        assert any(name.startswith("events.out.tfevents") for name in files), files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]  # and no `file:` folder
+    assert type(logger)(f"file://{tmp_path}/logs", name="exp").version == 1  # versions found on the local disk
+
+
+def test_save_load_and_consolidate_on_file_urls_write_no_url_named_folder(
+    fabric: Fabric, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from fabric_lite.utilities.consolidate import main
+
+    monkeypatch.chdir(tmp_path)
+    seen = remote_jobs.save_load(fabric, f"file://{tmp_path}/run")
+    assert seen["loaded"] == seen["saved"] and seen["raw"]
+    dcp.save({"model": {"w": torch.arange(3.0)}, "step": 4}, checkpoint_id=str(tmp_path / "sharded"), no_dist=True)
+    assert main([f"file://{tmp_path}/sharded", f"file://{tmp_path}/out/full.ckpt"]) == 0
+    assert fabric.load(f"file://{tmp_path}/out/full.ckpt")["step"] == 4
+    assert torch.load(tmp_path / "out" / "full.ckpt", weights_only=True)["step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "run", "sharded"]
+
+
 def test_missing_empty_and_corrupt_urls_are_named(fabric: Fabric, memory_url: str) -> None:
     missing = f"{memory_url}/nope.ckpt"
     with pytest.raises(FileNotFoundError, match=f"Checkpoint file not found: '{missing}'"):

@@ -127,17 +127,84 @@ print("AFTER", torch.load(fs.open({url!r}, "rb"), weights_only=True)["step"])
     assert "AFTER 1" in done.stdout, done.output
 
 
-def test_csv_logger_on_s3(s3: str) -> None:
-    url = _url()
-    results = _job(s3, "tests.jobs.remote_jobs:csv_logs", 2, url=url)
-    assert [seen["log_dir"] for seen in results] == [f"{url}/exp/version_0"] * 2
-    for seen in results:  # rank 0 alone wrote, its own values (rank + step)
-        assert seen["csv"].splitlines() == ["loss,step", "0.0,0", "1.0,1", "2.0,2"]
+def test_upload_failing_after_its_first_part_keeps_previous_object(s3: str) -> None:
+    """A multipart upload that fails once the server holds its first part (the connection drops before the second):
+    the object at the URL stays byte for byte what it was, and nothing partial appears beside it."""
+    folder = _url()
+    url = f"{folder}/big.ckpt"
     code = f"""
-from fabric_lite.loggers import CSVLogger
-print("NEXT", CSVLogger({url!r}, name="exp").version)
+import boto3, s3fs, torch
+from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save
+from fabric_lite.utilities.cloud_io import get_filesystem
+
+# s3fs uploads in parts from 100 MiB (2 x its 50 MiB part): here parts of 5 MiB, S3's smallest, one at a time,
+# so that a 12 MiB checkpoint goes up in three parts
+PART = 5 * 2**20
+pipe_file, call_s3 = s3fs.S3FileSystem._pipe_file, s3fs.S3FileSystem._call_s3
+seen = {{"fail": False, "sent": [], "held": None}}
+
+async def pipe_in_parts(self, path, data, **kwargs):
+    kwargs.update(chunksize=PART, max_concurrency=1)
+    return await pipe_file(self, path, data, **kwargs)
+
+async def call(self, method, *args, **kwargs):
+    if method == "upload_part":
+        if seen["fail"] and kwargs["PartNumber"] == 2:
+            ids = {{name: kwargs[name] for name in ("Bucket", "Key", "UploadId")}}
+            listed = boto3.client("s3").list_parts(**ids)  # what the server holds of this upload now
+            seen["held"] = [part["PartNumber"] for part in listed.get("Parts", [])]
+            raise ConnectionResetError("connection reset by peer while sending part 2")
+        seen["sent"].append(kwargs["PartNumber"])
+    return await call_s3(self, method, *args, **kwargs)
+
+s3fs.S3FileSystem._pipe_file = pipe_in_parts  # before the filesystem object exists: it binds them when created
+s3fs.S3FileSystem._call_s3 = call
+atomic_save({{"step": 1, "w": torch.full((3 * 2**20,), 1.0)}}, "{url}")  # 12 MiB
+print("FIRST", seen["sent"])
+fs = get_filesystem("{url}")
+before = fs.cat_file("{url}")
+seen["fail"], seen["sent"] = True, []
+try:
+    atomic_save({{"step": 2, "w": torch.full((3 * 2**20,), 2.0)}}, "{url}")
+except CheckpointError as err:
+    print("ERROR", err)
+print("SENT", seen["sent"], "HELD", seen["held"])
+fs.invalidate_cache()
+print("SAME", fs.cat_file("{url}") == before)
+print("LISTED", [name.rsplit("/", 1)[-1] for name in fs.find("{folder}")])
+bucket, key = "{url}"[len("s3://") :].split("/", 1)
+print("UPLOADS", len(boto3.client("s3").list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])))
 """
-    assert "NEXT 1" in _python(s3, code).stdout
+    out = _python(s3, code).stdout
+    assert "FIRST [1, 2, 3]" in out, out  # the first checkpoint went up in three parts too
+    assert f"ERROR Saving the checkpoint to '{url}' failed: ConnectionResetError" in out, out
+    assert "SENT [1] HELD [1]" in out, out  # the server had received part 1 when the transfer broke
+    assert "SAME True" in out and "LISTED ['big.ckpt']" in out, out
+    assert "UPLOADS 0" in out, out  # the unfinished upload was aborted: its part is not kept (nor billed)
+
+
+def test_csv_and_tensorboard_loggers_on_s3(s3: str, tmp_path: Path) -> None:
+    """Both loggers write to S3 on two ranks (rank 0 alone); every rank lists the objects and reads them back."""
+    from tests.test_loggers import read_events
+
+    url = _url()
+    results = _job(s3, "tests.jobs.remote_jobs:loggers", 2, url=url)
+    for rank, seen in enumerate(results):
+        assert seen["log_dirs"] == [f"{url}/exp/version_0", f"{url}/tb/version_0"], rank
+        assert seen["csv"].splitlines() == ["loss,step", "0.0,0", "1.0,1", "2.0,2"], rank  # rank 0's values
+        assert seen["next_versions"] == [1, 1], rank  # found by listing the bucket
+        # tensorboard (through boto3) also leaves an empty `version_0/` folder marker; tensorboardX nothing else
+        assert sorted(name for name, size in seen["objects"].items() if size) == [
+            "exp/version_0/metrics.csv",
+            *seen["events"],
+        ], (rank, seen["objects"])
+        assert len(seen["events"]) == 1 and next(iter(seen["events"])).startswith("tb/version_0/events.out.tfevents")
+    events = tmp_path / "events"
+    events.mkdir()
+    for name, data in results[0]["events"].items():
+        (events / name.rsplit("/", 1)[-1]).write_bytes(data)
+    scalars, _ = read_events(events)
+    assert scalars == {"loss": [(0, 0.0), (1, 1.0), (2, 2.0)], "hp_metric": [(0, -1.0)]}, results[0]["backend"]
 
 
 def test_upload_time_of_10_mb(s3: str) -> None:
@@ -194,15 +261,9 @@ def test_fsdp_sharded_checkpoint_on_two_ranks_then_one(s3: str) -> None:
     url = _url()
     two = _fsdp_job(s3, 2, url=url)
     _check_sharded_on_url(two, url)
-    one = _fsdp_job(s3, 1, url=url, load_only=True)[0]["loaded"]
-    assert "traceback" not in one, one
+    one = _fsdp_job(s3, 1, url=url, load_only=True)[0]
+    assert "traceback" not in one["loaded"], one["loaded"]
     for key, value in two[0]["expected"]["model"].items():
-        assert torch.equal(one["model"][key], value), key
-    code = f"""
-from fabric_lite.utilities.checkpoint import safe_load
-from fabric_lite.utilities.consolidate import main
-assert main(["{url}/ckpt", "--output_file", "{url}/full.ckpt"]) == 0
-full = safe_load("{url}/full.ckpt")
-print("KEYS", sorted(full), full["step"], full["counter"])
-"""
-    assert "KEYS ['counter', 'model', 'optimizer', 'step'] 3 {'value': 3}" in _python(s3, code).stdout
+        assert torch.equal(one["loaded"]["model"][key], value), key
+    consolidated = {"keys": ["counter", "model", "optimizer", "step"], "step": 3, "counter": {"value": 3}}
+    assert one["consolidated"] == consolidated

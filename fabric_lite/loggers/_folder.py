@@ -5,7 +5,8 @@ Only global rank 0 creates folders and files. When the version is not given, ran
 the same folder (a rank that scanned the disk by itself could see rank 0's new folder and pick the one after).
 
 ``root_dir`` may be an fsspec URL (``s3://bucket/logs``, ``memory://logs``): the versions are then found by listing
-that folder through fsspec, and the files are written through it.
+that folder through fsspec, and the files are written through it. A ``file://`` URL is a local folder: it is taken
+as its path (``file:///tmp/logs`` is ``/tmp/logs``, which ``root_dir`` and ``log_dir`` then report).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from fabric_lite.loggers.logger import Logger
-from fabric_lite.utilities.cloud_io import _filesystem, _is_remote
+from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 
@@ -30,6 +31,8 @@ class _FolderLogger(Logger):
         root = os.fspath(root_dir)
         if _is_remote(root):
             _filesystem(root)  # refuse a protocol without its package now, not at the first logged value
+        else:
+            root = _local_path(root)  # file:///tmp/logs -> /tmp/logs, which os.makedirs and open understand
         if version is not None and (isinstance(version, bool) or not isinstance(version, (int, str))):
             raise TypeError(
                 f"{type(self).__name__}(version={version!r}): the version must be an int (folder `version_N`),"
@@ -59,7 +62,7 @@ class _FolderLogger(Logger):
     @property
     @override
     def root_dir(self) -> str:
-        """The folder that holds every experiment name and version."""
+        """The folder that holds every experiment name and version (a ``file://`` root as its local path)."""
         return self._root_dir
 
     @property

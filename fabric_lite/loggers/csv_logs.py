@@ -32,7 +32,8 @@ class CSVLogger(_FolderLogger):
     method is a no-op.
 
     Args:
-        root_dir: the folder that holds every experiment.
+        root_dir: the folder that holds every experiment: a local path, a ``file://`` URL (taken as its local
+            path) or an fsspec URL such as ``s3://bucket/logs`` (``pip install 'fabric-lite[remote]'``).
         name: the experiment's folder under ``root_dir``; ``None`` or ``""`` puts the versions in ``root_dir``.
         version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
             ``version_N`` (with Fabric, global rank 0 chooses it for every rank). An existing ``metrics.csv`` in

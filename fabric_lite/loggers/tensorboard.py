@@ -52,8 +52,18 @@ class TensorBoardLogger(_FolderLogger):
     :attr:`experiment` is an object whose methods do nothing. The writer is closed by :meth:`finalize`, when the
     function given to ``fabric.launch`` returns, and at the latest when the process exits.
 
+    ``root_dir`` may be an fsspec URL; who writes to it depends on the package. With ``tensorboardX``, fabric_lite
+    writes every URL through fsspec, so fsspec's configuration applies (e.g. ``FSSPEC_S3_ENDPOINT_URL``), and the
+    whole event file is uploaded again at every flush. With ``tensorboard``, its own file layer writes: ``s3://``
+    through boto3, configured only by boto3's environment (``AWS_ENDPOINT_URL`` or ``S3_ENDPOINT``, the usual
+    credentials) and never by fsspec's settings, while the next free version is still found through fsspec (so
+    a store other than AWS's needs both configured); other protocols through fsspec. The logger takes no
+    ``storage_options`` (nor does ``CSVLogger``): configure the store through the environment or fsspec's
+    configuration.
+
     Args:
-        root_dir: the folder that holds every experiment.
+        root_dir: the folder that holds every experiment: a local path, a ``file://`` URL (taken as its local
+            path) or an fsspec URL such as ``s3://bucket/logs`` (``pip install 'fabric-lite[remote]'``).
         name: the experiment's folder under ``root_dir``; ``None`` or ``""`` puts the versions in ``root_dir``.
         version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
             ``version_N`` (with Fabric, global rank 0 chooses it for every rank).
@@ -158,12 +168,15 @@ class TensorBoardLogger(_FolderLogger):
         if not self._is_global_zero():
             return
         _check_metrics(metrics, "TensorBoardLogger.log_metrics")
+        # created outside the `try` below: a writer that cannot be created (a missing package, an unreachable
+        # store) must raise its own error, not one that blames the value
+        experiment = self.experiment
         for name, value in _add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR).items():
             if isinstance(value, dict):
-                self.experiment.add_scalars(name, value, step)
+                experiment.add_scalars(name, value, step)
                 continue
             try:
-                self.experiment.add_scalar(name, value, step)
+                experiment.add_scalar(name, value, step)
             except Exception as err:
                 raise ValueError(
                     f"TensorBoardLogger.log_metrics cannot log {name}={value!r} ({type(value).__name__}): log a"

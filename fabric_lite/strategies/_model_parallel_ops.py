@@ -1,16 +1,15 @@
 """What :class:`~fabric_lite.strategies.model_parallel.ModelParallelStrategy` computes outside the strategy object:
-the mesh shape from the sizes asked, and gradient norms and clipping over DTensors of several meshes mixed with plain
-tensors (which torch's ``clip_grad_norm_`` refuses)."""
+the mesh shape from the sizes asked, gradient norms and clipping over DTensors of several meshes mixed with plain
+tensors (which torch's ``clip_grad_norm_`` refuses), and the optimizer settings that cannot mix them either."""
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.nn import Module
+from torch.optim import Optimizer
 
 
 def mesh_shape(
@@ -57,18 +56,47 @@ def move_leftovers(module: Module, device: torch.device) -> None:
                 sub._buffers[name] = buffer.to(device)
 
 
-@contextmanager
-def without_gradient_sync(module: Module) -> Generator[None, None, None]:
+def set_gradient_sync(module: Module, enabled: bool) -> None:
+    """Switch FSDP2's gradient reduction (reduce-scatter, and HSDP's all-reduce) on or off for every ``fully_shard``
+    unit in ``module``; a module without units has nothing to switch."""
     from torch.distributed.fsdp import FSDPModule
 
-    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.set_requires_gradient_sync(False, recurse=False)
-    try:
-        yield
-    finally:
-        for unit in units:
-            unit.set_requires_gradient_sync(True, recurse=False)
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_requires_gradient_sync(enabled, recurse=False)
+
+
+def settle_foreach(optimizer: Optimizer, names: dict[int, str]) -> None:
+    """Make each parameter group of ``optimizer`` that mixes DTensor and plain tensor parameters (a tensor-parallel
+    model without sequence parallelism keeps its norms' weights plain) run its per-parameter loop: torch's foreach
+    and fused kernels refuse the mix ("got mixed torch.Tensor and DTensor"). ``foreach=None`` becomes ``False`` for
+    such a group (on CUDA, torch would otherwise pick foreach); groups of one kind are left alone. ``names`` maps
+    ``id(parameter)`` to its name, for the message.
+
+    Raises:
+        ValueError: such a group asks for ``foreach=True`` or ``fused=True``; the message names the group, some of
+            its plain parameters and the fix.
+    """
+    from torch.distributed.tensor import DTensor
+
+    for index, group in enumerate(optimizer.param_groups):
+        params = group["params"]
+        plain = [p for p in params if not isinstance(p, DTensor)]
+        if not plain or len(plain) == len(params):
+            continue
+        for option in ("foreach", "fused"):
+            if group.get(option) is True:
+                shown = ", ".join(names.get(id(p), f"<{tuple(p.shape)} tensor>") for p in plain[:3])
+                more = f" and {len(plain) - 3} more" if len(plain) > 3 else ""
+                raise ValueError(
+                    f"{type(optimizer).__name__}({option}=True): parameter group {index} mixes"
+                    f" {len(params) - len(plain)} DTensor parameter(s) with {len(plain)} plain tensor parameter(s)"
+                    f" ({shown}{more}), which torch's {option} kernels cannot combine (\"got mixed torch.Tensor and"
+                    f' DTensor"). Pass {option}=False (or leave it unset), or make every parameter a DTensor:'
+                    " parallelize_transformer(..., sequence_parallel=True) parallelises the norms too."
+                )
+        if "foreach" in group and group["foreach"] is None:
+            group["foreach"] = False
 
 
 def like_groups(parameters: list[Tensor]) -> list[list[Tensor]]:

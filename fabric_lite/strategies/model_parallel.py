@@ -27,7 +27,12 @@ from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_setup, _model_parallel_ops
-from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, is_timeout
+from fabric_lite.strategies.parallel import (
+    ParallelStrategy,
+    default_pg_timeout,
+    is_timeout,
+    switched_off_while_nested,
+)
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities.types import _PATH, TBroadcast
 
@@ -84,7 +89,10 @@ class ModelParallelStrategy(ParallelStrategy):
       ``group=`` a sub-mesh's group (``strategy.device_mesh["data_parallel"].get_group()``).
     * **Gradients.** ``clip_gradients`` takes the total norm over every gradient, DTensors of any mesh and plain
       tensors alike; ``no_backward_sync`` skips FSDP2's reduce-scatter (tensor-parallel collectives are part of
-      the computation and always run).
+      the computation and always run); it can be nested.
+    * **Optimizers.** torch's foreach and fused kernels cannot take DTensor and plain tensor parameters in one
+      group (a tensor-parallel model without sequence parallelism keeps its norms plain): ``setup_optimizers`` sets
+      ``foreach=None`` to ``False`` for such a group and refuses ``foreach=True`` or ``fused=True`` there.
     * **Precision**: ``"32-true"``, ``"bf16-mixed"`` (autocast; pass :attr:`mixed_precision_policy` to
       ``fully_shard`` so that FSDP2 also all-gathers in bfloat16 and reduces in float32), ``"bf16-true"``,
       ``"16-true"``.
@@ -92,7 +100,8 @@ class ModelParallelStrategy(ParallelStrategy):
       written beside the target and swapped in) or, with ``save_distributed_checkpoint=False``, one file gathered
       on rank 0. ``fabric.load`` reads either into any mesh shape, or into a plain module.
     * **Compiled models**: ``fabric.setup(torch.compile(model))`` compiles each ``fully_shard`` unit on its own
-      (compiling a whole tensor + data parallel model fails in torch: "Mixing fake modes NYI").
+      (compiling a whole tensor + data parallel model fails in torch: "Mixing fake modes NYI"); a model without
+      units (tensor parallel alone) is compiled whole.
 
     Args:
         parallelize_fn: ``fn(module, device_mesh) -> module`` applying the parallelisms.
@@ -184,6 +193,8 @@ class ModelParallelStrategy(ParallelStrategy):
         self._device_mesh: DeviceMesh | None = None
         #: the modules set up by this strategy, to find the module an optimizer belongs to
         self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
+        #: open ``no_backward_sync`` blocks per module, so that nested blocks switch the sync back on only at the end
+        self._no_sync_depth: dict[int, int] = {}
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -353,12 +364,18 @@ class ModelParallelStrategy(ParallelStrategy):
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Check that ``optimizer`` updates the parameters of modules set up by this strategy.
+        """Check that ``optimizer`` updates the parameters of modules set up by this strategy, and turn ``foreach``
+        off (where it is ``None``) for every parameter group that mixes DTensor and plain tensor parameters, which
+        torch's foreach kernels cannot combine (on the CPU, ``None`` means off anyway; on CUDA it would pick them).
 
         Raises:
-            ValueError: it holds other tensors, typically because it was created before ``setup_module``.
+            ValueError: it holds other tensors, typically because it was created before ``setup_module``; or a
+                group that mixes DTensor and plain tensor parameters asks for ``foreach=True`` or ``fused=True``
+                (pass ``False``, or parallelise every parameter, e.g. with ``sequence_parallel=True``).
         """
         _fsdp_setup.check_optimizer_owned(optimizer, self._modules, "ModelParallelStrategy", "parallelize_fn")
+        names = {id(p): name for module in self._modules for name, p in module.named_parameters()}
+        _model_parallel_ops.settle_foreach(optimizer, names)
         return optimizer
 
     @override
@@ -376,7 +393,7 @@ class ModelParallelStrategy(ParallelStrategy):
     def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """Backward accumulates gradients locally, without FSDP2's reduce-scatter, until a backward outside the
         context. Tensor-parallel collectives are part of the computation and still run; a model without
-        ``fully_shard`` units has nothing to skip.
+        ``fully_shard`` units has nothing to skip. Nested blocks switch the sync back on when the outermost one ends.
 
         Raises:
             TypeError: ``module`` was not set up by this strategy.
@@ -388,7 +405,12 @@ class ModelParallelStrategy(ParallelStrategy):
                 f"Blocking backward sync is only possible for a module set up by ModelParallelStrategy, got"
                 f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
             )
-        return _model_parallel_ops.without_gradient_sync(module)
+        return switched_off_while_nested(
+            self._no_sync_depth,
+            id(module),
+            lambda: _model_parallel_ops.set_gradient_sync(module, False),
+            lambda: _model_parallel_ops.set_gradient_sync(module, True),
+        )
 
     @override
     def clip_gradients_norm(
@@ -495,6 +517,7 @@ class ModelParallelStrategy(ParallelStrategy):
     @override
     def teardown(self) -> None:
         self._modules = weakref.WeakSet()
+        self._no_sync_depth.clear()
         self._device_mesh = None
         super().teardown()
 

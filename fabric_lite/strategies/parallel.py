@@ -400,13 +400,14 @@ class ParallelStrategy(Strategy):
             self._devices_fixed = fixed = (root, comm)
         return fixed[1]
 
-    def _group_backend_and_size(self, group: Any | None) -> tuple[str, int]:
-        """``group``'s backend and world size (the default group's for ``None``), looked up once per group."""
+    def _group_backend_and_size(self, group: Any | None) -> tuple[Any, str, int]:
+        """``group`` itself (the default group for ``None``), its backend and its world size, looked up once per
+        group."""
         pg = group if group is not None else dist.group.WORLD
         facts = self._group_facts.get(id(pg))
         if facts is None or facts[0] is not pg:
             facts = self._group_facts[id(pg)] = (pg, dist.get_backend(pg), dist.get_world_size(pg))
-        return facts[1], facts[2]
+        return facts
 
     @override
     def all_reduce(
@@ -421,14 +422,14 @@ class ParallelStrategy(Strategy):
         op = _collectives.resolve_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
-        backend, world_size = self._group_backend_and_size(group)
+        pg, backend, world_size = self._group_backend_and_size(group)
         tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
         try:
             if world_size > 1 and tensors:  # over one rank every reduction is the identity
                 _collectives.all_reduce_checked(
                     tensors,
                     op,
-                    group,
+                    pg,
                     backend,
                     self._comm_device(),
                     _collectives.reduce_call(op),
@@ -449,7 +450,7 @@ class ParallelStrategy(Strategy):
         ``ValueError`` with a per-rank table. With ``sync_grads=True`` the result is differentiable and each
         process's tensor receives the sum, over processes, of the gradients of its slice.
         """
-        if not dist.is_initialized() or self._group_backend_and_size(group)[1] == 1:
+        if not dist.is_initialized() or self._group_backend_and_size(group)[2] == 1:
             return tensor
         device = self._comm_device()
         leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)

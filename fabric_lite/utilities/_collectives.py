@@ -13,6 +13,7 @@ costs one collective, not 64. There is no barrier before a collective: a collect
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import math
 import pickle
@@ -444,8 +445,8 @@ def all_reduce_checked(
 # cost exactly the backend's collective. If not, every rank falls back to the fixed exchange of signatures, which
 # either raises the mismatch on every rank or, when the signatures agree, shows that the value was real (a NaN in
 # the data, say) and the result stands. Integer (int32, int64) and boolean reductions have no such value: a flag
-# travels beside their data instead (an 8-byte word appended to a gathered message, or one more element of the
-# all-reduced buffer, whose reduction equals a known value only when every rank sent real data: see _flag), so a
+# travels beside their data instead (an 8-byte word appended to a gathered message, or a one-element all-reduce of
+# its own after the data's, whose result equals a known value only when every rank sent real data: see _flag), so a
 # dirty probe always means a mismatch. Only tensors on the CPU over gloo are predicted (a probe read on the host
 # would synchronise a device), and all-gathers only of floats; other calls take the exchange first. The ranks'
 # tensors are undefined after a mismatch error, as the error says.
@@ -461,10 +462,11 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # dtypes whose predicted reductions carry a flag (see _reduce_planned): wide enough that a sum of one per rank cannot
 # wrap around, or booleans (reduced with max or min)
 _FLAGGED = (torch.int32, torch.int64, torch.bool)
-# gathering and reducing locally beats gloo's all-reduce below this many gathered bytes (measured on 2 and 3 CPU
-# ranks, benchmarks/run.py's payload sweep); a single element is the exception (gloo's all-reduce of one element
-# skips its ring)
-_LOCAL_REDUCE_BYTES = 256 * 1024
+# gathering and reducing locally beats gloo's all-reduce up to this many gathered bytes (measured on 2 and 3 CPU ranks:
+# an all-gather and a local sum took 0.56-0.81x the all-reduce for payloads of 64-512 KiB on 2 ranks and 0.57-0.64x
+# for 64-256 KiB on 3, and 1.09x / 1.46x for 1 MiB); a single float element is the exception (gloo's all-reduce of
+# one element skips its ring)
+_LOCAL_REDUCE_BYTES = 1 << 20
 
 
 class _Plan:
@@ -645,7 +647,7 @@ def _poisoned(plan: _Plan) -> list[Tensor]:
 
 
 def _flag(op: Any, dtype: torch.dtype, real: bool, world_size: int) -> tuple[int, int]:
-    """The flag element a rank adds to a predicted integer or boolean reduction with ``op``: (what this rank sends,
+    """The flag a rank sends with a predicted integer or boolean reduction with ``op``: (what this rank sends,
     what the reduced flag is when every rank sent real data). A rank that takes part without real data sends a
     value that the reduction cannot turn into the expected one."""
     if dtype == torch.bool:
@@ -659,6 +661,30 @@ def _flag(op: Any, dtype: torch.dtype, real: bool, world_size: int) -> tuple[int
 
 def _finite(values: Tensor) -> bool:
     return bool(torch.isfinite(values).all()) if values.numel() > 1 else math.isfinite(values.item())
+
+
+# the exponent bits of each float dtype: a value is NaN or infinite exactly when they are all set
+_EXPONENT_BITS = {
+    torch.float16: (ctypes.c_uint16, 0x7C00),
+    torch.bfloat16: (ctypes.c_uint16, 0x7F80),
+    torch.float32: (ctypes.c_uint32, 0x7F800000),
+    torch.float64: (ctypes.c_uint64, 0x7FF0000000000000),
+}
+
+
+def _first_is_finite(buffer: Tensor) -> bool:
+    """Whether the first element of the float CPU tensor ``buffer`` is finite, read from its memory (the probe of a
+    predicted call: indexing a tensor and ``item()`` cost about 5 us, this well under one)."""
+    word, exponent = _EXPONENT_BITS[buffer.dtype]
+    return word.from_address(buffer.data_ptr()).value & exponent != exponent
+
+
+def _rows_start_finite(rows: Tensor) -> bool:
+    """Whether the first element of every row of the 2-D float CPU tensor ``rows`` is finite (every rank's probe in
+    a gathered message), read from memory as :func:`_first_is_finite` does."""
+    word, exponent = _EXPONENT_BITS[rows.dtype]
+    base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
+    return all(word.from_address(base + r * step).value & exponent != exponent for r in range(rows.shape[0]))
 
 
 def _reduce_planned(plan: _Plan, buffers: list[Tensor], aliases: list[list[Tensor]] | None, group: Any) -> bool:
@@ -689,7 +715,7 @@ def _reduce_planned(plan: _Plan, buffers: list[Tensor], aliases: list[list[Tenso
             values = rows[:, offset : offset + size].view(buffer.dtype)
             offset += size
             if i == 0 and not plan.flagged:
-                clean = _finite(values[:, 0])
+                clean = _rows_start_finite(values)
                 if not clean and aliases is None:
                     return False
             reduced = _reduce_rows(values, plan.op, world_size)
@@ -704,8 +730,7 @@ def _reduce_planned(plan: _Plan, buffers: list[Tensor], aliases: list[list[Tenso
         else:
             dist.all_reduce(buffer, op=plan.op, group=group)
         if i == 0:
-            # the probe: the first element (``item`` of a one-element tensor costs less than slicing one out)
-            clean = math.isfinite((buffer if buffer.numel() == 1 else buffer.view(-1)[0]).item())
+            clean = _first_is_finite(buffer)  # the probe: the first element (predicted buffers are on the CPU)
         if aliases is not None:
             _write_back(buffer, aliases[i])
     return clean
@@ -714,32 +739,29 @@ def _reduce_planned(plan: _Plan, buffers: list[Tensor], aliases: list[list[Tenso
 def _reduce_flagged(
     plan: _Plan, buffers: list[Tensor], aliases: list[list[Tensor]] | None, group: Any, world_size: int
 ) -> bool:
-    """The backend's all-reduce of integer or boolean ``buffers``, the first with one more element: the flag (see
-    :func:`_flag`); whether it says that every rank took part with real data."""
-    clean = True
+    """The backend's all-reduce of integer or boolean ``buffers`` where they are, then the flag (see :func:`_flag`)
+    in a one-element all-reduce of its own; whether the flag says that every rank took part with real data.
+
+    Appending the flag to the payload would cost a copy into a longer buffer and a copy back: measured on 2 CPU ranks,
+    more than the second collective (payloads gathered below ``_LOCAL_REDUCE_BYTES`` carry the flag in the message
+    and never come here)."""
+    sent, expected = _flag(plan.op, buffers[0].dtype, aliases is not None, world_size)
+    flag_op: Any = None
     for i, buffer in enumerate(buffers):
-        wire = buffer
-        if i == 0:
-            sent, expected = _flag(plan.op, buffer.dtype, aliases is not None, world_size)
-            wire = torch.empty(buffer.numel() + 1, dtype=buffer.dtype)
-            wire[:-1].copy_(buffer.reshape(-1))
-            wire[-1] = sent
-        if buffer.dtype == torch.bool:
-            dist.all_reduce(wire, op=_BOOL_OPS.get(plan.op, plan.op), group=group)
-        else:
-            dist.all_reduce(wire, op=ReduceOp.SUM if plan.op == _MEAN else plan.op, group=group)
-        values = wire
-        if i == 0:
-            clean = int(wire[-1].item()) == expected
-            if not clean and aliases is None:
-                return False
-            values = wire[:-1]
+        op = _BOOL_OPS.get(plan.op, plan.op) if buffer.dtype == torch.bool else plan.op
+        op = ReduceOp.SUM if op == _MEAN else op
+        flag_op = op if i == 0 else flag_op
+        dist.all_reduce(buffer, op=op, group=group)
         if plan.op == _MEAN and buffer.dtype != torch.bool:  # as _all_reduce_mean does
-            floating = values.is_floating_point()
-            values = values / world_size if floating else torch.div(values, world_size, rounding_mode="trunc")
+            if buffer.is_floating_point():
+                buffer.div_(world_size)
+            else:
+                buffer.div_(world_size, rounding_mode="trunc")
         if aliases is not None:
-            _store(values, buffer, aliases[i])
-    return clean
+            _write_back(buffer, aliases[i])  # nothing to copy for the caller's own contiguous tensor
+    flag = torch.tensor([sent], dtype=torch.int64)
+    dist.all_reduce(flag, op=flag_op, group=group)
+    return int(flag.item()) == expected
 
 
 def _store(reduced: Tensor, buffer: Tensor, members: list[Tensor]) -> None:
@@ -841,7 +863,10 @@ def _gather_planned(buffers: list[Tensor], group: Any, probe: bool = True) -> tu
         _all_gather_flat(out, flat, group)
         outs.append(out.view(world_size, -1))
     clean = not probe or not outs or outs[0].shape[1] == 0 or not outs[0].is_floating_point()
-    clean = clean or _finite(outs[0][:, 0])
+    if not clean:
+        first = outs[0]
+        fast = first.dtype in _EXPONENT_BITS and first.device.type == "cpu"
+        clean = _rows_start_finite(first) if fast else _finite(first[:, 0])
     return clean, outs
 
 

@@ -752,13 +752,13 @@ def predicted(fabric: Any) -> dict[str, Any]:
     return obs
 
 
-#: the integer and boolean reductions of :func:`predicted_integers`: (name, dtype, numel, reduce op); 70,000
-#: elements go through the backend's all-reduce (more than _collectives._LOCAL_REDUCE_BYTES gathered), the others
-#: are gathered and reduced locally
+#: the integer and boolean reductions of :func:`predicted_integers`: (name, dtype, numel, reduce op); 600,000
+#: elements (and 70,000 of int64 on 2 ranks) go through the backend's all-reduce, with the flag in a collective of
+#: its own (more than _collectives._LOCAL_REDUCE_BYTES gathered), the others are gathered and reduced locally
 INTEGER_CASES = [
     (f"{dtype}-{op}-{numel}", dtype, numel, op)
     for dtype in ("int64", "int32", "bool")
-    for numel in (1, 5, 70_000)
+    for numel in (1, 5, 70_000, 600_000)
     for op in ("sum", "mean", "max", "min", "product")
 ]
 
@@ -786,6 +786,7 @@ def predicted_integers(fabric: Any) -> dict[str, Any]:
         for name, dtype, numel, op in INTEGER_CASES:
             reduced = fabric.all_reduce(integer_input(dtype, numel, op, rank), reduce_op=op)
             obs[f"{round}/{name}"] = describe(reduced[:5])
+            obs[f"{round}/{name}/total"] = int(reduced.to(torch.int64).sum())  # every element, not only the first
         # a dict of mixed dtypes: one flagged call
         mixed = {"n": torch.tensor(rank + 1), "ok": torch.tensor(rank == 0), "loss": torch.tensor(0.5 * rank)}
         obs[f"{round}/mixed"] = {k: describe(v) for k, v in fabric.all_reduce(mixed, reduce_op="sum").items()}
@@ -796,6 +797,12 @@ def predicted_integers(fabric: Any) -> dict[str, Any]:
     # where a large integer sum is predicted: rank 1 reduces floats instead, then another shape, then another op
     obs["mismatch_dtype"] = catch(
         lambda: fabric.all_reduce(large.clone() if rank != 1 else large.float(), reduce_op="sum")
+    )
+    huge = torch.arange(600_000, dtype=torch.int64)  # 4.8 MB: the backend's all-reduce, then the flag
+    for _ in range(3):
+        fabric.all_reduce(huge.clone(), reduce_op="sum")
+    obs["mismatch_dtype_flag_apart"] = catch(
+        lambda: fabric.all_reduce(huge.clone() if rank != 1 else huge.int(), reduce_op="sum")
     )
     for _ in range(3):
         fabric.all_reduce(torch.arange(5), reduce_op="max")

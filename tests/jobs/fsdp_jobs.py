@@ -574,7 +574,8 @@ def sharding_strategies(fabric: Any, folder: str) -> dict[str, Any]:
 def sharded_on_url(fabric: Any, url: str, load_only: bool = False) -> dict[str, Any]:
     """Sharded checkpoints on an fsspec URL (``memory://`` on one rank, ``s3://`` on two): save, replace, a failed
     save that keeps the previous one, load into a fresh model, the whole checkpoint, and what is left in the folder.
-    With ``load_only``, load ``url/ckpt`` saved by a run at another world size and report the parameters."""
+    With ``load_only``, load ``url/ckpt`` saved by a run at another world size and report the parameters, then
+    consolidate it into ``url/full.ckpt`` and report what that holds (in this process: one spawn fewer)."""
     from fabric_lite.utilities.cloud_io import get_filesystem
 
     target = f"{url}/ckpt"
@@ -595,8 +596,17 @@ def sharded_on_url(fabric: Any, url: str, load_only: bool = False) -> dict[str, 
             "remainder": sorted(remainder),
         }
 
+    def consolidated() -> dict[str, Any]:
+        from fabric_lite.utilities.checkpoint import safe_load
+        from fabric_lite.utilities.consolidate import main
+
+        if main([target, "--output_file", f"{url}/full.ckpt"]) != 0:
+            raise RuntimeError(f"consolidating {target} failed (its message is on stderr)")
+        full = safe_load(f"{url}/full.ckpt")
+        return {"keys": sorted(full), "step": full["step"], "counter": full["counter"]}
+
     if load_only:
-        return record({"loaded": lambda: {"model": load_fresh()["model"]}})
+        return record({"loaded": lambda: {"model": load_fresh()["model"]}, "consolidated": consolidated})
     fmodel, foptimizer = setup_model(fabric, seed=1)
     results: dict[str, Any] = {}
 

@@ -3,11 +3,12 @@
     python -m tests.jobs.model_parallel_jobs JOB NPROCS OPTIONS_JSON OUT_PATH
 
 ``OPTIONS_JSON`` holds the strategy's sizes (``dp``, ``tp``, ``replicate``, each ``"auto"`` or an int), the
-parallelize options (``sequence_parallel``, ``loss_parallel``, ``activation_checkpointing``, ``fsdp``),
-``precision``, ``save_distributed_checkpoint`` and the job's ``kwargs``. ``Fabric(..., devices=NPROCS)`` re-runs this
-module once per extra rank; every rank runs ``JOB(fabric, options, **kwargs)`` and rank 0 pickles the list of every
-rank's result to ``OUT_PATH``. The model is a tiny Llama-style transformer with the names that
-``fabric_lite.strategies.parallelize.TransformerPlan`` expects by default.
+parallelize options (``sequence_parallel``, ``loss_parallel``, ``activation_checkpointing``, and ``mp_policy``: pass
+the strategy's ``mixed_precision_policy`` to ``fully_shard``), ``precision``, ``save_distributed_checkpoint``, the
+optimizer's ``foreach``, ``compile`` (a backend), ``accumulate`` (micro-batches per step) and the job's ``kwargs``.
+``Fabric(..., devices=NPROCS)`` re-runs this module once per extra rank; every rank runs ``JOB(fabric, options,
+**kwargs)`` and rank 0 pickles the list of every rank's result to ``OUT_PATH``. The model is a tiny Llama-style
+transformer with the names that ``fabric_lite.strategies.parallelize.TransformerPlan`` expects by default.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from tests.jobs.fsdp_jobs import error_of, record
+from tests.jobs.fsdp_jobs import Unpicklable, error_of, record
 
 VOCAB, DIM, HEADS, HIDDEN, DEPTH, SEQ = 32, 16, 4, 32, 2, 8
 GLOBAL_BATCH = 8  # divides over 1, 2 and 4 data-parallel ranks
@@ -156,6 +158,69 @@ def placements(module: nn.Module) -> dict[str, Any]:
     return found
 
 
+def local_digests(module: nn.Module) -> dict[str, str]:
+    """A digest of the part of every parameter this rank holds (to compare replicas without sending tensors)."""
+    from torch.distributed.tensor import DTensor
+
+    digests = {}
+    for name, param in module.named_parameters():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        digests[name] = hashlib.sha1(local.detach().float().numpy().tobytes()).hexdigest()[:16]
+    return digests
+
+
+def gradient_sync_flags(module: nn.Module) -> list[bool]:
+    """Whether each ``fully_shard`` unit of ``module`` reduces its gradients in the next backward (FSDP2's state)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [
+        group.reduce_grads
+        for unit in module.modules()
+        if isinstance(unit, FSDPModule)
+        for group in unit._get_fsdp_state()._fsdp_param_groups
+    ]
+
+
+@contextmanager
+def counting_reduce_scatters() -> Iterator[list[int]]:
+    """Count the calls of ``torch.distributed``'s reduce-scatters (FSDP2 reduces its gradients with them; tensor
+    parallelism uses the functional collectives, which are not counted). Yields a one-element list, the count."""
+    import torch.distributed as dist
+
+    count = [0]
+    names = [name for name in ("reduce_scatter_tensor", "reduce_scatter_single") if hasattr(dist, name)]
+    originals = {name: getattr(dist, name) for name in names}
+
+    def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return original(*args, **kwargs)
+
+        return call
+
+    for name, original in originals.items():
+        setattr(dist, name, counted(original))
+    try:
+        yield count
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+def watch_blocks(module: nn.Module) -> tuple[list[int], set[str]]:
+    """Hooks on every block's MLP: how often it runs (activation checkpointing runs it again in backward) and the
+    dtypes of its weights while it runs (FSDP2's ``param_dtype`` once the unit is gathered)."""
+    calls, dtypes = [0], set()
+
+    def hook(mlp: nn.Module, args: Any) -> None:
+        calls[0] += 1
+        dtypes.add(str(mlp.w1.weight.dtype))
+
+    for block in module.layers:
+        block.feed_forward.register_forward_pre_hook(hook)
+    return calls, dtypes
+
+
 def _parallelize(options: dict[str, Any]) -> Callable[..., nn.Module]:
     from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
 
@@ -172,8 +237,12 @@ def make_fabric(nprocs: int, options: dict[str, Any]) -> Any:
     from fabric_lite import Fabric
     from fabric_lite.strategies import ModelParallelStrategy
 
+    def parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
+        policy = strategy.mixed_precision_policy if options.get("mp_policy") else None
+        return _parallelize(options)(model, device_mesh, mp_policy=policy)
+
     strategy = ModelParallelStrategy(
-        _parallelize(options),
+        parallelize,
         data_parallel_size=options.get("dp", "auto"),
         tensor_parallel_size=options.get("tp", "auto"),
         save_distributed_checkpoint=options.get("save_distributed_checkpoint", True),
@@ -183,12 +252,18 @@ def make_fabric(nprocs: int, options: dict[str, Any]) -> Any:
     return Fabric(accelerator="cpu", devices=nprocs, strategy=strategy, precision=options.get("precision", "32-true"))
 
 
-def setup(fabric: Any, seed: int = 0, empty_init: bool = True, compile_backend: str | None = None) -> tuple[Any, Any]:
+def setup(
+    fabric: Any,
+    seed: int = 0,
+    empty_init: bool = True,
+    compile_backend: str | None = None,
+    foreach: bool | None = False,
+) -> tuple[Any, Any]:
     torch.manual_seed(seed)
     with fabric.init_module(empty_init=empty_init):
         model = Llama()
     model = fabric.setup_module(torch.compile(model, backend=compile_backend) if compile_backend else model)
-    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=LR, foreach=False))
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=LR, foreach=foreach))
     return model, optimizer
 
 
@@ -206,38 +281,63 @@ def step_loss(fabric: Any, model: Any, batch: torch.Tensor, loss_parallel: bool)
 
 
 # ---------------------------------------------------------------------------------------------- jobs
-def train(fabric: Any, options: dict[str, Any], folder: str | None = None, steps: int = STEPS) -> dict[str, Any]:
+def train(
+    fabric: Any, options: dict[str, Any], folder: str | None = None, steps: int = STEPS, reload: bool = False
+) -> dict[str, Any]:
     """Train ``steps`` steps from a meta-device init; record losses (averaged over the data-parallel group), the
-    clipped norms, the batches each rank saw, the placements, and save a checkpoint into ``folder``."""
+    clipped norms, the batches each rank saw, the placements, how often the blocks ran, and save a checkpoint into
+    ``folder`` (with ``reload``, load it back into a fresh model on the same mesh)."""
     strategy = fabric.strategy
     mesh = strategy.device_mesh
     dp_group = mesh["data_parallel"].get_group()
-    model, optimizer = setup(fabric, compile_backend=options.get("compile"))
+    model, optimizer = setup(fabric, compile_backend=options.get("compile"), foreach=options.get("foreach", False))
+    # hooks inside compiled blocks would be traced into them: watch the eager runs only
+    calls, forward_dtypes = watch_blocks(model.module) if not options.get("compile") else ([0], set())
     loader = fabric.setup_dataloaders(DataLoader(Tokens(), batch_size=GLOBAL_BATCH // mesh["data_parallel"].size()))
-    losses, norms, seen = [], [], []
+    losses, norms, seen, block_calls = [], [], [], []
     accumulate = options.get("accumulate", 1)
-    for step, batch in enumerate(loader):
-        if step == steps:
-            break
-        seen.append(hashlib.sha1(batch.numpy().tobytes()).hexdigest()[:12])
-        optimizer.zero_grad()
-        if accumulate > 1:  # micro-batches: no gradient reduce-scatter but for the last one
-            parts = batch.chunk(accumulate)
-            loss = torch.tensor(0.0)
-            for index, part in enumerate(parts):
-                with fabric.no_backward_sync(model, enabled=index < len(parts) - 1):
-                    part_loss = loss_of(model(part[:, :-1]), part) / len(parts)
-                    fabric.backward(part_loss)
-                loss = loss + part_loss.detach()
-        else:
-            loss = step_loss(fabric, model, batch, options.get("loss_parallel", False))
-        norms.append(fabric.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
-        optimizer.step()
-        loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
-        losses.append(fabric.all_reduce(loss.detach().clone(), group=dp_group, reduce_op="mean").item())
+    no_sync: dict[str, Any] = {"reduce_scatters": [], "inside": [], "after": []}
+    with counting_reduce_scatters() as reduce_scatters:
+        for step, batch in enumerate(loader):
+            if step == steps:
+                break
+            seen.append(hashlib.sha1(batch.numpy().tobytes()).hexdigest()[:12])
+            calls_before = calls[0]
+            optimizer.zero_grad()
+            if accumulate > 1:  # micro-batches: no gradient reduce-scatter but for the last one
+                parts = batch.chunk(accumulate)
+                loss = torch.tensor(0.0)
+                for index, part in enumerate(parts):
+                    before = reduce_scatters[0]
+                    with fabric.no_backward_sync(model, enabled=index < len(parts) - 1):
+                        part_loss = loss_of(model(part[:, :-1]), part) / len(parts)
+                        fabric.backward(part_loss)
+                        no_sync["inside"].append(gradient_sync_flags(model.module))
+                    no_sync["after"].append(gradient_sync_flags(model.module))
+                    no_sync["reduce_scatters"].append(reduce_scatters[0] - before)
+                    loss = loss + part_loss.detach()
+            else:
+                loss = step_loss(fabric, model, batch, options.get("loss_parallel", False))
+            block_calls.append(calls[0] - calls_before)
+            norms.append(fabric.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
+            optimizer.step()
+            loss = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+            losses.append(fabric.all_reduce(loss.detach().clone(), group=dp_group, reduce_op="mean").item())
+    if accumulate > 1:
+        with fabric.no_backward_sync(model):
+            with fabric.no_backward_sync(model):
+                no_sync["nested_inner"] = gradient_sync_flags(model.module)
+            no_sync["nested_after_inner"] = gradient_sync_flags(model.module)
+        no_sync["nested_after_outer"] = gradient_sync_flags(model.module)
     result: dict[str, Any] = {
         "rank": fabric.global_rank,
         "mesh": {name: mesh[name].get_local_rank() for name in mesh.mesh_dim_names},
+        "mesh_shape": {"names": list(mesh.mesh_dim_names), "shape": list(mesh.shape)},
+        "block_calls": block_calls if not options.get("compile") else None,
+        "forward_dtypes": sorted(forward_dtypes),
+        "no_sync": no_sync,
+        "local": local_digests(model.module),
+        "foreach": [group["foreach"] for group in optimizer.param_groups],
         "losses": losses,
         "norms": norms,
         "seen": seen,
@@ -250,9 +350,27 @@ def train(fabric: Any, options: dict[str, Any], folder: str | None = None, steps
         "sampler": strategy.distributed_sampler_kwargs,
         "state": full_state(model),
     }
+    if options.get("foreach_errors"):
+        # the same parameters, in one group that mixes DTensors with the plain norms
+        result["foreach_errors"] = {
+            "foreach": error_of(lambda: fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), foreach=True))),
+            "fused": error_of(lambda: fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), fused=True))),
+        }
     if folder is not None:
         fabric.save(folder, {"model": model, "optimizer": optimizer, "step": steps})
         result["saved_files"] = sorted(p.name for p in Path(folder).iterdir()) if Path(folder).is_dir() else "file"
+    if reload:
+        assert folder is not None
+        fresh, fresh_optimizer = setup(fabric, seed=123)
+        restored = {"model": fresh, "optimizer": fresh_optimizer, "step": 0}
+        remainder = fabric.load(folder, restored)
+        result["reloaded"] = {
+            "remainder": sorted(remainder),
+            "step": restored["step"],
+            "state": full_state(fresh),
+            "placements": placements(fresh.module),
+            "optimizer_steps": sorted({int(s["step"]) for s in fresh_optimizer.state.values()}),
+        }
     return result
 
 
@@ -281,9 +399,10 @@ def load(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
     return record({"loaded": load_all, "strict": strict, "lenient": lenient, "step": one_more_step})
 
 
-def misuse(fabric: Any, options: dict[str, Any]) -> dict[str, Any]:
+def misuse(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
     """Each misuse, recorded: an optimizer created before setup_module, setup with an optimizer, a precision
-    error is checked at construction by the test; here the ones that need a launched strategy."""
+    error is checked at construction by the test; here the ones that need a launched strategy, and a save that fails
+    over a previous checkpoint (beside ``folder``)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     def early_optimizer() -> dict[str, Any]:
@@ -324,6 +443,27 @@ def misuse(fabric: Any, options: dict[str, Any]) -> dict[str, Any]:
             "dp_ranks": dp_ranks,
         }
 
+    def replace_and_fail() -> dict[str, Any]:
+        root = Path(folder).parent
+        target = root / "replaced"
+        model = fabric.setup_module(Llama())
+        fabric.save(target, {"model": model, "step": 1})
+        fabric.save(target, {"model": model, "step": 2})  # swapped in over the first
+        metadata_before = (target / ".metadata").read_bytes()
+        files_before = sorted(p.name for p in target.iterdir())
+        failure = error_of(lambda: fabric.save(target, {"model": model, "step": 3, "bad": Unpicklable()}))
+        fabric.barrier()
+        loaded = {"step": 0}
+        fabric.load(target, loaded, strict=False)
+        return {
+            "failure": failure,
+            "step": loaded["step"],
+            "previous_intact": (target / ".metadata").read_bytes() == metadata_before,
+            "files": (files_before, sorted(p.name for p in target.iterdir())),
+            "leftovers": sorted(p.name for p in root.iterdir() if p.name.startswith(".")),
+            "after": fabric.all_reduce(torch.tensor(1.0), reduce_op="sum").item(),
+        }
+
     return record(
         {
             "early_optimizer": early_optimizer,
@@ -331,12 +471,13 @@ def misuse(fabric: Any, options: dict[str, Any]) -> dict[str, Any]:
             "no_sync": no_sync,
             "bad_group_src": bad_group_src,
             "collectives": group_collectives,
+            "replace_and_fail": replace_and_fail,
         }
     )
 
 
 def train_then_misuse(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
-    return {"train": train(fabric, options, folder=folder), "misuse": misuse(fabric, options)}
+    return {"train": train(fabric, options, folder=folder), "misuse": misuse(fabric, options, folder)}
 
 
 def main() -> None:

@@ -78,14 +78,30 @@ def failed_save(fabric: Any, url: str) -> dict[str, Any]:
     return {"error": error, "after": fabric.load(target)["step"]}
 
 
-def csv_logs(fabric: Any, url: str) -> dict[str, Any]:
-    """Log with a ``CSVLogger`` rooted at ``url`` (version 0): only rank 0 writes."""
-    from fabric_lite.loggers import CSVLogger
+def loggers(fabric: Any, url: str) -> dict[str, Any]:
+    """Log with a ``CSVLogger`` and a ``TensorBoardLogger`` rooted at ``url`` (version 0): only rank 0 writes. Then
+    every rank lists what the store holds, reads it back, and asks new loggers for their next free version."""
+    from fabric_lite.loggers import CSVLogger, TensorBoardLogger
 
-    logger = CSVLogger(url, name="exp", version=0, flush_logs_every_n_steps=1)
+    csv_logger = CSVLogger(url, name="exp", version=0, flush_logs_every_n_steps=1)
+    tb_logger = TensorBoardLogger(url, name="tb", version=0)
     for step in range(3):
-        logger.log_metrics({"loss": float(step + fabric.global_rank)}, step=step)
-    logger.finalize("success")
+        csv_logger.log_metrics({"loss": float(step + fabric.global_rank)}, step=step)
+        tb_logger.log_metrics({"loss": float(step + fabric.global_rank)}, step=step)
+    tb_logger.log_hyperparams({"lr": 0.1})
+    csv_logger.finalize("success")
+    tb_logger.finalize("success")
     fabric.barrier()
-    text = get_filesystem(url).cat_file(f"{logger.log_dir}/metrics.csv").decode()
-    return {"log_dir": logger.log_dir, "version": logger.version, "csv": text}
+    fs = get_filesystem(url)
+    fs.invalidate_cache()
+    root = fs._strip_protocol(url).rstrip("/")
+    objects = {name[len(root) + 1 :]: fs.size(name) for name in fs.find(root)}
+    events = {name: fs.cat_file(f"{root}/{name}") for name in objects if "events.out.tfevents" in name}
+    return {
+        "log_dirs": [csv_logger.log_dir, tb_logger.log_dir],
+        "backend": tb_logger._backend,
+        "objects": objects,
+        "csv": fs.cat_file(f"{csv_logger.log_dir}/metrics.csv").decode(),
+        "events": events,
+        "next_versions": [CSVLogger(url, name="exp").version, TensorBoardLogger(url, name="tb").version],
+    }
