@@ -741,6 +741,8 @@ class Fabric:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process has entered the barrier. Every process must call it; a no-op on one device.
 
+        With NCCL the processes meet on a gloo group beside it: the host does not wait for the GPU's queued work.
+
         Example::
 
             if fabric.global_rank == 0:
@@ -772,7 +774,9 @@ class Fabric:
         structure; numbers are turned into tensors first (int32/float32/uint8, as in Lightning). Following
         Lightning Fabric's documentation (its DDP strategy adds the dimension anyway), with a world size of 1 no
         dimension is added. Every process must call it with the same shapes and dtypes; otherwise every process
-        raises ``ValueError`` naming each rank's shapes, instead of hanging or returning garbage.
+        raises ``ValueError`` naming each rank's shapes, instead of hanging or returning garbage. On CUDA the check
+        travels on the host (built from the tensors' shapes and dtypes) and the data stay on the device: no
+        host-device synchronisation, as with a raw ``torch.distributed`` call.
 
         Args:
             sync_grads: make the result differentiable; each process's input receives the gradient of its slice.
@@ -836,7 +840,8 @@ class Fabric:
         stays an integer, truncated toward zero. A collection is reduced with one collective per dtype. Every
         process must call it with the same shapes, dtypes and order. With one process the data comes back as is,
         except with ``strategy="dp"``, which reduces the elements of each tensor (the values ``DataParallel``
-        gathered from its replicas) into a new 0-dim tensor.
+        gathered from its replicas) into a new 0-dim tensor. On CUDA the shape check travels on the host and the
+        data stay on the device: no host-device synchronisation, as with a raw ``torch.distributed.all_reduce``.
 
         Example::
 
