@@ -8,7 +8,10 @@ time each other's stragglers instead of the code (without it the figures swung b
 MEASURE is ``step`` (single-process training step), ``ddp`` (two-process DDP step and collectives, with the
 payload sweep of ``all_reduce`` from 4 B to 64 MiB and, for fabric_lite, every reduce op and dtype group; start it
 with ``torch.distributed.run --nproc-per-node 2``) or ``sweep`` (the payload sweep alone, on any number of ranks).
-IMPL is ``fabric_lite``, ``lightning`` or ``accelerate``.
+IMPL is ``fabric_lite``, ``lightning`` or ``accelerate``. ``--only ops/int64,sweep/1MiB`` measures only the figures
+whose names start with one of the given prefixes (a targeted run; ``benchmarks/run.py`` measures everything);
+``--pin`` keeps each rank on a core of its own where there are as many cores as ranks; ``--rounds N`` sets the rounds
+of each collective (30 by default).
 """
 
 from __future__ import annotations
@@ -31,6 +34,26 @@ MODELS = {
 INPUT = {"tiny": 32, "mlp": 256}
 BATCH = 64
 ROUND_SECONDS = 0.25  # the longest a round of one collective variant should last
+#: ``--only``: name prefixes of the figures to measure (all when empty)
+ONLY: list[str] = []
+#: ``--pin``: each rank on a core of its own (see :func:`pin_to_own_core`)
+PIN = False
+
+
+def wanted(measure: str) -> bool:
+    return not ONLY or any(measure.startswith(prefix) for prefix in ONLY)
+
+
+def pin_to_own_core() -> None:
+    """``--pin``: keep this rank, and the gloo threads it starts, on a core of its own when there are enough cores.
+
+    Two ranks left to the scheduler on two cores trade cores with each other's gloo threads, and 1 MiB collectives then
+    swing by 30 % from round to round; pinned, by a few percent. Raw PyTorch and the implementation run in the same
+    pinned processes, so the ratios stay fair."""
+    world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    cores = sorted(os.sched_getaffinity(0))
+    if world <= len(cores):
+        os.sched_setaffinity(0, {cores[local]})
 
 
 def emit(payload: dict) -> None:
@@ -150,10 +173,12 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
     torch.set_num_threads(1)
     if impl == "accelerate":
         raise SystemExit("accelerate is compared single-process only")
+    if PIN:
+        pin_to_own_core()
     accel = make_impl(impl, devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
     accel.launch()
     rank = dist.get_rank()
-    for model_name in MODELS:
+    for model_name in [name for name in MODELS if wanted(f"ddp_step/{name}")]:
         torch.manual_seed(0)
         raw_model = DistributedDataParallel(MODELS[model_name]())
         raw_opt = torch.optim.SGD(raw_model.parameters(), lr=1e-3)
@@ -276,11 +301,12 @@ def sweep(
             for op in OPS:
                 if dtype == torch.bool and op in ("mean", "product"):
                     continue
-                if op == "mean":  # raw: what a hand-written mean costs (gloo has no AVG)
+                if op == "mean":  # raw: what a hand-written mean costs (gloo has no AVG; integers stay integers)
 
                     def raw(x: Any = x) -> None:
                         dist.all_reduce(x)
-                        x.div_(dist.get_world_size()) if x.is_floating_point() else None
+                        world = dist.get_world_size()
+                        x.div_(world) if x.is_floating_point() else x.div_(world, rounding_mode="trunc")
                 else:
                     raw = partial(dist.all_reduce, x, op=raw_ops[op])
                 found[f"ops/{dtype_name}-{op}-{_size_name(nbytes)}"] = (raw, partial(accel.all_reduce, x, reduce_op=op))
@@ -297,6 +323,8 @@ def _measure_collectives(
     import torch.distributed as dist
 
     for measure, (raw_call, impl_call) in collectives.items():
+        if not wanted(measure):
+            continue
         calls = calls_per_round([raw_call, impl_call], limit)
         times = timed_rounds({"raw": raw_call, impl: impl_call}, rounds, calls, sync=dist.barrier)
         emit({"measure": measure, "impl": impl, "rank": rank, "calls": calls, "times": times})
@@ -306,6 +334,8 @@ def measure_sweep(impl: str, rounds: int, limit: int) -> None:
     """Under torchrun with any number of ranks: the payload sweep alone (``sweep3/...`` on 3 ranks)."""
     import torch.distributed as dist
 
+    if PIN:
+        pin_to_own_core()
     accel = make_impl(impl, devices=int(os.environ["WORLD_SIZE"]), strategy="ddp")
     accel.launch()
     world = dist.get_world_size()
@@ -320,10 +350,17 @@ def main() -> None:
     parser.add_argument("measure", choices=["step", "ddp", "sweep"])
     parser.add_argument("impl", choices=["fabric_lite", "lightning", "accelerate"])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", default="", help="comma-separated name prefixes of the figures to measure")
+    parser.add_argument("--pin", action="store_true", help="each rank on a core of its own, where there are enough")
+    parser.add_argument("--rounds", type=int, help="rounds of each collective (default 30; --quick 3)")
     args = parser.parse_args()
+    ONLY.extend(prefix for prefix in args.only.split(",") if prefix)
+    global PIN
+    PIN = args.pin
     # (rounds, steps per round) for training steps; (rounds, calls per round) for collectives
     rounds, steps = (3, 20) if args.quick else (15, 200)
     coll_rounds, coll_calls = (3, 5) if args.quick else (30, 100)
+    coll_rounds = args.rounds or coll_rounds
     if args.measure == "step":
         measure_step(args.impl, rounds, steps)
     elif args.measure == "sweep":

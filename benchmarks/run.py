@@ -123,10 +123,13 @@ def sections(impls: list[str], quick: bool) -> list[Callable[[], list[dict]]]:
     ]
     # Accelerate is compared single-process only; a quick run leaves Lightning's two-process figures out too (they
     # cost more than all of fabric_lite's, and the quick run only shows that the measurements work)
+    # a full run never overlaps two measurements, so its ranks can each have a core of their own (where there are
+    # as many cores as ranks): see bench_core.pin_to_own_core
+    pin = [] if quick else ["--pin"]
     for impl in [i for i in impls if i == "fabric_lite" or (i == "lightning" and not quick)]:
-        found.append(partial(_core_table, impl, ["ddp", impl, *flag], torchrun=True))
+        found.append(partial(_core_table, impl, ["ddp", impl, *flag, *pin], torchrun=True))
     # the payload sweep on 3 ranks too (fabric_lite against raw torch.distributed)
-    found.append(partial(_core_table, "fabric_lite", ["sweep", "fabric_lite", *flag], torchrun=True, nproc=3))
+    found.append(partial(_core_table, "fabric_lite", ["sweep", "fabric_lite", *flag, *pin], torchrun=True, nproc=3))
     for impl in impls:
         found.append(partial(_core_table, impl, ["step", impl, *flag], torchrun=False))
     found.append(partial(import_times, impls, 1 if quick else 15))

@@ -707,8 +707,9 @@ def test_predicted_calls_give_exact_results_and_every_mismatch_still_raises_ever
 @pytest.mark.timeout(240)
 def test_predicted_integer_and_boolean_reductions_are_exact_and_mismatches_raise_everywhere(world_size):
     """Integer and boolean reductions (every op; one element, a few, and enough to go through the backend's
-    all-reduce) are predicted from their third round, with a flag beside the data, and give exactly what the
-    unpredicted path gives; a rank calling another dtype, shape or op at a predicted call makes every rank raise."""
+    all-reduce) are predicted from their third round, with a flag beside the data (max and min: the dtype's extreme
+    as the mark), and give exactly what the unpredicted path gives, a real extreme where the probe reads included; a
+    rank calling another dtype, shape or op at a predicted call makes every rank raise."""
     from tests.jobs.collectives import INTEGER_CASES, integer_input
 
     results = spawn_job("tests.jobs.collectives:predicted_integers", world_size, timeout=180)
@@ -737,7 +738,16 @@ def test_predicted_integer_and_boolean_reductions_are_exact_and_mismatches_raise
             }
         # nothing predicted in the first round, all but the first call of the second, all of the third and fourth
         assert [obs[f"{r}/hits"] for r in range(4)] == [0, cases - 1, 2 * cases - 1, 3 * cases - 1]
-        for case in ("mismatch_dtype", "mismatch_dtype_flag_apart", "mismatch_shape", "mismatch_op"):
+        for numel in (5, 600_000):
+            assert obs[f"extreme/max/{numel}"] == [torch.iinfo(torch.int64).max, numel - 1], rank
+            assert obs[f"extreme/min/{numel}"] == [torch.iinfo(torch.int64).min, numel - 1], rank
+        for case in (
+            "mismatch_dtype",
+            "mismatch_dtype_flag_apart",
+            "mismatch_shape",
+            "mismatch_op",
+            "mismatch_marked_op",
+        ):
             raised = obs[case]
             assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, case, raised)
             assert all(f"rank {r}:" in raised.message for r in ranks), raised.message

@@ -812,6 +812,20 @@ def predicted_integers(fabric: Any) -> dict[str, Any]:
     obs["mismatch_op"] = catch(
         lambda: fabric.all_reduce(torch.ones(5, dtype=torch.bool), reduce_op="min" if rank != 1 else "max")
     )
+    # integer max and min are marked in the buffer (the dtype's extremes), not flagged: a real extreme where the probe
+    # reads takes the exchange and stands; a rank that calls another op where a large max is predicted is named
+    extremes = {"max": torch.iinfo(torch.int64).max, "min": torch.iinfo(torch.int64).min}
+    for numel in (5, 600_000):
+        for op, extreme in extremes.items():
+            for _ in range(2):
+                fabric.all_reduce(torch.arange(numel), reduce_op=op)
+            real = torch.arange(numel)
+            real[0] = extreme if rank == fabric.world_size - 1 else 0
+            reduced = fabric.all_reduce(real, reduce_op=op)
+            obs[f"extreme/{op}/{numel}"] = [int(reduced[0]), int(reduced[-1])]
+    for _ in range(3):
+        fabric.all_reduce(huge.clone(), reduce_op="max")
+    obs["mismatch_marked_op"] = catch(lambda: fabric.all_reduce(huge.clone(), reduce_op="max" if rank != 1 else "min"))
     for _ in range(3):
         obs["after"] = describe(fabric.all_reduce(torch.tensor([rank, 1]), reduce_op="sum"))
     return obs
