@@ -25,6 +25,11 @@ after round, and every rank reports:
   communication buffers, and transient copies.
 * ``step``: the median wall time of the timed steps (after 2 warm-up steps), each between two barriers.
 
+Step times of fresh processes differ from run to run by more than 2 % (the machine, not the code), so the CPU section
+also times ``fsdp`` against ``raw_fsdp`` **paired**: both models built in the same two processes, trained in
+alternating rounds of ``steps`` steps each (the order swapped every round, the ranks meeting in a barrier before each
+timed block); the figure is the median of the per-round ratios, and the spread their interquartile range.
+
 The GPU section (only with CUDA) trains the same model at world size 1 on one GPU, with ``ddp``, ``fsdp`` and
 ``fsdp`` with ``cpu_offload=True``, and reports ``torch.cuda.max_memory_allocated()`` and the step time: at world
 size 1 nothing is sharded, so it shows FSDP's own overhead, and what CPU offload saves on the device.
@@ -143,6 +148,53 @@ def run_child(variant: str, size: str, device: str) -> None:
     os.write(sys.stdout.fileno(), ("RESULT " + json.dumps(result) + "\n").encode())
 
 
+def run_paired(size: str, rounds: int) -> None:
+    """In each rank's process: the strategy's model and the hand-sharded one side by side, timed in paired rounds."""
+    from fabric_lite import Fabric
+    from fabric_lite.strategies import FSDPStrategy
+
+    torch.set_num_threads(1)
+    config = SIZES[size]
+    width, steps, batch = config["width"], config["steps"], config["batch"]
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=FSDPStrategy(auto_wrap_policy={Block}))
+    fabric.launch()
+    torch.manual_seed(0)
+    with fabric.init_module(empty_init=True):
+        model = make_model(width, config["blocks"])
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-4))
+    raw_model, raw_optimizer = _shard_by_hand(width, config["blocks"], fabric.device)
+    x = torch.randn(batch, width)
+    y = torch.randn(batch, width)
+
+    def fsdp_step() -> None:
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        fabric.backward(loss)
+        optimizer.step()
+
+    def raw_step() -> None:
+        loss = nn.functional.mse_loss(raw_model(x), y)
+        raw_optimizer.zero_grad()
+        loss.backward()
+        raw_optimizer.step()
+
+    variants = {"raw_fsdp": raw_step, "fsdp": fsdp_step}
+    for step in (raw_step, fsdp_step) * WARMUP:
+        step()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        for name in list(variants) if r % 2 == 0 else list(variants)[::-1]:
+            fabric.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                variants[name]()
+            fabric.barrier()
+            times[name].append((time.perf_counter() - start) / steps)
+    result = {"rank": fabric.global_rank, "times": times}
+    os.write(sys.stdout.fileno(), ("RESULT " + json.dumps(result) + "\n").encode())
+
+
 def _shard_by_hand(width: int, blocks: int, device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
     """What ``fsdp`` does, written with torch alone: the model on the meta device, ``fully_shard`` on every block and
     then the root (torch's defaults, as FSDPStrategy's), the shards materialised and initialised, then AdamW."""
@@ -162,14 +214,19 @@ def _shard_by_hand(width: int, blocks: int, device: torch.device) -> tuple[nn.Mo
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
-def run_variant(variant: str, size: str, device: str) -> list[dict[str, Any]]:
+def _child_env() -> dict[str, str]:
+    """The environment of a measurement's processes: fabric_lite importable, one thread, no launcher variables."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
         env.pop(name, None)
+    return env
+
+
+def run_variant(variant: str, size: str, device: str) -> list[dict[str, Any]]:
     command = [sys.executable, __file__, "--child", variant, "--size", size, "--device", device]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
+    done = subprocess.run(command, capture_output=True, text=True, env=_child_env(), timeout=1200)
     rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not rows:
         raise RuntimeError(f"{variant} on {device} failed:\n{done.stdout}\n{done.stderr}")
@@ -183,6 +240,30 @@ def measure(variants: list[str], size: str, device: str, rounds: int) -> dict[st
         for variant in variants if r % 2 == 0 else variants[::-1]:
             runs[variant].append(run_variant(variant, size, device))
     return runs
+
+
+def paired(size: str, rounds: int) -> list[dict[str, Any]]:
+    """``fsdp`` against ``raw_fsdp`` in the same two processes (see the module docstring); prints the rows."""
+    command = [sys.executable, __file__, "--child", "paired", "--size", size, "--rounds", str(rounds)]
+    done = subprocess.run(command, capture_output=True, text=True, env=_child_env(), timeout=1800)
+    results = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not results:
+        raise RuntimeError(f"the paired run failed:\n{done.stdout}\n{done.stderr}")
+    print(f"\nfsdp against raw_fsdp in the same processes, {rounds} paired round(s):")
+    print(f"{'figure':<22}{'rank':>5}{'raw_fsdp':>16}{'fsdp':>16}{'fsdp/raw_fsdp':>16}{'spread':>9}")
+    rows = []
+    for result in sorted(results, key=lambda row: row["rank"]):
+        raw, mine = result["times"]["raw_fsdp"], result["times"]["fsdp"]
+        ratios = [m / r for m, r in zip(mine, raw, strict=True)]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        row = {"figure": "step", "rank": result["rank"], "raw": statistics.median(raw), "fsdp": statistics.median(mine)}
+        row.update(ratio=statistics.median(ratios), spread=q[2] - q[0])
+        rows.append(row)
+        print(
+            f"{'step':<22}{row['rank']:>5}{_fmt(row['raw'], 's'):>16}{_fmt(row['fsdp'], 's'):>16}"
+            f"{row['ratio']:>15.3f}x{row['spread']:>9.3f}"
+        )
+    return rows
 
 
 def _fmt(value: float, unit: str) -> str:
@@ -214,12 +295,21 @@ def main() -> None:
     parser.add_argument("--out", help="also write the tables as JSON to this file")
     parser.add_argument("--rounds", type=int, help="rounds of fresh processes per variant (default 3; 1 with --quick)")
     parser.add_argument(
-        "--section", choices=["all", "cpu", "gpu"], default="all", help="run only the CPU or only the GPU section"
+        "--section",
+        choices=["all", "cpu", "paired", "gpu"],
+        default="all",
+        help="run only the CPU section, only its paired step times, or only the GPU section",
+    )
+    parser.add_argument(
+        "--paired-rounds", type=int, default=10, help="paired rounds of fsdp against raw_fsdp (default 10)"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=sorted(SIZES), default="full", help=argparse.SUPPRESS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child == "paired":
+        run_paired(args.size, args.rounds)
+        return
     if args.child:
         run_child(args.child, args.size, args.device)
         return
@@ -228,6 +318,8 @@ def main() -> None:
     config = SIZES[size]
     record: dict[str, Any] = {"torch": torch.__version__, "size": config, "quick": args.quick}
     blocks = f"{config['blocks']} blocks of width {config['width']}, AdamW, batch {config['batch']}"
+    if args.section == "paired":
+        record["cpu_paired"] = paired(size, 1 if args.quick else args.paired_rounds)
     if args.section in ("all", "cpu"):
         print(f"CPU, 2 ranks, gloo: {blocks}")
         cpu_runs = measure(["ddp", "fsdp", "raw_fsdp"], size, "cpu", rounds)
@@ -238,7 +330,8 @@ def main() -> None:
         print("\nfsdp against the same model sharded by hand with fully_shard (raw_fsdp):")
         record["cpu_raw"] = table({v: cpu_runs[v] for v in ("raw_fsdp", "fsdp")}, figures, base="raw_fsdp")
         record["cpu_runs"] = cpu_runs
-    if args.section == "cpu":
+        record["cpu_paired"] = paired(size, 1 if args.quick else args.paired_rounds)
+    if args.section in ("cpu", "paired"):
         pass
     elif torch.cuda.is_available():
         print(f"\n{torch.cuda.get_device_name(0)}, world size 1: {blocks}, medians of {rounds} round(s)")
