@@ -47,9 +47,11 @@ def wanted(measure: str) -> bool:
 def pin_to_own_core() -> None:
     """``--pin``: keep this rank, and the gloo threads it starts, on a core of its own when there are enough cores.
 
-    Two ranks left to the scheduler on two cores trade cores with each other's gloo threads, and 1 MiB collectives then
-    swing by 30 % from round to round; pinned, by a few percent. Raw PyTorch and the implementation run in the same
-    pinned processes, so the ratios stay fair."""
+    Two ranks left to the scheduler on two cores trade cores with each other's gloo threads, and small collectives
+    swing by 30 % from round to round; pinned, by less. But pinning is another regime, not the same one with less
+    noise: a rank's gloo threads then share its core, which made a raw 16 MiB all-reduce 25 % slower here and a
+    second collective beside it costlier. Raw PyTorch and the implementation run in the same pinned processes, so
+    the ratios stay fair; ``benchmarks/run.py`` does not pin."""
     world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     cores = sorted(os.sched_getaffinity(0))
     if world <= len(cores):
@@ -246,8 +248,29 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
         while time.perf_counter() < deadline:
             pass
 
+    # the same for a small broadcast, with 12 us of host time: what fabric_lite's predicted broadcast costs the host
+    # (about 14 us on the source and 10 us on a receiver here, measured with the backend call stubbed out)
+    small = torch.arange(1024, dtype=torch.float32)
+
+    def late_broadcast() -> None:
+        deadline = time.perf_counter() + 12e-6
+        while time.perf_counter() < deadline:
+            pass
+        dist.broadcast(small, src=0)
+
+    # and for an integer sum: raw with a one-element all-reduce beside it, what the flag of a predicted integer sum
+    # costs (an integer has no value that absorbs the others, so whether every rank sent real data travels apart)
+    integers = torch.zeros(1 << 19, dtype=torch.int64)  # 4 MiB
+
+    def with_flag() -> None:
+        work = dist.all_reduce(integers, async_op=True)
+        dist.all_reduce(torch.ones(1, dtype=torch.int64))
+        work.wait()
+
     if impl == "fabric_lite":  # measured once, in fabric_lite's run
+        collectives["control/int4MiB_plus_flag"] = (partial(dist.all_reduce, integers), with_flag)
         collectives["control/1MiB_plus_40us"] = (partial(dist.all_reduce, control), late)
+        collectives["control/bcast1k_plus_12us"] = (partial(dist.broadcast, small, src=0), late_broadcast)
     collectives.update(sweep(accel, quick=coll_calls < 10, ops=impl == "fabric_lite"))
     _measure_collectives(impl, rank, collectives, coll_rounds, coll_calls)
     # Leave together, and give gloo's worker threads a moment to release their last work objects: a thread still

@@ -16,9 +16,12 @@ time, which has no raw counterpart, the interquartile range in seconds). The fig
   (``bench_core.py ddp``).
 * ``sweep/*`` (2 ranks) and ``sweep3/*`` (3 ranks): ``all_reduce`` (sum) of one float32 tensor of 4 B to 64 MiB
   (``--quick``: up to 64 KiB) against ``dist.all_reduce`` of it; ``ops/*``: every reduce op and dtype group at
-  1 KiB and 1 MiB, and int64 sums of 64 KiB to 64 MiB, 2 ranks (fabric_lite only). ``control/1MiB_plus_40us``:
-  raw 1 MiB all-reduces with 40 us of host time between them against raw ones back to back, the floor of any
-  wrapper's figures on this machine.
+  1 KiB and 1 MiB, and int64 sums of 64 KiB to 64 MiB, 2 ranks (fabric_lite only). The floors of any wrapper's
+  figures on this machine, where a rank that arrives late costs the other more than its lateness, measured raw
+  against raw: ``control/1MiB_plus_40us`` (1 MiB all-reduces with 40 us of host time between them),
+  ``control/bcast1k_plus_12us`` (broadcasts of 1024 floats, each after 12 us of host time: about what
+  fabric_lite's predicted broadcast costs the host) and ``control/int4MiB_plus_flag`` (a 4 MiB int64
+  all-reduce with a one-element all-reduce beside it: what an integer sum's flag costs).
 * ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
   first ``all_reduce`` (``bench_startup.py``).
 * ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).
@@ -123,13 +126,10 @@ def sections(impls: list[str], quick: bool) -> list[Callable[[], list[dict]]]:
     ]
     # Accelerate is compared single-process only; a quick run leaves Lightning's two-process figures out too (they
     # cost more than all of fabric_lite's, and the quick run only shows that the measurements work)
-    # a full run never overlaps two measurements, so its ranks can each have a core of their own (where there are
-    # as many cores as ranks): see bench_core.pin_to_own_core
-    pin = [] if quick else ["--pin"]
     for impl in [i for i in impls if i == "fabric_lite" or (i == "lightning" and not quick)]:
-        found.append(partial(_core_table, impl, ["ddp", impl, *flag, *pin], torchrun=True))
+        found.append(partial(_core_table, impl, ["ddp", impl, *flag], torchrun=True))
     # the payload sweep on 3 ranks too (fabric_lite against raw torch.distributed)
-    found.append(partial(_core_table, "fabric_lite", ["sweep", "fabric_lite", *flag, *pin], torchrun=True, nproc=3))
+    found.append(partial(_core_table, "fabric_lite", ["sweep", "fabric_lite", *flag], torchrun=True, nproc=3))
     for impl in impls:
         found.append(partial(_core_table, impl, ["step", impl, *flag], torchrun=False))
     found.append(partial(import_times, impls, 1 if quick else 15))
