@@ -766,6 +766,7 @@ def test_predicted_broadcasts_give_what_the_source_sent(world_size):
         f"loop{step}": (tensor([float(i + step) for i in range(8)], "float32"), "Tensor", False) for step in range(4)
     }
     expected |= {
+        "strided": (tensor([10.0 + 2 * i for i in range(8)], "float32"), "Tensor", False),
         "other_shape": (tensor([0.0, 1.0, 2.0, 3.0, 4.0], "float32"), "Tensor", False),
         "other_dtype": (tensor([0, 1, 2, 3, 4], "int64"), "Tensor", False),
         "same_again": (tensor([0, 2, 4, 6, 8], "int64"), "Tensor", False),
@@ -786,9 +787,10 @@ def test_predicted_broadcasts_give_what_the_source_sent(world_size):
         raised = obs["unpicklable"]
         assert isinstance(raised, Raised) and raised.type == "TypeError" and "could not pickle" in raised.message
         assert obs["after_error"] == tensor([5.0] * 3, "float32")
-        # predicted and held: loop1-3, same_again, after_object_again, small_after_large is not (the large one is
-        # never remembered), nor is anything right after a change
-        assert obs["hits"] == 5, obs["hits"]
+        assert obs["loop1_later"] == expected["loop1"][0]
+        # predicted and held: loop1-3, strided, same_again, after_object_again, small_after_large is not (the large
+        # one is never remembered), nor is anything right after a change
+        assert obs["hits"] == 6, obs["hits"]
 
 
 def test_checks_on_a_separate_host_group_as_for_nccl():

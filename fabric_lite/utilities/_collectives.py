@@ -782,8 +782,10 @@ def _reduce_flagged(
     The data's all-reduces are queued first (``async_op``) and the flag's runs while they do: gloo works on a group's
     queue with more than one thread, so the flag costs its latency only where it outlasts the data (measured on 2 CPU
     ranks, each on a core of its own: 1.07-1.29x of the raw all-reduce of 1-16 MiB of int64 when the flag followed
-    the data, 0.92-1.09x beside it). Appending the flag to the payload would cost a copy into a longer buffer and a copy back, more than either
-    (payloads gathered below ``_LOCAL_REDUCE_BYTES`` carry the flag in their message and never come here)."""
+    the data, 0.92-1.09x beside it; the control of ``benchmarks/bench_core.py``, a raw 4 MiB all-reduce with a
+    one-element all-reduce beside it, measures 0.99x). Appending the flag to the payload would cost a copy into a
+    longer buffer and a copy back, more than either (payloads gathered below ``_LOCAL_REDUCE_BYTES`` carry the flag in
+    their message and never come here)."""
     sent, expected = _flag(plan.op, buffers[0].dtype, aliases is not None, world_size)
     ops = [_BOOL_OPS.get(plan.op, plan.op) if b.dtype == torch.bool else plan.op for b in buffers]
     ops = [ReduceOp.SUM if op == _MEAN else op for op in ops]
@@ -978,10 +980,14 @@ def broadcast(obj: Any, src: int, group: Any, device: torch.device) -> Any:
     Tensors (and ``nn.Parameter``) travel as raw bytes, so any dtype works on any backend and nothing is pickled;
     receivers get them on ``device``. If ``src`` cannot pickle the object, every rank raises instead of waiting.
     """
-    key = (id(_resolve(group)), src)
-    entry = _BROADCASTS.get(key) if device.type == "cpu" else None
-    predicted = entry[1] if entry is not None and entry[0] is _resolve(group) else None
+    pg = _resolve(group)
+    entry = _BROADCASTS.get((id(pg), src)) if device.type == "cpu" else None
+    if entry is not None and entry.group is not pg:
+        entry = None
+    predicted = entry.header if entry is not None else None
     if dist.get_rank() == src:
+        if entry is not None and entry.holds(obj):
+            return entry.send(obj, src, group)
         return _broadcast_send(obj, src, group, device, predicted)
     if predicted is not None:
         received = _receive_predicted(predicted, src, group)
@@ -1030,7 +1036,47 @@ def _as_received(received: Tensor, flags: int) -> Tensor:
 # exactly the predicted payload's size behind a 16-byte prefix whose first byte says whether the prediction held,
 # with the payload when it did (what a raw broadcast sends, plus 16 bytes). When it did not, every rank reads so and
 # takes the path above (the header message), and remembers the new header. Only small tensors on the CPU.
-_BROADCASTS: dict[tuple[int, int], tuple[Any, tuple[int, ...]]] = {}
+class _PredictedBroadcast:
+    """The last broadcast from one source in one group, which every rank predicts the next to be like: its header,
+    and on the source a reusable message whose prefix already says that the prediction held."""
+
+    __slots__ = ("dtype", "flags", "group", "header", "message", "payload", "shape")
+
+    def __init__(self, group: Any, header: tuple[int, ...]) -> None:
+        self.group = group
+        self.header = header
+        self.dtype = _DTYPES[header[1]]
+        self.shape = torch.Size(header[_SHAPE_AT : _SHAPE_AT + header[2]])
+        self.flags = header[3]
+        self.message: Tensor | None = None  # the source's, made at its first predicted send
+        self.payload: Tensor | None = None
+
+    def holds(self, obj: Any) -> bool:
+        """Whether ``obj`` is a tensor with the predicted header (dtype, shape, ``requires_grad``, parameter or not)."""
+        kind = type(obj)
+        return (
+            (kind is Tensor or kind is torch.nn.Parameter)
+            and obj.dtype is self.dtype
+            and obj.shape == self.shape
+            and int(obj.requires_grad) | (int(kind is torch.nn.Parameter) << 1) == self.flags
+        )
+
+    def send(self, obj: Tensor, src: int, group: Any) -> Tensor:
+        """Broadcast ``obj``, which :meth:`holds`: its bytes behind the prefix, in one message. The message is reused
+        (the call returns when it was sent; receivers keep buffers of their own), so this costs one copy."""
+        if self.message is None:
+            self.message = torch.zeros(_PREDICTED_PREFIX + self.header[_NBYTES_AT], dtype=torch.uint8)
+            self.message[0] = 1
+            self.payload = self.message.narrow(0, _PREDICTED_PREFIX, self.header[_NBYTES_AT])
+            self.payload = self.payload.view(self.dtype).view(self.shape)
+        assert self.payload is not None
+        self.payload.copy_(obj.detach())  # any strides: one copy into the message
+        dist.broadcast(self.message, src=src, group=group)
+        _BROADCAST_HITS[0] += 1
+        return obj
+
+
+_BROADCASTS: dict[tuple[int, int], _PredictedBroadcast] = {}
 _PREDICTED_PREFIX = 16  # bytes before the payload: aligned for every dtype
 _BROADCAST_HITS = [0]  # broadcasts that took the predicted path (for tests and benchmarks)
 
@@ -1043,7 +1089,7 @@ def predicted_broadcasts() -> int:
 def _remember_broadcast(group: Any, src: int, header: Sequence[int], device: torch.device) -> None:
     pg = _resolve(group)
     if device.type == "cpu" and header[0] == _KIND_TENSOR and 0 < header[_NBYTES_AT] <= _INLINE_BYTES:
-        _BROADCASTS[(id(pg), src)] = (pg, tuple(header))
+        _BROADCASTS[(id(pg), src)] = _PredictedBroadcast(pg, tuple(header))
     else:
         _BROADCASTS.pop((id(pg), src), None)
 

@@ -854,8 +854,11 @@ def predicted_broadcasts(fabric: Any) -> dict[str, Any]:
         ("empty", 0, torch.empty(0)),
         ("small_after_empty", 0, torch.ones(3) * (rank + 1)),
     ]
+    # a tensor like the loop's but not contiguous: predicted and held, copied into the source's reused message
+    sequence.insert(4, ("strided", 0, (torch.arange(2048, dtype=torch.float32) * (rank + 1) + 10)[::2]))
+    kept = {}
     for name, src, value in sequence:
-        received = fabric.broadcast(value, src=src)
+        received = kept[name] = fabric.broadcast(value, src=src)
         if isinstance(received, torch.Tensor):
             obs[name] = (describe(received[:8] if received.dim() == 1 else received), type(received).__name__,
                          received.requires_grad)  # fmt: skip
@@ -863,6 +866,7 @@ def predicted_broadcasts(fabric: Any) -> dict[str, Any]:
             obs[name] = received
     obs["unpicklable"] = catch(lambda: fabric.broadcast(threading.Lock() if rank == 0 else None, src=0))
     obs["after_error"] = describe(fabric.broadcast(torch.ones(3) * (rank + 5), src=0))
+    obs["loop1_later"] = describe(kept["loop1"][:8])  # every received tensor owns its memory
     from fabric_lite.utilities import _collectives
 
     obs["hits"] = _collectives.predicted_broadcasts()
