@@ -1129,16 +1129,9 @@ def _broadcast_send(obj: Any, src: int, group: Any, device: torch.device, predic
         payload = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     nbytes = header[_NBYTES_AT] = payload.numel()
     if predicted is not None:
-        held = tuple(header) == predicted
-        raw = bytearray(_PREDICTED_PREFIX + predicted[_NBYTES_AT])
-        raw[0] = int(held)
-        message = torch.frombuffer(raw, dtype=torch.uint8)
-        if held:
-            message.narrow(0, _PREDICTED_PREFIX, nbytes).copy_(payload)
-        dist.broadcast(message, src=src, group=group)
-        if held:
-            _BROADCAST_HITS[0] += 1
-            return obj
+        # the prediction did not hold (``_PredictedBroadcast.send`` takes those that do): a message of the predicted
+        # size whose prefix says so, then the header message below
+        dist.broadcast(torch.zeros(_PREDICTED_PREFIX + predicted[_NBYTES_AT], dtype=torch.uint8), src=src, group=group)
     _remember_broadcast(group, src, header, device)
     # the message is built on the host: the header packed with struct (far cheaper than writing a tensor
     # element by element), the payload copied in with one copy_
