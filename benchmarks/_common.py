@@ -34,14 +34,24 @@ def lightning_python() -> str | None:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of every benchmark subprocess: this repository importable, one OpenMP thread, and bytecode
-    cached as on a user's machine (``PYTHONDONTWRITEBYTECODE``, set on some CI machines, would make every import of
-    this source tree compile it again, 0.07 s here instead of 0.015 s, while the installed packages it is compared
-    with were compiled when pip installed them)."""
+    """The environment of every benchmark subprocess: this repository importable, one OpenMP thread, no launcher
+    variables (a benchmark started from inside a job must start its own), and bytecode cached as on a user's machine
+    (``PYTHONDONTWRITEBYTECODE``, set on some CI machines, would make every import of this source tree compile it
+    again, 0.07 s here instead of 0.015 s, while the installed packages it is compared with were compiled when pip
+    installed them)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    for name in (
+        "PYTHONDONTWRITEBYTECODE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "LOCAL_RANK",
+        "RANK",
+        "WORLD_SIZE",
+        "NODE_RANK",
+    ):
+        env.pop(name, None)
     return env
 
 

@@ -51,9 +51,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import child_env
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
 SIZES = {
     "full": {"width": 1536, "blocks": 4, "batch": 16, "steps": 6},
     "quick": {"width": 64, "blocks": 2, "batch": 4, "steps": 2},
@@ -214,23 +214,18 @@ def _shard_by_hand(width: int, blocks: int, device: torch.device) -> tuple[nn.Mo
     return model, torch.optim.AdamW(model.parameters(), lr=1e-4)
 
 
-def _child_env() -> dict[str, str]:
-    """The environment of a measurement's processes: fabric_lite importable, one thread, no launcher variables."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"
-    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
-        env.pop(name, None)
-    return env
+def _run_child(args: list[str], what: str, timeout: float) -> list[dict[str, Any]]:
+    """Run this script with ``--child`` ``args`` (it starts its ranks itself); every rank's ``RESULT`` row, by rank."""
+    command = [sys.executable, __file__, "--child", *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=timeout)
+    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not rows:
+        raise RuntimeError(f"{what} failed:\n{done.stdout}\n{done.stderr}")
+    return sorted(rows, key=lambda row: row["rank"])
 
 
 def run_variant(variant: str, size: str, device: str) -> list[dict[str, Any]]:
-    command = [sys.executable, __file__, "--child", variant, "--size", size, "--device", device]
-    done = subprocess.run(command, capture_output=True, text=True, env=_child_env(), timeout=1200)
-    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not rows:
-        raise RuntimeError(f"{variant} on {device} failed:\n{done.stdout}\n{done.stderr}")
-    return sorted(rows, key=lambda row: row["rank"])
+    return _run_child([variant, "--size", size, "--device", device], f"{variant} on {device}", timeout=1200)
 
 
 def measure(variants: list[str], size: str, device: str, rounds: int) -> dict[str, list[list[dict[str, Any]]]]:
@@ -244,15 +239,11 @@ def measure(variants: list[str], size: str, device: str, rounds: int) -> dict[st
 
 def paired(size: str, rounds: int) -> list[dict[str, Any]]:
     """``fsdp`` against ``raw_fsdp`` in the same two processes (see the module docstring); prints the rows."""
-    command = [sys.executable, __file__, "--child", "paired", "--size", size, "--rounds", str(rounds)]
-    done = subprocess.run(command, capture_output=True, text=True, env=_child_env(), timeout=1800)
-    results = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not results:
-        raise RuntimeError(f"the paired run failed:\n{done.stdout}\n{done.stderr}")
+    results = _run_child(["paired", "--size", size, "--rounds", str(rounds)], "the paired run", timeout=1800)
     print(f"\nfsdp against raw_fsdp in the same processes, {rounds} paired round(s):")
     print(f"{'figure':<22}{'rank':>5}{'raw_fsdp':>16}{'fsdp':>16}{'fsdp/raw_fsdp':>16}{'spread':>9}")
     rows = []
-    for result in sorted(results, key=lambda row: row["rank"]):
+    for result in results:
         raw, mine = result["times"]["raw_fsdp"], result["times"]["fsdp"]
         ratios = [m / r for m, r in zip(mine, raw, strict=True)]
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3

@@ -343,8 +343,6 @@ def memory_child(impl: str, size: str) -> None:
 def launch(args: list[str], extra_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run this script with ``args`` on 4 ranks under torchrun; every rank's ``RESULT`` row, by rank."""
     env = {**child_env(), **(extra_env or {})}
-    for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
-        env.pop(name, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
     done = subprocess.run([*command, __file__, *args], capture_output=True, text=True, env=env, timeout=1200)
     rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
