@@ -60,6 +60,7 @@ MODULES = (
     "fabric_lite.utilities.enums",
     "fabric_lite.utilities.consolidate",
     "fabric_lite.cli",
+    "fabric_lite.as_lightning",
 )
 
 #: Google-style sections (a line ``Name:`` alone): bodies of ``name: description`` entries, of text, of code

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from fabric_lite._plan import (
     Machine,
     resolve_plan,
 )
+from fabric_lite.as_lightning import ENV_VAR as AS_LIGHTNING_ENV_VAR
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.utilities.consolidate import add_consolidate_arguments, run_consolidate
 
@@ -79,6 +81,9 @@ examples:
 
   # Lightning's order and spellings: flags after SCRIPT, --devices=2, --num_nodes; --epochs goes to train.py
   fabric-lite run train.py --accelerator=cpu --devices=2 --num_nodes=1 --epochs 3
+
+  # code written against Lightning Fabric, unmodified (here litgpt, run as a module like `python -m litgpt`)
+  fabric-lite run --accelerator cpu --devices 2 --as-lightning -m litgpt pretrain --config tiny.yaml
 
   # a script flag with the same name as one of these: put the script's arguments after --
   fabric-lite run --devices 2 train.py -- --devices 4
@@ -134,6 +139,8 @@ class _CommandParser(argparse.ArgumentParser):
         ours, script_args = self._split(list(sys.argv[1:] if args is None else args))
         parsed, unknown = super().parse_known_args(ours, namespace)
         parsed.script_args = [*parsed.script_args, *script_args]
+        if parsed.script is None and parsed.module is None:
+            self.error("the following arguments are required: SCRIPT (or -m MODULE)")
         return parsed, unknown
 
     def _split(self, tokens: list[str]) -> tuple[list[str], list[str]]:
@@ -155,6 +162,14 @@ class _CommandParser(argparse.ArgumentParser):
                 script_args += rest
                 break
             flag = token.split("=", 1)[0]
+            if flag in ("-m", "--module") and not script:
+                # `-m MODULE ARGS...`, as with `python -m`: everything after MODULE is the module's
+                ours.append(token)
+                if "=" not in token and index < len(tokens):
+                    ours.append(tokens[index])
+                    index += 1
+                script_args += tokens[index:]
+                break
             if flag in takes_value:
                 ours.append(token)
                 if takes_value[flag] and "=" not in token and index < len(tokens):
@@ -275,7 +290,25 @@ def build_parser() -> argparse.ArgumentParser:
                     help=argparse.SUPPRESS,
                 )
                 alias.type = action.type
-    run.add_argument("script", metavar="SCRIPT", help="the Python script to run (e.g. train.py)")
+    run.add_argument(
+        "--as-lightning",
+        action="store_true",
+        default=False,
+        help="run code written against Lightning Fabric unmodified: `lightning.fabric`, `lightning_fabric` and"
+        " `lightning.Fabric` are fabric_lite's in every process (fabric_lite.as_lightning's import hook;"
+        " e.g. --as-lightning -m litgpt pretrain ...).",
+    )
+    run.add_argument(
+        "-m",
+        "--module",
+        default=None,
+        metavar="MODULE",
+        help="run a module instead of a script, as `python -m MODULE` does; every argument after MODULE is the"
+        " module's (e.g. -m litgpt pretrain --devices 2).",
+    )
+    run.add_argument(
+        "script", metavar="SCRIPT", nargs="?", default=None, help="the Python script to run (e.g. train.py)"
+    )
     run.add_argument(
         "script_args",
         nargs=argparse.REMAINDER,
@@ -303,6 +336,25 @@ def _flags(args: argparse.Namespace) -> str:
     return " ".join(["fabric-lite run", *given])
 
 
+def _program(args: argparse.Namespace) -> list[str]:
+    """What ``fabric_lite._run_script`` runs in each worker: ``[SCRIPT, *ARGS]`` or ``["-m", MODULE, *ARGS]``."""
+    if args.module is not None:
+        top = args.module.partition(".")[0]  # not the module itself: that would import its package here
+        if not args.module or importlib.util.find_spec(top) is None:
+            raise ValueError(
+                f"-m {args.module!r}: no module {top!r} can be imported with this interpreter ({sys.executable})."
+                " Install it here, or give a script instead (e.g. train.py)."
+            )
+        return ["-m", args.module, *args.script_args]
+    if args.script is None:
+        raise ValueError("give the SCRIPT to run (e.g. train.py), or -m MODULE (e.g. -m litgpt pretrain ...).")
+    script = Path(args.script)
+    if not script.is_file():
+        where = "is a folder" if script.is_dir() else f"does not exist (looked in {Path.cwd()})"
+        raise ValueError(f"SCRIPT {args.script!r} {where}. Give the path of a Python file, e.g. train.py.")
+    return [args.script, *args.script_args]
+
+
 def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
     """Check the flags of ``fabric-lite run`` and turn them into a ``torch.distributed.run`` command line.
 
@@ -319,10 +371,7 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
         # ['--nproc-per-node', '2', '--max-restarts', '0', '--standalone', '--module', 'fabric_lite._run_script',
         #  'train.py']
     """
-    script = Path(args.script)
-    if not script.is_file():
-        where = "is a folder" if script.is_dir() else f"does not exist (looked in {Path.cwd()})"
-        raise ValueError(f"SCRIPT {args.script!r} {where}. Give the path of a Python file, e.g. train.py.")
+    program = _program(args)
     if args.node_rank >= args.num_nodes:
         raise ValueError(
             f"--node-rank {args.node_rank} is not a node of --num-nodes {args.num_nodes}: node ranks run from 0 to"
@@ -334,6 +383,8 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
             " --node-rank 0, reachable from every node (e.g. --main-address 10.0.0.1)."
         )
     env = {CLI_ENV_VARS["devices"]: str(args.devices), CLI_ENV_VARS["num_nodes"]: str(args.num_nodes)}
+    if args.as_lightning:
+        env[AS_LIGHTNING_ENV_VAR] = "1"  # each worker turns the hook on at start-up (fabric_lite-as-lightning.pth)
     for name in ("accelerator", "strategy", "precision"):
         if getattr(args, name) is not None:
             env[CLI_ENV_VARS[name]] = str(getattr(args, name))
@@ -365,7 +416,7 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
         port = args.main_port if args.main_port is not None else DEFAULT_MULTI_NODE_PORT
         torchrun_args += ["--nnodes", str(args.num_nodes), "--node-rank", str(args.node_rank)]
         torchrun_args += ["--master-addr", address, "--master-port", str(port)]
-    torchrun_args += ["--module", "fabric_lite._run_script", args.script, *args.script_args]
+    torchrun_args += ["--module", "fabric_lite._run_script", *program]
     return LaunchCommand(torchrun_args=torchrun_args, env=env, nproc_per_node=nproc)
 
 
@@ -410,7 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = launch_command(args, Machine.detect())
     except (ValueError, TypeError, RuntimeError) as err:
-        print(f"usage: fabric-lite run [flags] SCRIPT [SCRIPT_ARGS...]\nfabric-lite run: error: {err}", file=sys.stderr)
+        print(
+            f"usage: fabric-lite run [flags] (SCRIPT | -m MODULE) [ARGS...]\nfabric-lite run: error: {err}",
+            file=sys.stderr,
+        )
         return 2
     os.environ.update(command.env)  # the workers inherit this process's environment
     # torchrun gives every worker OMP_NUM_THREADS=1 when it is unset (with a warning); share this machine's cores

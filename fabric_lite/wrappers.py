@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -288,19 +289,45 @@ class _FabricDataLoader:
     def __len__(self) -> int:
         return len(self._dataloader)
 
-    def state_dict(self) -> dict[str, Any]:
-        """How many epochs have started (so a resumed run reshuffles as the original did), and the loader's own
-        state when it has one (e.g. ``torchdata``'s ``StatefulDataLoader``, which also resumes mid-epoch)."""
-        state: dict[str, Any] = {"epoch": self._num_iter_calls}
+    def state_dict(self) -> Any:
+        """The loader's state for a checkpoint, in the form Lightning Fabric writes where it writes one.
+
+        A loader with a ``state_dict`` of its own (torchdata's ``StatefulDataLoader``, litdata's
+        ``StreamingDataLoader``, which also resume mid-epoch) gives exactly that state, as Lightning saves it, so
+        that checkpoints move between the two libraries. A plain ``DataLoader`` (which Lightning saves as the
+        pickled object) gives ``{"epoch": n}``: how many epochs have started, so that a resumed run reshuffles as
+        the original did.
+        """
         inner = getattr(self._dataloader, "state_dict", None)
         if callable(inner):
-            state["loader"] = inner()
-        return state
+            return inner()
+        return {"epoch": self._num_iter_calls}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._num_iter_calls = int(state_dict["epoch"])
-        if "loader" in state_dict:
-            self._dataloader.load_state_dict(state_dict["loader"])  # type: ignore[attr-defined]
+    def load_state_dict(self, state_dict: Any) -> None:
+        """Restore what :meth:`state_dict` gave, or what Lightning Fabric saved for the loader.
+
+        A loader with a ``load_state_dict`` of its own gets the saved state (earlier fabric_lite versions saved it as
+        ``{"epoch": n, "loader": state}``, which is read too). A plain loader restores its epoch count; from
+        a checkpoint of Lightning's, which holds the loader object itself and no position, it starts again from
+        the first epoch, with a warning.
+        """
+        inner = getattr(self._dataloader, "load_state_dict", None)
+        if callable(inner):
+            if isinstance(state_dict, Mapping) and set(state_dict) == {"epoch", "loader"}:
+                self._num_iter_calls = int(state_dict["epoch"])
+                state_dict = state_dict["loader"]
+            inner(state_dict)
+            return
+        if isinstance(state_dict, Mapping) and "epoch" in state_dict:
+            self._num_iter_calls = int(state_dict["epoch"])
+            return
+        warnings.warn(
+            f"The checkpoint holds a {type(state_dict).__name__} for this dataloader, not a loader state (Lightning"
+            " Fabric saves a plain DataLoader object itself, without its position): the loader starts again from"
+            " the first epoch. A checkpoint saved by fabric_lite records the epoch.",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def __iter__(self) -> Iterator[Any]:
         _set_sampler_epoch(self._dataloader, self._num_iter_calls)

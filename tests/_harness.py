@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -95,18 +96,21 @@ def run_python(
     cwd: str | os.PathLike[str] | None = None,
     expect_orphans: bool = False,
     python: str | None = None,
+    nice: int = 0,
 ) -> Completed:
     """Run ``python *args`` in a new session; kill the session and fail the test after ``timeout`` seconds.
 
     The processes get a private ``TMPDIR``; anything they leave in it is reported as a leaked temporary file.
-    ``python`` is another interpreter to use (e.g. the Lightning venv's), this one by default.
+    ``python`` is another interpreter to use (e.g. the Lightning venv's), this one by default. ``nice`` lowers the
+    processes' CPU priority: long runs that time nothing (the litgpt tier) then leave the cores to the other test
+    worker's timed jobs.
     """
     argv = [python or sys.executable, *args]
     env = dict(env if env is not None else base_env())
     private_tmp = tempfile.mkdtemp(prefix="fabric_lite_test_tmp_")
     env["TMPDIR"] = private_tmp
     try:
-        done = _run_bounded(argv, timeout, env, cwd, expect_orphans)
+        done = _run_bounded(argv, timeout, env, cwd, expect_orphans, nice)
         # torch's own compile cache (Adam.step imports torch._inductor) and torchrun's own log folder are not ours
         leftovers = sorted(
             name for name in os.listdir(private_tmp) if not name.startswith(("torchinductor_", "torchelastic_"))
@@ -119,7 +123,12 @@ def run_python(
 
 
 def _run_bounded(
-    argv: list[str], timeout: float, env: dict[str, str], cwd: str | os.PathLike[str] | None, expect_orphans: bool
+    argv: list[str],
+    timeout: float,
+    env: dict[str, str],
+    cwd: str | os.PathLike[str] | None,
+    expect_orphans: bool,
+    nice: int = 0,
 ) -> Completed:
     start = time.monotonic()
     process = subprocess.Popen(
@@ -130,6 +139,7 @@ def _run_bounded(
         cwd=cwd or REPO,
         start_new_session=True,
         text=True,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -216,3 +226,45 @@ def optional_tier_skipped(config: pytest.Config, marker: str, variable: str, mod
     return (
         f"{marker} tier: optional, not asked for (run it with `pytest -m {marker}`, or {variable}=1 in the whole suite)"
     )
+
+
+def optional_venv(
+    config: pytest.Config,
+    *,
+    marker: str,
+    variable: str,
+    module_file: str,
+    venv: Path,
+    setup: str,
+    probe: str,
+    timeout: float = 900,
+) -> str:
+    """The Python of an optional tier's own venv (``.venv-deepspeed``, ``.venv-litgpt``), built by its ``setup``
+    script (``.ci/setup-...``) when ``probe`` does not import there; skips the tier when it is not asked for (see
+    :func:`optional_tier_skipped`), and when the venv cannot be built, unless ``$variable=1`` (then it fails, with the
+    script's last lines)."""
+    reason = optional_tier_skipped(config, marker, variable, module_file)
+    if reason:
+        pytest.skip(reason)
+    python = venv / "bin" / "python"
+
+    def usable() -> bool:
+        if not python.is_file():
+            return False
+        return (
+            subprocess.run([str(python), "-c", probe], capture_output=True, timeout=180, env=base_env()).returncode == 0
+        )
+
+    if not usable():
+        logging.getLogger(__name__).warning("building %s with %s", venv.name, setup)
+        try:
+            done = subprocess.run([str(REPO / setup)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+            failure = None if done.returncode == 0 else (done.stderr or done.stdout).strip().splitlines()[-5:]
+        except subprocess.TimeoutExpired:
+            failure = [f"{setup} did not finish within {timeout} s"]
+        if failure is not None or not usable():
+            message = f"{marker} tier: {setup} could not build {venv.name}: {' | '.join(failure or [])}"
+            if os.environ.get(variable) == "1":
+                pytest.fail(message)
+            pytest.skip(f"{message} ({variable}=1 makes this a failure)")
+    return str(python)

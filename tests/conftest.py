@@ -81,6 +81,7 @@ _ONE_WORKER_MODULES = {
     "test_deepspeed.py",
     "test_distributed_utils.py",
     "test_fsdp.py",
+    "test_litgpt.py",
     "test_model_parallel.py",
     "test_mpi.py",
     "test_precision_dist.py",

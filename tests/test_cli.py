@@ -153,6 +153,31 @@ def test_unknown_flag_before_the_script_is_a_usage_error(capsys: pytest.CaptureF
     assert "unrecognized arguments: --lr" in capsys.readouterr().err
 
 
+def test_a_module_runs_like_python_m_and_takes_every_argument_after_it() -> None:
+    """``-m MODULE``: every argument after MODULE is the module's (its own --devices included), as with python -m."""
+    args = build_parser().parse_args(["run", "--devices", "2", "--as-lightning", "-m", "json.tool", "in", "--devices"])
+    assert (args.module, args.script, args.script_args, args.devices, args.as_lightning) == (
+        "json.tool",
+        None,
+        ["in", "--devices"],
+        "2",
+        True,
+    )
+    launch = launch_command(args, Machine())
+    assert launch.torchrun_args[-6:] == ["--module", "fabric_lite._run_script", "-m", "json.tool", "in", "--devices"]
+    assert launch.env["FABRIC_LITE_AS_LIGHTNING"] == "1"  # each worker turns the import hook on at start-up
+    plain = launch_command(build_parser().parse_args(["run", ABS_SCRIPT]), Machine())
+    assert "FABRIC_LITE_AS_LIGHTNING" not in plain.env
+
+
+def test_a_module_that_cannot_be_imported_fails_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], no_launch: None
+) -> None:
+    assert main(["run", "--devices", "2", "-m", "no_such_module_here.sub", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "-m 'no_such_module_here.sub': no module 'no_such_module_here' can be imported" in err, err
+
+
 def test_multi_node_command() -> None:
     argv = ["--accelerator", "cpu", "--devices", "2", "--num-nodes", "2", "--node-rank", "1"]
     argv += ["--main-address", "10.1.2.3", "--main-port", "1234", "--max-restarts", "2", ABS_SCRIPT]

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
 import pickle
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ from fabric_lite.strategies import _deepspeed_checkpoint, _deepspeed_config
 from fabric_lite.strategies._deepspeed_runtime import DEEPSPEED_INSTALL, import_deepspeed
 from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from tests._harness import REPO, Completed, base_env, optional_tier_skipped, per_rank, run_python
+from tests._harness import REPO, Completed, base_env, optional_venv, per_rank, run_python
 
 DEEPSPEED_NAMES = [name for name in STRATEGY_REGISTRY if name.startswith("deepspeed")]
 #: Lightning Fabric 2.6.6's registrations (lightning_fabric/strategies/deepspeed.py), name -> keyword arguments
@@ -402,41 +400,22 @@ def test_readme_and_package_metadata() -> None:
 
 # ------------------------------------------------------------------------------------ the deepspeed tier
 JOB_TIMEOUT = 420  # seconds per job: about 40 s on a quiet 2-core machine; generous for a busy one
-SETUP_TIMEOUT = 900
-VENV_PYTHON = REPO / ".venv-deepspeed" / "bin" / "python"
+VENV = REPO / ".venv-deepspeed"
 PROBE = "import deepspeed, fabric_lite, pytest, hypothesis"
-
-
-def _usable(python: Path) -> bool:
-    if not python.is_file():
-        return False
-    check = subprocess.run([str(python), "-c", PROBE], capture_output=True, timeout=180, env=base_env())
-    return check.returncode == 0
 
 
 @pytest.fixture(scope="module")
 def ds_python(request: pytest.FixtureRequest) -> str:
     """The Python of ``.venv-deepspeed``, built by ``.ci/setup-deepspeed`` when missing."""
-    reason = optional_tier_skipped(request.config, "deepspeed", "FABRIC_LITE_DEEPSPEED", "test_deepspeed.py")
-    if reason:
-        pytest.skip(reason)
-    if not _usable(VENV_PYTHON):
-        logging.getLogger(__name__).warning("building .venv-deepspeed with .ci/setup-deepspeed")
-        try:
-            setup = subprocess.run(
-                [str(REPO / ".ci" / "setup-deepspeed")], capture_output=True, text=True, timeout=SETUP_TIMEOUT
-            )
-            failure = None if setup.returncode == 0 else (setup.stderr or setup.stdout).strip().splitlines()[-5:]
-        except subprocess.TimeoutExpired:
-            failure = [f".ci/setup-deepspeed did not finish within {SETUP_TIMEOUT} s"]
-        if failure is not None or not _usable(VENV_PYTHON):
-            message = (
-                f"deepspeed tier: .ci/setup-deepspeed could not build .venv-deepspeed: {' | '.join(failure or [])}"
-            )
-            if os.environ.get("FABRIC_LITE_DEEPSPEED") == "1":
-                pytest.fail(message)
-            pytest.skip(message + " (FABRIC_LITE_DEEPSPEED=1 makes this a failure)")
-    return str(VENV_PYTHON)
+    return optional_venv(
+        request.config,
+        marker="deepspeed",
+        variable="FABRIC_LITE_DEEPSPEED",
+        module_file="test_deepspeed.py",
+        venv=VENV,
+        setup=".ci/setup-deepspeed",
+        probe=PROBE,
+    )
 
 
 @pytest.fixture(scope="module")

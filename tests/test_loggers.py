@@ -72,6 +72,42 @@ def test_csv_flushes_every_n_rows_and_rewrites_the_header_for_new_names(tmp_path
     assert path.read_text().count("\n") == 5
 
 
+def test_csv_rows_without_a_step_get_lightnings_step(tmp_path: Path) -> None:
+    """Without ``step=``, Lightning's CSVLogger writes the number of rows it has buffered since its last flush (at a
+    row whose ``step + 1`` is a multiple of ``flush_logs_every_n_steps``, or at ``save()``): the same numbers here,
+    so that the same script writes the same file (tests/scripts/logger_layout.py compares the bytes)."""
+    logger = CSVLogger(tmp_path, name="auto", version=0, flush_logs_every_n_steps=2)
+    for value in range(5):
+        logger.log_metrics({"v": value})
+    logger.log_metrics({"v": 5}, step=9)
+    logger.log_metrics({"v": 6})
+    logger.save()
+    logger.log_metrics({"v": 7})
+    logger.finalize("success")
+    _, rows = read_csv(tmp_path / "auto" / "version_0" / "metrics.csv")
+    assert [(r["v"], r["step"]) for r in rows] == [
+        ("0", "0"),
+        ("1", "1"),
+        ("2", "0"),
+        ("3", "1"),
+        ("4", "0"),
+        ("5", "9"),
+        ("6", "0"),
+        ("7", "0"),
+    ]
+
+
+def test_csv_buffer_is_bounded_when_steps_never_end_a_flush_period(tmp_path: Path) -> None:
+    """Steps 0, 2, 4, ... never make ``step + 1`` a multiple of 2: Lightning's buffer grows until the end; here the
+    rows are written every ``flush_logs_every_n_steps`` rows all the same."""
+    logger = CSVLogger(tmp_path, name="even", version=0, flush_logs_every_n_steps=2)
+    path = tmp_path / "even" / "version_0" / "metrics.csv"
+    logger.log_metrics({"v": 0}, step=0)
+    assert not path.exists()
+    logger.log_metrics({"v": 1}, step=2)
+    assert path.read_text() == "step,v\n0,0\n2,1\n"
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)

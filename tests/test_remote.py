@@ -19,8 +19,9 @@ from torch import nn
 from fabric_lite import Fabric
 from fabric_lite.loggers import CSVLogger
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
+from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import CheckpointError
-from fabric_lite.utilities.cloud_io import _is_remote, _local_path, get_filesystem
+from fabric_lite.utilities.cloud_io import get_filesystem
 from tests._harness import REPO, base_env, spawn_job
 from tests.jobs import remote_jobs
 

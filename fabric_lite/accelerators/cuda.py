@@ -34,12 +34,27 @@ class CUDAAccelerator(Accelerator):
     @staticmethod
     @override
     def is_available() -> bool:
-        return torch.cuda.device_count() > 0
+        return is_cuda_available()
 
     @staticmethod
     @override
     def auto_device_count() -> int:
-        return torch.cuda.device_count()
+        return num_cuda_devices()
+
+
+def num_cuda_devices() -> int:
+    """How many CUDA devices this process sees (Lightning Fabric's name in this module).
+
+    Example::
+
+        num_cuda_devices()  # 0 on a machine without a GPU
+    """
+    return torch.cuda.device_count()
+
+
+def is_cuda_available() -> bool:
+    """Whether this process sees a CUDA device (Lightning Fabric's name in this module)."""
+    return num_cuda_devices() > 0
 
 
 def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from typing_extensions import override
 
 from fabric_lite.loggers.logger import Logger
-from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
+from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 

@@ -41,10 +41,3 @@ def _to_scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
         {'loss': 0.5, 'lr': 0.1}
     """
     return {name: apply_to_collection(value, Tensor, Tensor.item) for name, value in metrics.items()}
-
-
-def _add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> dict[str, Any]:
-    """``{"loss": v}`` becomes ``{"train-loss": v}`` for ``prefix="train"`` and ``separator="-"``."""
-    if not prefix:
-        return dict(metrics)
-    return {f"{prefix}{separator}{name}": value for name, value in metrics.items()}

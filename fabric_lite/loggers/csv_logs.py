@@ -15,9 +15,10 @@ from typing import Any
 from typing_extensions import override
 
 from fabric_lite.loggers._folder import _FolderLogger
-from fabric_lite.loggers._metrics import _add_prefix, _check_metrics, _to_scalars
+from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
-from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote
+from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote
+from fabric_lite.utilities.logger import _add_prefix
 from fabric_lite.utilities.types import _PATH
 
 
@@ -27,8 +28,9 @@ class CSVLogger(_FolderLogger):
     The file has one row per :meth:`log_metrics` call, a ``step`` column and one column per metric name, in
     alphabetical order; a name that first appears later adds a column (the file is rewritten with the new header)
     and rows without a value leave it empty. Rows are buffered and written every ``flush_logs_every_n_steps``
-    rows, by :meth:`save`, by :meth:`finalize`, and at the latest when the process exits, so nothing is lost when
-    the script does not call :meth:`finalize`. Only global rank 0 creates folders and writes; on other ranks every
+    rows (and, as in Lightning, after a row whose ``step + 1`` is a multiple of it), by :meth:`save`, by
+    :meth:`finalize`, and at the latest when the process exits, so nothing is lost when the script does not call
+    :meth:`finalize`. Only global rank 0 creates folders and writes; on other ranks every
     method is a no-op.
 
     Args:
@@ -73,7 +75,9 @@ class CSVLogger(_FolderLogger):
         self._flush_logs_every_n_steps = flush_logs_every_n_steps
         self._experiment: _ExperimentWriter | None = None
         self._at_exit: weakref.finalize[Any, Any] | None = None
-        self._rows_logged = 0
+        # rows logged since the last row whose step ended a flush period, or since save(): the rows Lightning's
+        # CSVLogger would hold in its buffer, whose count is the step it writes for a row logged without one
+        self._rows_in_period = 0
 
     @property
     def experiment(self) -> _ExperimentWriter | _DummyExperiment:
@@ -101,21 +105,30 @@ class CSVLogger(_FolderLogger):
 
     @override
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        """Add a row: the metrics (one-element tensors become numbers) and ``step`` (when ``None``, the number of
-        rows logged before this one)."""
+        """Add a row: the metrics (one-element tensors become numbers) and ``step``.
+
+        Without ``step``, the row gets the step Lightning's ``CSVLogger`` writes: the number of rows logged since the
+        last flush point (a row whose ``step + 1`` is a multiple of ``flush_logs_every_n_steps``, or a call of
+        :meth:`save`), so that it counts from 0 again after each. Pass ``step=`` for a meaningful step column.
+        """
         if not self._is_global_zero():
             return
         _check_metrics(metrics, "CSVLogger.log_metrics")
-        row = _add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR)
+        row = dict(_add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR))
         writer = self._writer()
-        writer.log_metrics(row, self._rows_logged if step is None else step)
-        self._rows_logged += 1
-        if len(writer.metrics) >= self._flush_logs_every_n_steps:
-            writer.save()
+        if step is None:
+            step = self._rows_in_period
+        writer.log_metrics(row, step)
+        self._rows_in_period += 1
+        if (step + 1) % self._flush_logs_every_n_steps == 0:
+            self.save()  # a flush point (Lightning's)
+        elif len(writer.metrics) >= self._flush_logs_every_n_steps:
+            writer.save()  # a full buffer (Lightning's would keep growing); not a flush point for the step count
 
     @override
     def save(self) -> None:
         """Write the buffered rows to ``metrics.csv`` (rank 0; a no-op before anything was logged)."""
+        self._rows_in_period = 0
         if self._is_global_zero() and self._experiment is not None:
             self._experiment.save()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from argparse import Namespace
 from collections.abc import Callable
@@ -107,3 +108,27 @@ class _DummyExperiment:
 
     def __setitem__(self, *args: Any, **kwargs: Any) -> None:
         pass
+
+
+def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Decorate a logger's ``experiment`` property getter: on global rank 0 it returns the real experiment, on
+    other ranks a :class:`_DummyExperiment` whose methods do nothing (as in Lightning Fabric).
+
+    Example::
+
+        class MyLogger(Logger):
+            @property
+            @rank_zero_experiment
+            def experiment(self):
+                return SummaryWriter(self.log_dir)  # created on rank 0 only
+    """
+
+    @functools.wraps(fn)
+    def experiment(self: Any) -> Any:
+        from fabric_lite.utilities.rank_zero import rank_zero_only
+
+        if (getattr(rank_zero_only, "rank", 0) or 0) > 0:
+            return _DummyExperiment()
+        return fn(self)
+
+    return experiment

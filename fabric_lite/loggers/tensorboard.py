@@ -23,9 +23,10 @@ from torch.nn import Module
 from typing_extensions import override
 
 from fabric_lite.loggers._folder import _FolderLogger
-from fabric_lite.loggers._metrics import _add_prefix, _check_metrics, _to_scalars
+from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
-from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote
+from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote
+from fabric_lite.utilities.logger import _add_prefix
 from fabric_lite.utilities.types import _PATH
 
 _Backend = Literal["tensorboard", "tensorboardX"]

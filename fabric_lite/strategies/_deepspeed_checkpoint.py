@@ -35,8 +35,8 @@ from torch.optim import Optimizer
 from fabric_lite.strategies._fsdp_checkpoint import _on_rank_zero
 from fabric_lite.strategies.strategy import restore_entries
 from fabric_lite.utilities import _dcp
+from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, atomic_save, safe_load
-from fabric_lite.utilities.cloud_io import _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from torch.optim import Optimizer
 
 from fabric_lite.strategies.strategy import PRECISION_KEY
 from fabric_lite.utilities import _dcp
+from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, safe_load
-from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:

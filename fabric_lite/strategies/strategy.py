@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -11,13 +11,13 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
-from torch.overrides import TorchFunctionMode
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class Strategy(ABC):
         stack = ExitStack()
         stack.enter_context(self.root_device)
         if empty_init:
-            stack.enter_context(_SkipInit())
+            stack.enter_context(_EmptyInit())
         stack.enter_context(self.precision.module_init_context())
         return stack
 
@@ -361,7 +361,7 @@ class Strategy(ABC):
 def _is_local_sharded_folder(path: _PATH) -> bool:
     """Whether ``path`` is a local folder written by ``torch.distributed.checkpoint`` (checked without fsspec)."""
     from fabric_lite.utilities import _dcp
-    from fabric_lite.utilities.cloud_io import _is_remote
+    from fabric_lite.utilities._fs import _is_remote
 
     return not _is_remote(path) and _dcp.is_sharded_checkpoint(path)
 
@@ -375,17 +375,44 @@ def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | 
     return io
 
 
-class _SkipInit(TorchFunctionMode):
-    """Skip parameter initialisation: every ``torch.nn.init`` function returns its tensor untouched.
+def _validate_keys_for_strict_loading(
+    requested_keys: Iterable[str], checkpoint_keys: Iterable[str], strict: bool
+) -> None:
+    """With ``strict``, raise ``KeyError`` for the first requested key the checkpoint lacks (Lightning Fabric's
+    private helper, which custom strategies' ``load_checkpoint`` call).
 
-    A torch-function mode rather than patching ``torch.nn.init``, so nothing global is rewritten.
+    Example::
+
+        _validate_keys_for_strict_loading(state.keys(), checkpoint.keys(), strict=True)
     """
+    present = set(checkpoint_keys)
+    missing = [key for key in requested_keys if key not in present]
+    if strict and missing:
+        raise KeyError(
+            f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint (it has"
+            f" {sorted(present)}). To load only the keys it has, set `strict=False`."
+        )
 
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return kwargs["tensor"] if "tensor" in kwargs else args[0]
-        return func(*args, **kwargs)
+
+def _apply_filter(
+    key: str, filter: dict[str, Callable[[str, Any], bool]], source_dict: object, target_dict: dict[str, Any]
+) -> None:
+    """Put ``source_dict`` into ``target_dict[key]``; where ``filter`` has a function for ``key`` (and the source is a
+    dict), only the items it keeps, and nothing at all when it keeps none (Lightning Fabric's private helper for
+    ``save_checkpoint(filter=...)``).
+
+    Example::
+
+        target = {}
+        _apply_filter("model", {"model": lambda k, v: "weight" in k}, model.state_dict(), target)
+    """
+    if key in filter and isinstance(source_dict, dict):
+        keep = filter[key]
+        for name, value in source_dict.items():
+            if keep(name, value):
+                target_dict.setdefault(key, {})[name] = value
+    else:
+        target_dict[key] = source_dict
 
 
 def restore_entries(

@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
+from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save, safe_load
-from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint

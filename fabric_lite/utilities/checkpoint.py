@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from fabric_lite.utilities.cloud_io import _filesystem, _is_object_store, _is_remote, _local_path
+from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 
@@ -209,11 +209,12 @@ def _load_from_url(url: str, safe: bool, map_location: Any) -> Any:
         return _torch_load(f, url, safe, map_location)
 
 
-def _torch_load(source: Any, name: str, safe: bool, map_location: Any) -> Any:
-    """``torch.load`` with its terse errors for truncated or foreign files turned into errors naming ``name``."""
+def _torch_load(source: Any, name: str, safe: bool, map_location: Any, mmap: bool = False) -> Any:
+    """``torch.load`` with its terse errors for truncated or foreign files turned into errors naming ``name``
+    (``mmap=True``: the tensors stay in the mapped file until they are used)."""
     target = name
     try:
-        return torch.load(source, map_location=map_location, weights_only=safe)
+        return torch.load(source, map_location=map_location, weights_only=safe, mmap=mmap)
     except pickle.UnpicklingError as err:
         # torch names the class it refused ("Unsupported global: GLOBAL os.system ..."); any other unpickling
         # error means the bytes are not a checkpoint at all

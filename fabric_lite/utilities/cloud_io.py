@@ -17,17 +17,17 @@ Example::
 
 from __future__ import annotations
 
-import re
-from typing import TYPE_CHECKING, Any
+import os
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
+from fabric_lite.utilities._fs import _OBJECT_STORES, _filesystem
+from fabric_lite.utilities._fs import _is_local_file_protocol as _is_local_file_protocol  # Lightning's name here
+from fabric_lite.utilities.checkpoint import _torch_load, atomic_save, safe_load
 from fabric_lite.utilities.types import _PATH
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-#: protocols of object stores: no real folders (``makedirs`` would create a bucket), and an object appears whole
-#: when its upload completes
-_OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "oss", "r2"})
 
 
 def get_filesystem(path: _PATH, **kwargs: Any) -> AbstractFileSystem:
@@ -50,88 +50,42 @@ def get_filesystem(path: _PATH, **kwargs: Any) -> AbstractFileSystem:
     return _filesystem(path, kwargs)[0]
 
 
-def _protocol(path: _PATH) -> str:
-    """The protocol of ``path`` as fsspec reads it (the part before the first ``::`` or ``://``), ``"file"`` when
-    there is none. Decided without fsspec."""
-    parts = re.split(r"(::|://)", str(path), maxsplit=1)
-    return parts[0] if len(parts) > 1 else "file"
+def _load(path_or_url: IO[bytes] | _PATH, map_location: Any = None, weights_only: bool | None = None) -> Any:
+    """Load a ``torch.save`` checkpoint from a path, an fsspec URL or an open file (Lightning Fabric's private
+    ``_load``, which clients import as ``pl_load``).
 
+    Unlike Lightning's, ``weights_only=None`` means ``True`` (fabric_lite never unpickles arbitrary objects unless
+    told to: pass ``weights_only=False`` for a file you trust), and errors name the path
+    (:class:`~fabric_lite.utilities.checkpoint.CheckpointError`).
 
-def _is_local_file_protocol(path: _PATH) -> bool:
-    """Whether ``path`` names a local file: its protocol is absent or ``file``. Decided without fsspec."""
-    return _protocol(path) == "file"
+    Example::
 
-
-def _is_remote(path: _PATH) -> bool:
-    """Whether ``path`` is a URL that only ``fsspec`` can open (any protocol other than ``file``)."""
-    return _protocol(path) != "file"
-
-
-def _local_path(path: _PATH) -> str:
-    """A local path or ``file://`` URL as a path ``open`` understands (``file:///a/b`` -> ``/a/b``)."""
-    text = str(path)
-    return text[len("file://") :] if text.startswith("file://") else text
-
-
-def _is_object_store(url: _PATH) -> bool:
-    """Whether ``url`` is on an object store (S3, GCS, Azure, ...): no folders, whole-object uploads."""
-    return _protocol(str(url).split("::")[-1]) in _OBJECT_STORES
-
-
-def _filesystem(url: _PATH, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
-    """The fsspec filesystem of ``url`` and the path on it; ``storage_options`` go to the filesystem's constructor.
-
-    Raises:
-        ImportError: fsspec, or the protocol's package, is missing; the message names ``url`` and what to install.
-        ValueError: fsspec knows no filesystem for the protocol; the message names ``url``.
-        TypeError: ``storage_options`` is not a dict.
+        state = _load("s3://bucket/run/last.ckpt", map_location="cpu")
     """
-    if storage_options is not None and not isinstance(storage_options, dict):
-        raise TypeError(
-            f"storage_options={storage_options!r} for {str(url)!r} must be a dict of arguments for the fsspec"
-            " filesystem (e.g. {'endpoint_url': 'http://127.0.0.1:9000'} for s3://), or None."
-        )
-    try:
-        from fsspec.core import url_to_fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
-    except ImportError as err:
-        raise ImportError(
-            f"{str(url)!r} needs the fsspec package, which is not installed. Install it with `pip install fsspec`"
-            " (or `pip install 'fabric-lite[remote]'`), plus the package of the URL's protocol (s3fs for s3://,"
-            " gcsfs for gs://, adlfs for az://)."
-        ) from err
-    try:
-        fs, fs_path = url_to_fs(str(url), **(storage_options or {}))
-    except ImportError as err:
-        raise ImportError(f"{str(url)!r} cannot be opened: {err}. {_install_hint(url)}") from err
-    except ValueError as err:
-        if "protocol not known" not in str(err).lower():
-            raise
-        from fsspec.registry import known_implementations  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-        raise ValueError(
-            f"{str(url)!r} cannot be opened: fsspec knows no filesystem for the protocol {_protocol(url)!r}. Known"
-            f" protocols include {', '.join(sorted(p for p in known_implementations if len(p) <= 5)[:20])}, ...;"
-            " pass a local path or a URL with one of them."
-        ) from err
-    # fsspec reuses one filesystem object per process, with the folder listings it has seen (s3fs, gcsfs, ...);
-    # another rank may have written since, and a stale listing would make ranks disagree on what exists
-    fs.invalidate_cache()
-    return fs, fs_path
+    safe = True if weights_only is None else weights_only
+    if not isinstance(path_or_url, (str, os.PathLike)):
+        return _torch_load(path_or_url, repr(path_or_url), safe, map_location)
+    return safe_load(path_or_url, weights_only=safe, map_location=map_location)
 
 
-def _install_hint(url: _PATH) -> str:
-    """``Install it with `pip install s3fs`.`` for the first protocol of ``url`` whose package is missing."""
-    from fsspec.registry import known_implementations  # type: ignore[import-untyped,import-not-found,unused-ignore]
+def _atomic_save(checkpoint: dict[str, Any], filepath: _PATH) -> None:
+    """Save ``checkpoint`` so that ``filepath`` is either the old file or the complete new one (Lightning Fabric's
+    private ``_atomic_save``; see :func:`~fabric_lite.utilities.checkpoint.atomic_save`)."""
+    atomic_save(checkpoint, filepath)
 
-    for protocol in str(url).split("::"):
-        entry = known_implementations.get(_protocol(protocol if "://" in protocol else protocol + "://"))
-        if entry is not None and not entry["class"].startswith("fsspec."):
-            package = entry["class"].split(".", 1)[0]
-            try:
-                __import__(package)
-            except ImportError:
-                return f"Install it with `pip install {package}`."
-    return "Install the package that the message names."
+
+def _is_dir(fs: AbstractFileSystem, path: str | Path, strict: bool = False) -> bool:
+    """Whether ``path`` on ``fs`` is a folder. On an object store, which has no real folders, any path that is not
+    a file counts as one unless ``strict`` (then only an existing prefix does)."""
+    if _is_object_storage(fs):
+        return bool(fs.isdir(path)) if strict else not fs.isfile(path)
+    return bool(fs.isdir(path))
+
+
+def _is_object_storage(fs: AbstractFileSystem) -> bool:
+    """Whether ``fs`` is an object store (S3, GCS, Azure, ...), which has no real folders."""
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return any(protocol in _OBJECT_STORES for protocol in protocols)
 
 
 __all__ = ["get_filesystem"]

@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 from fabric_lite.utilities._dcp import check_sharded_checkpoint, consolidate_checkpoint
+from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import CheckpointError
-from fabric_lite.utilities.cloud_io import _is_remote, _local_path, get_filesystem
+from fabric_lite.utilities.cloud_io import get_filesystem
 
 __all__ = ["add_consolidate_arguments", "consolidate_checkpoint", "main", "run_consolidate"]
 

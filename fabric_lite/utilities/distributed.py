@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from fabric_lite.utilities import _collectives
-from fabric_lite.utilities.cloud_io import _is_local_file_protocol, _local_path
+from fabric_lite.utilities._fs import _is_local_file_protocol, _local_path
 from fabric_lite.utilities.types import _PATH, ReduceOp
 
 if TYPE_CHECKING:
@@ -464,3 +464,24 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
     with contextlib.suppress(OSError):  # another rank may have removed it already
         check_file.unlink()
     return all_found
+
+
+def _get_default_process_group_backend_for_device(device: torch.device) -> str:
+    """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``.
+
+    Example::
+
+        _get_default_process_group_backend_for_device(torch.device("cpu"))  # 'gloo'
+    """
+    return dist.Backend.default_device_backend_map.get(device.type, "gloo")
+
+
+#: torch.distributed's ``group`` (``group.WORLD``), which clients import from here, as from Lightning Fabric
+group = dist.group
+# Lightning Fabric's private names for the functions above (clients' custom strategies import them)
+_distributed_is_initialized = distributed_available
+_gather_all_tensors = gather_all_tensors
+_sync_ddp = sync_ddp
+_sync_ddp_if_available = sync_ddp_if_available
+_all_gather_ddp_if_available = all_gather_ddp_if_available
+_init_dist_connection = init_dist_connection

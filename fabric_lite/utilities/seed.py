@@ -204,6 +204,40 @@ def _restore(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _collect_rng_states(include_cuda: bool = True) -> dict[str, Any]:
+    """The global random states of torch, CUDA (with ``include_cuda``), numpy and Python, in the form Lightning
+    Fabric's private ``_collect_rng_states`` returns (``"torch"``, ``"torch.cuda"``, ``"numpy"``, ``"python"``).
+
+    Its numpy state holds an ``ndarray``: reading it back needs ``torch.load(weights_only=False)``. For a checkpoint
+    that loads with ``weights_only=True``, save a :class:`RandomState` instead.
+
+    Example::
+
+        states = _collect_rng_states()
+        ...
+        _set_rng_states(states)  # the same random numbers again
+    """
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if include_cuda:
+        states["torch.cuda"] = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+    return states
+
+
+def _set_rng_states(rng_state_dict: dict[str, Any]) -> None:
+    """Restore what :func:`_collect_rng_states` returned (``"torch.cuda"`` and ``"numpy"`` where present)."""
+    torch.set_rng_state(rng_state_dict["torch"])
+    if "torch.cuda" in rng_state_dict:
+        torch.cuda.set_rng_state_all(rng_state_dict["torch.cuda"])
+    if "numpy" in rng_state_dict:
+        np.random.set_state(rng_state_dict["numpy"])
+    version, state, gauss = rng_state_dict["python"]
+    random.setstate((version, tuple(state), gauss))
+
+
 class RandomState:
     """The random generators of every process (Python, NumPy, torch, CUDA), as an object to save and load.
 

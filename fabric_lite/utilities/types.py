@@ -19,6 +19,10 @@ from torch import Tensor
 
 _PATH: TypeAlias = Union[str, "os.PathLike[str]"]
 _DEVICE: TypeAlias = torch.device | str | int
+#: what ``torch.load``'s ``map_location`` takes (Lightning's private name, imported by clients' load helpers)
+_MAP_LOCATION_TYPE: TypeAlias = (
+    _DEVICE | Callable[[torch.UntypedStorage, str], torch.UntypedStorage | None] | dict[_DEVICE, _DEVICE] | None
+)
 ReduceOp = torch.distributed.ReduceOp
 if torch.distributed.is_available():
     from torch.distributed import ProcessGroup

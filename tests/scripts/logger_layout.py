@@ -38,6 +38,17 @@ b.log_metrics({"loss": 0.1, "val_acc": torch.tensor(0.9, dtype=torch.float64)}, 
 b.finalize("success")
 seen["b"] = [b.version, os.path.relpath(b.log_dir, root)]
 
+# rows without a step across flushes (every 2 rows): the step is the number of rows since the last flush point, as
+# Lightning writes it; a row whose step + 1 is a multiple of 2 is one too, and so is an explicit save()
+d = CSVLogger(root, name="auto", version=0, flush_logs_every_n_steps=2)
+for value in range(5):
+    d.log_metrics({"v": value})
+d.log_metrics({"v": 5}, step=9)
+d.log_metrics({"v": 6})
+d.save()
+d.log_metrics({"v": 7})
+d.finalize("success")
+
 # an explicit int version whose folder holds an old metrics.csv: replaced, with a warning
 os.makedirs(os.path.join(root, "exp", "version_7"))
 with open(os.path.join(root, "exp", "version_7", "metrics.csv"), "w") as f:

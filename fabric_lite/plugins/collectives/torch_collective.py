@@ -14,6 +14,8 @@ from typing_extensions import Self, override
 from fabric_lite.plugins.collectives.collective import Collective
 
 _ReduceOp = dist.ReduceOp
+#: the default timeout of a process group's collectives, as in ``torch.distributed`` (Lightning's name here)
+default_pg_timeout = dist.constants.default_pg_timeout
 #: what the ``op`` strings name, beyond ``ReduceOp``'s own members (matched case-insensitively)
 _OP_ALIASES = {"MEAN": "AVG", "PROD": "PRODUCT"}
 

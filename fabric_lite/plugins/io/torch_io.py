@@ -9,8 +9,8 @@ from typing import Any
 from typing_extensions import override
 
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
+from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import atomic_save, safe_load
-from fabric_lite.utilities.cloud_io import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 

@@ -26,9 +26,12 @@ from torch import Tensor
 from torch.nn import Module
 
 from fabric_lite.plugins.precision.precision import Precision, _cast_floating, _DtypeContext
+from fabric_lite.utilities.imports import _Availability
 
 _Mode = Literal["nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "int8-training"]
 _MODES: tuple[str, ...] = get_args(_Mode)
+#: whether bitsandbytes is installed (Lightning's private name, which litgpt's tests import)
+_BITSANDBYTES_AVAILABLE = _Availability("bitsandbytes")
 
 
 class BitsandbytesPrecision(Precision):

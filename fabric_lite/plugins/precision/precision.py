@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Literal, Union
 
 import torch
 from torch import Tensor
@@ -17,6 +17,22 @@ from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
 from fabric_lite.utilities.apply_func import apply_to_collection
+
+# Lightning Fabric's private type names for precision arguments (clients annotate with them); fabric_lite accepts
+# every value but the transformer-engine ones (see the README's precision table)
+_PRECISION_INPUT_INT = Literal[64, 32, 16]
+_PRECISION_INPUT_STR_ALIAS = Literal["64", "32", "16", "bf16"]
+_PRECISION_INPUT_STR = Literal[
+    "transformer-engine",
+    "transformer-engine-float16",
+    "16-true",
+    "16-mixed",
+    "bf16-true",
+    "bf16-mixed",
+    "32-true",
+    "64-true",
+]
+_PRECISION_INPUT = Union[_PRECISION_INPUT_INT, _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS]  # noqa: UP007
 
 
 class Precision:

@@ -1,0 +1,93 @@
+"""What this interpreter has: platform flags, torch version flags and optional packages, under the names of Lightning
+Fabric's private ``lightning_fabric.utilities.imports`` (clients import them to gate features).
+
+:class:`_Availability` is the truth value of an optional package (Lightning uses ``lightning_utilities``'
+``RequirementCache``): truthy when the package can be imported, checked on first use without importing it, and
+printing why not when it cannot.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import platform
+import sys
+
+import torch
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """The leading numbers of a version string: ``"2.13.0+cpu"`` -> ``(2, 13, 0)``, ``"2.6.0a0"`` -> ``(2, 6, 0)``."""
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+class _Availability:
+    """Whether ``package`` (at least ``min_version``, where given) is installed; ``str()`` says why not.
+
+    Example::
+
+        _BITSANDBYTES_AVAILABLE = _Availability("bitsandbytes")
+        if not _BITSANDBYTES_AVAILABLE:
+            print(_BITSANDBYTES_AVAILABLE)  # "the package 'bitsandbytes' is not installed: pip install bitsandbytes"
+    """
+
+    def __init__(self, package: str, min_version: str | None = None, module: str | None = None) -> None:
+        self.package = package
+        self.min_version = min_version
+        self.module = module or package.replace("-", "_")
+        self._reason: str | None = None
+        self._checked = False
+
+    def _check(self) -> str | None:
+        if not self._checked:
+            self._checked = True
+            if importlib.util.find_spec(self.module) is None:
+                self._reason = f"the package {self.package!r} is not installed: pip install {self.package}"
+            elif self.min_version is not None:
+                try:
+                    found = importlib.metadata.version(self.package)
+                except importlib.metadata.PackageNotFoundError:
+                    found = "0"
+                if _version_tuple(found) < _version_tuple(self.min_version):
+                    self._reason = (
+                        f"{self.package} {found} is installed, {self.min_version} or newer is needed:"
+                        f" pip install '{self.package}>={self.min_version}'"
+                    )
+        return self._reason
+
+    def __bool__(self) -> bool:
+        return self._check() is None
+
+    def __str__(self) -> str:
+        reason = self._check()
+        wanted = self.package + (f">={self.min_version}" if self.min_version else "")
+        return f"Requirement {wanted!r} met" if reason is None else reason
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.package!r}{f', {self.min_version!r}' if self.min_version else ''})"
+
+
+def _torch_at_least(version: str) -> bool:
+    """Whether torch is at least ``version`` (a nightly or local build counts as its base version)."""
+    return _version_tuple(torch.__version__.split("+")[0]) >= _version_tuple(version)
+
+
+_NUMPY_AVAILABLE = _Availability("numpy")
+_IS_WINDOWS = platform.system() == "Windows"
+_IS_INTERACTIVE = hasattr(sys, "ps1") or bool(sys.flags.interactive)
+_TORCH_GREATER_EQUAL_2_2 = _torch_at_least("2.2.0")
+_TORCH_GREATER_EQUAL_2_3 = _torch_at_least("2.3.0")
+_TORCH_EQUAL_2_4_0 = _version_tuple(torch.__version__.split("+")[0])[:3] == (2, 4, 0)
+_TORCH_GREATER_EQUAL_2_4 = _torch_at_least("2.4.0")
+_TORCH_GREATER_EQUAL_2_4_1 = _torch_at_least("2.4.1")
+_TORCH_GREATER_EQUAL_2_5 = _torch_at_least("2.5.0")
+_TORCH_GREATER_EQUAL_2_6 = _torch_at_least("2.6.0")
+_TORCH_LESS_EQUAL_2_6 = _version_tuple(torch.__version__.split("+")[0])[:3] <= (2, 6, 0)
+_TORCHMETRICS_GREATER_EQUAL_1_0_0 = _Availability("torchmetrics", "1.0.0")
+_PYTHON_GREATER_EQUAL_3_10_0 = sys.version_info[:2] >= (3, 10)
