@@ -5,7 +5,7 @@ raw torch: four ranks on the CPU (gloo), 2-way tensor parallel x 2-way FSDP.
     python benchmarks/bench_model_parallel.py --quick    # smoke run: a tiny model, few steps, one round (the tests)
 
 The workload, the same for both: a Llama-style transformer (RMSNorm, attention with causal masking, SwiGLU MLP;
-depth 4, width 256, 8 heads, MLP 768, vocabulary 2048: the test model of ``tests/jobs/model_parallel_jobs.py``,
+depth 4, width 256, 8 heads, MLP 768, vocabulary 2048: the test model of ``tests/helpers/jobs/model_parallel_jobs.py``,
 larger), parallelised by ``functools.partial(parallelize_transformer, loss_parallel=True)`` on a mesh
 ``("data_parallel", "tensor_parallel")`` of shape (2, 2), trained with AdamW on a fixed batch per data-parallel rank.
 The loop is the one its user would write:

@@ -13,7 +13,7 @@ Usage::
     python docs/generate_api.py --check              # exit 1, with a diff, when docs/api.md is out of date
     python docs/generate_api.py --missing-examples   # list the items whose docstring shows no example
 
-``tests/test_docs.py`` fails when ``docs/api.md`` is out of date, or when an item lacks an example.
+``tests/unit/test_docs.py`` fails when ``docs/api.md`` is out of date, or when an item lacks an example.
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ class Renderer:
             "<!-- Generated from the docstrings by docs/generate_api.py: do not edit by hand. -->",
             "",
             "Generated from the docstrings by [`docs/generate_api.py`](generate_api.py): `python docs/generate_api.py`"
-            " rewrites this file, and `tests/test_docs.py` fails when it is out of date. Classes are shown with their"
+            " rewrites this file, and `tests/unit/test_docs.py` fails when it is out of date. Classes are shown with their"
             " constructor's signature; members inherited from another documented class are linked, not repeated.",
             "",
             "## Contents",

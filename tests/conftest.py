@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT = 120  # seconds; multi-process tests bound their children separately (tests/_harness.py)
+DEFAULT_TIMEOUT = 120  # seconds; multi-process tests bound their children separately (tests/helpers/harness.py)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,0 +1,586 @@
+"""`fabric-lite run`: the flags, how they reach `Fabric()`, and real launches through torch's elastic agent.
+
+Unit tier (no process): the parser, flag validation (every bad flag fails before anything starts), the
+torchrun command line, and the table of CLI settings against `Fabric(...)` arguments in `resolve_plan`.
+Launch tier: the console script and `python -m fabric_lite` start 2 CPU ranks that run collectives and train;
+a failing rank ends the job with the root cause; `--max-restarts 1` after a killed rank resumes from the last
+checkpoint and ends with the weights of an uninterrupted run. Every launch is bounded, and every process it
+started (torchrun's workers live in sessions of their own) must be gone when it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite.accelerators import CPUAccelerator, CUDAAccelerator
+from fabric_lite.cli import CLI_STRATEGIES, build_parser, launch_command, main
+from fabric_lite.strategies import DDPStrategy
+from tests.helpers.cluster.processes import run_tagged
+from tests.helpers.harness import REPO, Completed, base_env, lightning_python, run_python
+from tests.helpers.scripts.cli_train import GLOBAL_BATCH, model_optimizer_data
+
+SCRIPT = "tests/helpers/scripts/cli_train.py"  # launches run in the repository (tests/helpers/harness.py)
+ABS_SCRIPT = str(REPO / SCRIPT)  # the unit tests run wherever pytest runs
+STEPS = 6
+CONSOLE_SCRIPT = Path(sys.executable).parent / "fabric-lite"
+
+
+def results(done: Completed) -> list[dict[str, Any]]:
+    rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return sorted(rows, key=lambda row: (row["attempt"], row["rank"]))
+
+
+def fabric_lite_run(*args: str, timeout: float = 120) -> Completed:
+    """`python -m fabric_lite run ARGS` in the repository, bounded, leaving no process behind."""
+    return run_tagged(["-m", "fabric_lite", "run", *args], timeout=timeout)
+
+
+def plain_pytorch_weights(steps: int) -> dict[str, torch.Tensor]:
+    """The script's training in one process on the whole global batch, without fabric_lite."""
+    model, optimizer, data = model_optimizer_data()
+    for step in range(steps):
+        start = (step % (len(data) // GLOBAL_BATCH)) * GLOBAL_BATCH
+        x, y = data[start : start + GLOBAL_BATCH]
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------------------------- unit tier
+def command(*argv: str, machine: Machine | None = None) -> list[str]:
+    args = build_parser().parse_args(["run", *argv])
+    return launch_command(args, machine or Machine()).torchrun_args
+
+
+def test_help_documents_every_flag_with_an_example(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal width; unwrapped lines are easier to match
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    flags = ["--accelerator", "--strategy", "--devices", "--num-nodes", "--node-rank", "--main-address"]
+    flags += ["--main-port", "--precision", "--max-restarts"]
+    for flag in flags:
+        assert f"(e.g. {flag} " in text, flag
+    assert "SCRIPT_ARGS" in text and "examples:" in text
+    assert "fabric-lite run --accelerator cpu --devices 2 train.py" in text
+    assert "--num-nodes 2 --node-rank 0 --main-address" in text
+    assert "GLOO_SOCKET_IFNAME" in text
+
+
+def test_no_command_prints_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "fabric-lite run --help" in capsys.readouterr().err
+
+
+def test_one_node_uses_a_port_torchrun_binds_itself() -> None:
+    assert command("--accelerator", "cpu", "--devices", "2", ABS_SCRIPT, "--lr", "0.1") == [
+        "--nproc-per-node", "2", "--max-restarts", "0", "--standalone",
+        "--module", "fabric_lite._run_script", ABS_SCRIPT, "--lr", "0.1",
+    ]  # fmt: skip
+
+
+# Lightning's `fabric run` (click, interspersed options) takes its flags before or after SCRIPT, in both spellings;
+# every other argument after SCRIPT, and all after `--`, is the script's. (argv, the settings, the script's arguments)
+LIGHTNING_ORDER = [
+    (["--devices", "2", "S", "--lr", "0.1"], {"devices": "2"}, ["--lr", "0.1"]),
+    (["S", "--accelerator=cpu", "--devices=2", "--strategy=ddp", "--lr=0.1", "-x"],
+     {"accelerator": "cpu", "devices": "2", "strategy": "ddp"}, ["--lr=0.1", "-x"]),
+    (["--devices", "2", "S", "--devices", "3", "--epochs", "4"], {"devices": "3"}, ["--epochs", "4"]),
+    (["S", "--", "--devices", "3"], {"devices": "1"}, ["--devices", "3"]),
+    (["--num_nodes", "2", "--node_rank=1", "--main_address", "10.0.0.1", "--main_port", "1234", "S", "a"],
+     {"num_nodes": 2, "node_rank": 1, "main_address": "10.0.0.1", "main_port": 1234}, ["a"]),
+    (["S", "--num-nodes=3", "--node-rank", "2", "--precision", "bf16-mixed", "b", "--c"],
+     {"num_nodes": 3, "node_rank": 2, "precision": "bf16-mixed"}, ["b", "--c"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "settings", "script_args"), LIGHTNING_ORDER)
+def test_flags_before_or_after_the_script_as_lightning_parses_them(
+    argv: list[str], settings: dict[str, Any], script_args: list[str]
+) -> None:
+    args = build_parser().parse_args(["run", *[ABS_SCRIPT if a == "S" else a for a in argv]])
+    assert {name: getattr(args, name) for name in settings} == settings
+    assert (args.script, args.script_args) == (ABS_SCRIPT, script_args)
+
+
+@pytest.mark.compat
+@pytest.mark.timeout(180)
+def test_lightning_parses_the_same_command_lines(tmp_path: Path) -> None:
+    python = lightning_python()
+    if python is None:
+        pytest.skip("no Lightning Fabric venv: run .ci/setup (or set LIGHTNING_PYTHON)")
+    code = (
+        "import json, sys; from lightning_fabric.cli import _run\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    params = _run.make_context('run', argv).params\n"
+        "    print(json.dumps({**params, 'script_args': list(params['script_args'])}))\n"
+    )
+    argvs = [[ABS_SCRIPT if a == "S" else a for a in argv] for argv, _, _ in LIGHTNING_ORDER]
+    done = run_python(["-c", code, json.dumps(argvs)], timeout=120, python=python)
+    assert done.returncode == 0, done.output
+    for argv, line in zip(argvs, done.stdout.splitlines(), strict=True):
+        lightning, ours = json.loads(line), vars(build_parser().parse_args(["run", *argv]))
+        names = ["accelerator", "strategy", "devices", "num_nodes", "node_rank", "precision", "script", "script_args"]
+        assert {n: ours[n] for n in names} == {n: lightning[n] for n in names}, argv
+        given = [a.split("=")[0] for a in argv if a.startswith("--main")]
+        for name in ("main_address", "main_port"):  # ours default to a free port; compare what was given
+            if f"--{name}" in given or f"--{name.replace('_', '-')}" in given:
+                assert ours[name] == lightning[name], (argv, name)
+
+
+def test_unknown_flag_before_the_script_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--lr", "0.1", ABS_SCRIPT])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --lr" in capsys.readouterr().err
+
+
+def test_a_module_runs_like_python_m_and_takes_every_argument_after_it() -> None:
+    """``-m MODULE``: every argument after MODULE is the module's (its own --devices included), as with python -m."""
+    args = build_parser().parse_args(["run", "--devices", "2", "--as-lightning", "-m", "json.tool", "in", "--devices"])
+    assert (args.module, args.script, args.script_args, args.devices, args.as_lightning) == (
+        "json.tool",
+        None,
+        ["in", "--devices"],
+        "2",
+        True,
+    )
+    launch = launch_command(args, Machine())
+    assert launch.torchrun_args[-6:] == ["--module", "fabric_lite._run_script", "-m", "json.tool", "in", "--devices"]
+    assert launch.env["FABRIC_LITE_AS_LIGHTNING"] == "1"  # each worker turns the import hook on at start-up
+    plain = launch_command(build_parser().parse_args(["run", ABS_SCRIPT]), Machine())
+    assert "FABRIC_LITE_AS_LIGHTNING" not in plain.env
+
+
+def test_a_module_that_cannot_be_imported_fails_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], no_launch: None
+) -> None:
+    assert main(["run", "--devices", "2", "-m", "no_such_module_here.sub", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "-m 'no_such_module_here.sub': no module 'no_such_module_here' can be imported" in err, err
+
+
+def test_multi_node_command() -> None:
+    argv = ["--accelerator", "cpu", "--devices", "2", "--num-nodes", "2", "--node-rank", "1"]
+    argv += ["--main-address", "10.1.2.3", "--main-port", "1234", "--max-restarts", "2", ABS_SCRIPT]
+    assert command(*argv) == [
+        "--nproc-per-node", "2", "--max-restarts", "2", "--nnodes", "2", "--node-rank", "1",
+        "--master-addr", "10.1.2.3", "--master-port", "1234", "--module", "fabric_lite._run_script", ABS_SCRIPT,
+    ]  # fmt: skip
+    # without --main-port, every node uses torchrun's default port
+    assert "29500" in command(*[a for a in argv if a not in ("--main-port", "1234")])
+
+
+def test_settings_reach_fabric_through_the_environment() -> None:
+    args = build_parser().parse_args(
+        ["run", "--accelerator", "cpu", "--devices", "3", "--precision", "bf16", ABS_SCRIPT]
+    )
+    launch = launch_command(args, Machine())
+    assert launch.nproc_per_node == 3
+    assert launch.env == {
+        "FABRIC_LITE_ACCELERATOR": "cpu",
+        "FABRIC_LITE_DEVICES": "3",
+        "FABRIC_LITE_NUM_NODES": "1",
+        "FABRIC_LITE_PRECISION": "bf16",
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "machine", "nproc"),
+    [
+        (["--accelerator", "cpu", "--devices", "4"], Machine(), 4),
+        (["--devices", "1"], Machine(), 1),
+        (["--accelerator", "cuda", "--devices", "-1"], Machine(cuda_devices=4), 4),
+        (["--accelerator", "gpu", "--devices", "0,2"], Machine(cuda_devices=4), 2),
+        (["--accelerator", "cuda", "--devices", "auto"], Machine(cuda_devices=3), 3),
+        (["--accelerator", "cpu", "--devices", "auto"], Machine(), 1),
+    ],
+)
+def test_processes_per_node(argv: list[str], machine: Machine, nproc: int) -> None:
+    assert command(*argv, ABS_SCRIPT, machine=machine)[:2] == ["--nproc-per-node", str(nproc)]
+
+
+def test_strategies_that_start_their_own_processes_are_not_offered() -> None:
+    assert {"auto", "ddp", "single_device"} <= set(CLI_STRATEGIES)
+    assert not {"ddp_spawn", "ddp_fork", "ddp_notebook"} & set(CLI_STRATEGIES)
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make starting torchrun a test failure, and the machine a CPU-only one (the same answers on a GPU machine)."""
+
+    def must_not_run(*_: Any) -> int:
+        raise AssertionError("torchrun was started despite an invalid flag")
+
+    monkeypatch.setattr("fabric_lite.cli._run_torchrun", must_not_run)
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: Machine()))
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["--devices", "abc", ABS_SCRIPT], ["--devices abc", "devices='abc'", "Example: devices=2"]),
+        (["--accelerator", "cpu", "--devices", "0", ABS_SCRIPT], ["--devices 0", "at least one process"]),
+        (["--accelerator", "cpu", "--devices", "0,1", ABS_SCRIPT], ["A list of indices selects GPUs"]),
+        (["--accelerator", "cuda", ABS_SCRIPT], ["accelerator='cuda'", "no CUDA device", "Use accelerator='cpu'"]),
+        (["--strategy", "single_device", "--devices", "2", ABS_SCRIPT], ["single_device", "Use strategy='ddp'"]),
+        (["missing_script.py"], ["SCRIPT 'missing_script.py' does not exist", "looked in"]),
+        ([str(REPO / "tests")], ["is a folder"]),
+        (["--num-nodes", "2", "--node-rank", "2", "--main-address", "a", ABS_SCRIPT], ["--node-rank 2", "0 to 1"]),
+        (["--num-nodes", "2", ABS_SCRIPT], ["--num-nodes 2 needs --main-address", "--node-rank 0"]),
+    ],
+)
+def test_invalid_flags_fail_before_anything_starts(
+    argv: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str], no_launch: None
+) -> None:
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "fabric-lite run: error:" in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["--strategy", "ddp_spawn", ABS_SCRIPT], ["--strategy: invalid choice: 'ddp_spawn'", "'ddp'"]),
+        (["--strategy", "no_such_strategy", ABS_SCRIPT], ["invalid choice: 'no_such_strategy'", "single_device"]),
+        (["--accelerator", "tpu", ABS_SCRIPT], ["invalid choice: 'tpu'", "'cpu'"]),
+        (["--precision", "8", ABS_SCRIPT], ["invalid choice: '8'", "bf16-mixed"]),
+        (["--num-nodes", "0", ABS_SCRIPT], ["--num-nodes: 0 is out of range"]),
+        (["--num-nodes", "two", ABS_SCRIPT], ["--num-nodes: 'two' is not an integer"]),
+        (["--main-port", "70000", ABS_SCRIPT], ["--main-port: 70000 is out of range", "between 1 and 65535"]),
+        (["--max-restarts", "-1", ABS_SCRIPT], ["--max-restarts: -1 is out of range"]),
+        ([], ["the following arguments are required: SCRIPT"]),
+    ],
+)
+def test_malformed_flags_are_usage_errors(
+    argv: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str], no_launch: None
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+
+
+# a CLI setting against the same argument given to Fabric(...) in the script: (name, cli value, Fabric value)
+AGREE = [
+    ("devices", "2", 2),
+    ("devices", "2", "2"),
+    ("devices", "0,1", [0, 1]),
+    ("accelerator", "cpu", "cpu"),
+    ("accelerator", "cpu", CPUAccelerator()),
+    ("strategy", "ddp", "ddp"),
+    ("precision", "bf16", "bf16-mixed"),
+    ("precision", "64-true", 64),
+    ("num_nodes", "1", 1),
+]
+DISAGREE = [
+    ("devices", "2", 3, "Fabric(devices=3)", "--devices 2"),
+    ("devices", "2", [0, 1, 2], "Fabric(devices=[0, 1, 2])", "--devices 2"),
+    ("accelerator", "cpu", "cuda", "Fabric(accelerator='cuda')", "--accelerator cpu"),
+    ("accelerator", "cuda", CPUAccelerator(), "Fabric(accelerator=CPUAccelerator(...))", "--accelerator cuda"),
+    ("strategy", "ddp", "single_device", "Fabric(strategy='single_device')", "--strategy ddp"),
+    ("strategy", "ddp", DDPStrategy(), "Fabric(strategy=DDPStrategy(...))", "--strategy ddp"),
+    ("precision", "bf16-mixed", "64-true", "Fabric(precision='64-true')", "--precision bf16-mixed"),
+    ("num_nodes", "1", 2, "Fabric(num_nodes=2)", "--num-nodes 1"),
+]
+ENV = {"accelerator": "FABRIC_LITE_ACCELERATOR", "strategy": "FABRIC_LITE_STRATEGY", "devices": "FABRIC_LITE_DEVICES"}
+ENV |= {"num_nodes": "FABRIC_LITE_NUM_NODES", "precision": "FABRIC_LITE_PRECISION"}
+
+
+@pytest.mark.parametrize(("name", "cli", "given"), AGREE)
+def test_cli_setting_that_agrees_with_fabric(name: str, cli: str, given: Any) -> None:
+    machine = Machine(cuda_devices=2) if name == "devices" and isinstance(given, list) else Machine()
+    resolve_plan(env={ENV[name]: cli}, machine=machine, **{name: given})  # no error
+
+
+@pytest.mark.parametrize(("name", "cli", "given", "in_script", "on_cli"), DISAGREE)
+def test_cli_setting_that_disagrees_with_fabric_names_both(
+    name: str, cli: str, given: Any, in_script: str, on_cli: str
+) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        resolve_plan(env={ENV[name]: cli}, machine=Machine(cuda_devices=4), **{name: given})
+    message = str(excinfo.value)
+    assert in_script in message and f"`fabric-lite run {on_cli}`" in message, message
+    assert f"{ENV[name]}={cli!r}" in message and "Give the value in one place only" in message
+
+
+def test_cli_settings_fill_arguments_left_at_their_default() -> None:
+    env = {"FABRIC_LITE_ACCELERATOR": "cuda", "FABRIC_LITE_DEVICES": "0,1", "FABRIC_LITE_PRECISION": "bf16-mixed"}
+    env |= {"FABRIC_LITE_STRATEGY": "ddp", "FABRIC_LITE_NUM_NODES": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+    plan = resolve_plan(env=env, machine=Machine(cuda_devices=2))
+    assert (plan.accelerator, plan.devices, plan.precision) == ("cuda", (0, 1), "bf16-mixed")
+    assert (plan.strategy, plan.num_nodes) == ("ddp", 2)
+
+
+def test_cuda_accelerator_instance_agrees_with_cli_gpu() -> None:
+    resolve_plan(env={"FABRIC_LITE_ACCELERATOR": "gpu"}, accelerator=CUDAAccelerator(), machine=Machine(cuda_devices=1))
+
+
+# -------------------------------------------------------------------------------------------------- launch tier
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Completed, Path]:
+    """One uninterrupted 2-rank run through the console script, checkpointing every step."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    if not CONSOLE_SCRIPT.is_file():
+        pytest.fail(f"{CONSOLE_SCRIPT} is missing: reinstall fabric_lite (`pip install -e .`, as .ci/setup does)")
+    args = ["run", "--accelerator", "cpu", "--devices", "2", SCRIPT]
+    args += ["--out", str(folder / "final.pt"), "--checkpoint", str(folder / "last.ckpt"), "--steps", str(STEPS)]
+    done = run_tagged(args, timeout=150, python=str(CONSOLE_SCRIPT))
+    return done, folder / "final.pt"
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_console_script_runs_two_ranks_that_train(two_ranks: tuple[Completed, Path]) -> None:
+    done, final = two_ranks
+    assert done.returncode == 0, done.output
+    rows = results(done)
+    assert [r["rank"] for r in rows] == [0, 1]
+    for row in rows:
+        assert (row["world"], row["local_rank"], row["node_rank"]) == (2, row["rank"], 0)
+        assert row["total"] == 3.0 and row["gathered"] == [0, 1]
+        assert (row["strategy"], row["accelerator"]) == ("DDPStrategy", "CPUAccelerator")
+        assert row["torchelastic"] and row["start_step"] == 0
+    # torchrun's agent started both ranks: fabric.launch() started no process of its own
+    assert rows[0]["ppid"] == rows[1]["ppid"] and rows[1]["ppid"] != rows[0]["pid"]
+    # DDP over two halves of the global batch ends where one process on the whole batch does
+    trained, reference = load(final), plain_pytorch_weights(STEPS)
+    assert trained.keys() == reference.keys()
+    for key in trained:
+        torch.testing.assert_close(trained[key], reference[key], rtol=0, atol=1e-6)
+    assert not torch.equal(trained["0.weight"], model_optimizer_data()[0].state_dict()["0.weight"])
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_python_dash_m_passes_precision_to_fabric(tmp_path: Path) -> None:
+    done = fabric_lite_run("--accelerator", "cpu", "--devices", "2", "--precision", "64-true", SCRIPT, "--steps", "1")
+    assert done.returncode == 0, done.output
+    rows = results(done)
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(r["precision"] == "DoublePrecision" and r["dtype"] == "torch.float64" for r in rows), rows
+    assert all(r["total"] == 3.0 and r["gathered"] == [0, 1] for r in rows)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_fabric_argument_that_disagrees_with_the_cli_ends_the_job() -> None:
+    done = fabric_lite_run("--accelerator", "cpu", "--devices", "2", SCRIPT, "--fabric-devices", "3")
+    assert done.returncode == 1, done.output
+    expected = "Fabric(devices=3) in the script conflicts with `fabric-lite run --devices 2`"
+    assert expected in done.stderr, done.output
+    assert "Root Cause" in done.stderr and "RESULT" not in done.stdout
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_failing_rank_ends_the_job_and_is_reported_as_the_root_cause() -> None:
+    done = fabric_lite_run("--accelerator", "cpu", "--devices", "2", SCRIPT, "--fail-rank", "1")
+    assert done.returncode == 1, done.output
+    report = done.stderr.split("Root Cause (first observed failure):", 1)
+    assert len(report) == 2, done.output
+    assert "rank      : 1 (local_rank: 1)" in report[1], done.output
+    assert "RuntimeError: rank 1 fails on purpose at step 1" in report[1], done.output
+    assert "fabric-lite run: the job failed." in done.stderr
+    assert "RESULT" not in done.stdout
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_max_restarts_resumes_from_the_last_checkpoint_to_the_same_weights(
+    two_ranks: tuple[Completed, Path], tmp_path: Path
+) -> None:
+    uninterrupted_run, uninterrupted = two_ranks
+    assert uninterrupted_run.returncode == 0, uninterrupted_run.output
+    kill_step = 3
+    args = ["--accelerator", "cpu", "--devices", "2", "--max-restarts", "1", SCRIPT, "--steps", str(STEPS)]
+    args += ["--out", str(tmp_path / "final.pt"), "--checkpoint", str(tmp_path / "last.ckpt")]
+    done = fabric_lite_run(*args, "--kill-rank", "1", "--kill-step", str(kill_step), timeout=200)
+    assert done.returncode == 0, done.output
+    rows = results(done)
+    # only the second attempt finished, on both ranks, from a checkpoint the first attempt wrote
+    assert [(r["attempt"], r["rank"]) for r in rows] == [(1, 0), (1, 1)], done.output
+    start = rows[0]["start_step"]
+    assert 0 < start <= kill_step and rows[1]["start_step"] == start, rows
+    resumed, reference = load(tmp_path / "final.pt"), load(uninterrupted)
+    assert resumed.keys() == reference.keys()
+    for key in resumed:
+        assert torch.equal(resumed[key], reference[key]), key
+
+
+# ------------------------------------------------------------------- Lightning's launch semantics: no launch() call
+NO_LAUNCH = "tests/helpers/scripts/cli_no_launch.py"
+
+
+def check_trained_two_ranks(done: Completed, final: Path) -> list[dict[str, Any]]:
+    """Both ranks joined one group of 2 right after Fabric(), ran rank-dependent collectives, got their halves of
+    the data from a DistributedSampler, and trained to the weights of one process on the whole global batch."""
+    assert done.returncode == 0, done.output
+    rows = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    rows.sort(key=lambda row: row["rank"])
+    assert [r["rank"] for r in rows] == [0, 1], done.output
+    for row in rows:
+        assert (row["world"], row["initialized"], row["group_world"]) == (2, True, 2)
+        assert row["total"] == 3.0 and row["gathered"] == [10, 20]
+        assert row["sampler"] == "DistributedSampler" and row["loader_sampler_is_distributed"]
+    assert rows[0]["indices"] == [0, 2, 4, 6, 8, 10] and rows[1]["indices"] == [1, 3, 5, 7, 9, 11]
+    trained, reference = load(final), plain_pytorch_weights(STEPS)
+    for key in reference:
+        torch.testing.assert_close(trained[key], reference[key], rtol=0, atol=1e-6)
+    return rows
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_script_without_launch_runs_under_the_console_script(tmp_path: Path) -> None:
+    if not CONSOLE_SCRIPT.is_file():
+        pytest.fail(f"{CONSOLE_SCRIPT} is missing: reinstall fabric_lite (`pip install -e .`, as .ci/setup does)")
+    # Lightning's order: the flags after SCRIPT, with `=`; --out and --steps are the script's
+    args = ["run", NO_LAUNCH, "--accelerator=cpu", "--devices=2", "--strategy=ddp"]
+    args += ["--out", str(tmp_path / "final.pt"), "--steps", str(STEPS)]
+    done = run_tagged(args, timeout=150, python=str(CONSOLE_SCRIPT))
+    check_trained_two_ranks(done, tmp_path / "final.pt")
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_launch_in_a_script_started_by_the_cli_is_harmless(tmp_path: Path) -> None:
+    done = fabric_lite_run(
+        "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", NO_LAUNCH,
+        "--out", str(tmp_path / "final.pt"), "--steps", str(STEPS), "--then-launch",
+    )  # fmt: skip
+    rows = check_trained_two_ranks(done, tmp_path / "final.pt")
+    for row in rows:
+        # launch() returns at once; launch(fn, 5) runs fn(fabric, 5) in this process, in the same process group
+        assert row["launch_returns"] is None and row["launch_fn_returns"] == 5 * (1 + 2)
+        assert row["same_group"]
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_fabric_subclass_run_under_the_cli(tmp_path: Path) -> None:
+    done = fabric_lite_run(
+        "--accelerator=cpu", "--devices=2", "--strategy=ddp", NO_LAUNCH,
+        "--out", str(tmp_path / "final.pt"), "--steps", str(STEPS), "--run-method",
+    )  # fmt: skip
+    rows = check_trained_two_ranks(done, tmp_path / "final.pt")
+    assert [row["via"] for row in rows] == ["run", "run"]
+
+
+# ------------------------------------------------------------------------------------- fabric-lite consolidate
+@pytest.fixture(scope="module")
+def sharded_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A sharded checkpoint folder that 2 FSDP ranks wrote, started by `fabric-lite run --strategy=fsdp`."""
+    folder = tmp_path_factory.mktemp("fsdp")
+    done = fabric_lite_run(
+        "--accelerator=cpu",
+        "--devices=2",
+        "--strategy=fsdp",
+        "tests/helpers/scripts/fsdp_save.py",
+        str(folder),
+        timeout=200,
+    )
+    assert done.returncode == 0, done.output
+    return folder
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_consolidate_a_two_rank_fsdp_checkpoint_into_a_file_torch_loads(sharded_checkpoint: Path) -> None:
+    target = sharded_checkpoint / "whole.ckpt"
+    done = run_python(["-m", "fabric_lite", "consolidate", str(sharded_checkpoint / "sharded"),
+                       f"--output_file={target}"], timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.output
+    assert f"wrote {target}" in done.stdout
+    checkpoint = torch.load(target, weights_only=True)
+    assert sorted(checkpoint) == ["model", "optimizer", "step"] and checkpoint["step"] == 3
+    expected = torch.load(sharded_checkpoint / "expected.pt", weights_only=True)
+    assert checkpoint["model"].keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(checkpoint["model"][key], expected[key]), key
+    # the whole weights load into the plain model, without fabric_lite
+    plain = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
+    plain.load_state_dict(checkpoint["model"])
+    assert torch.equal(plain[2].weight, expected["2.weight"])
+    # an existing output file is never overwritten (as in Lightning)
+    again = run_python(["-m", "fabric_lite", "consolidate", str(sharded_checkpoint / "sharded"),
+                        "--output_file", str(target)], timeout=60)  # fmt: skip
+    assert again.returncode == 1 and "exists already" in again.stderr and str(target) in again.stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_consolidate_writes_beside_the_folder_by_default(sharded_checkpoint: Path) -> None:
+    assert main(["consolidate", str(sharded_checkpoint / "sharded")]) == 0
+    written = sharded_checkpoint / "sharded.consolidated"  # Lightning's default name
+    expected = torch.load(sharded_checkpoint / "expected.pt", weights_only=True)
+    model = torch.load(written, weights_only=True)["model"]
+    assert all(torch.equal(model[key], expected[key]) for key in expected)
+
+
+def test_consolidate_reports_a_missing_or_non_checkpoint_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope"
+    assert main(["consolidate", str(missing), "--output_file", str(tmp_path / "out.pt")]) == 1
+    assert f"The checkpoint folder {str(missing)!r} does not exist" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("hi")
+    assert main(["consolidate", str(plain)]) == 1
+    err = capsys.readouterr().err
+    assert "is not a sharded checkpoint" in err and "notes.txt" in err and str(plain) in err
+    assert not (tmp_path / "out.pt").exists() and not (tmp_path / "plain.consolidated").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["consolidate"])
+    assert exit_info.value.code == 2
+    assert "CHECKPOINT_FOLDER" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_workers_share_the_cores_when_omp_num_threads_is_unset(tmp_path: Path) -> None:
+    """torchrun would give every worker one thread (and warn); Lightning's CLI gives each all the cores."""
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import os, torch\n"
+        "print('THREADS', os.environ['RANK'], os.environ['OMP_NUM_THREADS'], torch.get_num_threads(), flush=True)\n"
+    )
+    env = base_env()
+    env.pop("OMP_NUM_THREADS", None)
+    cores = len(os.sched_getaffinity(0))
+    for devices in (1, 2):
+        done = run_python(
+            ["-m", "fabric_lite", "run", "--accelerator=cpu", f"--devices={devices}", str(script)], env=env
+        )
+        assert done.returncode == 0, done.output
+        expected = str(max(1, cores // devices))
+        rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("THREADS"))
+        assert rows == [[str(rank), expected, expected] for rank in range(devices)], done.output
+        assert "Setting OMP_NUM_THREADS" not in done.stderr
+    # a value the user set is kept
+    env["OMP_NUM_THREADS"] = "1"
+    done = run_python(["-m", "fabric_lite", "run", "--accelerator=cpu", "--devices=2", str(script)], env=env)
+    assert sorted(line.split()[2] for line in done.stdout.splitlines() if line.startswith("THREADS")) == ["1", "1"]

@@ -1,0 +1,325 @@
+"""The DDP toolkit: DDP arguments, strategy aliases, sync batchnorm, communication hooks, post-local SGD, backward sync.
+
+Unit tests (no process) check the strategy's validation, the registry's aliases and the CPU sync batchnorm layer
+alone. The distributed tests read one 2-rank gloo job (:mod:`tests.helpers.jobs.ddp_toolkit`), whose references are
+computed from the same rank-dependent inputs: the ranks' own gradients without DDP, one process's BatchNorm over
+the concatenated batch, the average of the ranks' local SGD steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+
+from fabric_lite import Fabric
+from fabric_lite.strategies import STRATEGY_REGISTRY, DDPStrategy
+from fabric_lite.strategies._sync_batchnorm import CPUSyncBatchNorm, convert_sync_batchnorm
+from tests.helpers.toolkit_results import suite_results, values
+
+pytestmark = pytest.mark.timeout(240)
+
+# ---------------------------------------------------------------------------------------------- unit: arguments
+ALIASES = {
+    "ddp_find_unused_parameters_true": ("popen", True),
+    "ddp_find_unused_parameters_false": ("popen", False),
+    "ddp_spawn_find_unused_parameters_true": ("spawn", True),
+    "ddp_spawn_find_unused_parameters_false": ("spawn", False),
+    "ddp_fork_find_unused_parameters_true": ("fork", True),
+    "ddp_fork_find_unused_parameters_false": ("fork", False),
+    "ddp_notebook_find_unused_parameters_true": ("fork", True),
+    "ddp_notebook_find_unused_parameters_false": ("fork", False),
+}
+
+
+@pytest.mark.parametrize("name", list(ALIASES))
+def test_find_unused_parameters_aliases(name: str) -> None:
+    start_method, find_unused = ALIASES[name]
+    assert STRATEGY_REGISTRY[name].start_method == start_method
+    strategy = Fabric(accelerator="cpu", devices=2, strategy=name).strategy
+    assert isinstance(strategy, DDPStrategy)
+    assert strategy.start_method == start_method
+    assert strategy.ddp_kwargs == {"find_unused_parameters": find_unused}
+
+
+def test_ddp_arguments_pass_through_and_find_unused_parameters_defaults_to_false() -> None:
+    assert DDPStrategy().ddp_kwargs == {"find_unused_parameters": False}
+    strategy = DDPStrategy(bucket_cap_mb=5, static_graph=True, gradient_as_bucket_view=True)
+    assert strategy.ddp_kwargs == {
+        "bucket_cap_mb": 5,
+        "static_graph": True,
+        "gradient_as_bucket_view": True,
+        "find_unused_parameters": False,
+    }
+    assert DDPStrategy(find_unused_parameters=True).ddp_kwargs == {"find_unused_parameters": True}
+
+
+def test_unknown_ddp_argument_is_refused_with_the_accepted_names() -> None:
+    with pytest.raises(TypeError, match=r"\['find_unused_parameter'\]") as info:
+        DDPStrategy(find_unused_parameter=True)
+    assert "find_unused_parameters" in str(info.value) and "bucket_cap_mb" in str(info.value)
+    with pytest.raises(TypeError, match="set by the strategy itself"):
+        DDPStrategy(device_ids=[0])
+
+
+def _post_local_state() -> Any:
+    return post_localSGD_hook.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"ddp_comm_state": object()}, ValueError, "ddp_comm_state but no ddp_comm_hook"),
+        (
+            {"ddp_comm_wrapper": default_hooks.fp16_compress_wrapper},
+            ValueError,
+            "ddp_comm_wrapper but no ddp_comm_hook",
+        ),
+        ({"ddp_comm_hook": "fp16"}, TypeError, "must be a callable hook"),
+        (
+            {"ddp_comm_hook": default_hooks.allreduce_hook, "ddp_comm_wrapper": 3},
+            TypeError,
+            "must be a callable wrapper",
+        ),
+        ({"sync_batchnorm": "yes"}, TypeError, "sync_batchnorm='yes'"),
+        (
+            {"ddp_comm_state": "STATE", "ddp_comm_hook": post_localSGD_hook.post_localSGD_hook},
+            ValueError,
+            "needs DDPStrategy\\(model_averaging_period=N\\)",
+        ),
+        (
+            {"ddp_comm_hook": default_hooks.fp16_compress_hook, "model_averaging_period": 4},
+            ValueError,
+            "only applies to post-local SGD",
+        ),
+        (
+            {
+                "ddp_comm_state": "STATE",
+                "ddp_comm_hook": post_localSGD_hook.post_localSGD_hook,
+                "model_averaging_period": 0,
+            },
+            ValueError,
+            "at least 1",
+        ),
+    ],
+    ids=[
+        "state-without-hook",
+        "wrapper-without-hook",
+        "hook-not-callable",
+        "wrapper-not-callable",
+        "sync-batchnorm-not-bool",
+        "post-local-without-period",
+        "period-without-post-local",
+        "period-zero",
+    ],
+)
+def test_strategy_argument_errors(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    if kwargs.get("ddp_comm_state") == "STATE":
+        kwargs = {**kwargs, "ddp_comm_state": _post_local_state()}
+    with pytest.raises(error, match=match):
+        DDPStrategy(**kwargs)
+
+
+def test_hook_arguments_are_kept() -> None:
+    factory = functools.partial(powerSGD_hook.PowerSGDState, process_group=None, start_powerSGD_iter=2)
+    strategy = DDPStrategy(
+        ddp_comm_state=factory,
+        ddp_comm_hook=powerSGD_hook.powerSGD_hook,
+        ddp_comm_wrapper=default_hooks.fp16_compress_wrapper,
+    )
+    assert "ddp_comm_hook='powerSGD_hook'" in repr(strategy)
+    # a factory is only called at setup (after the process group exists): the period is checked then
+    DDPStrategy(
+        ddp_comm_state=_post_local_state, ddp_comm_hook=post_localSGD_hook.post_localSGD_hook, model_averaging_period=2
+    )
+    assert DDPStrategy(sync_batchnorm=True).sync_batchnorm
+
+
+def test_block_backward_sync_needs_a_ddp_module() -> None:
+    with (
+        pytest.raises(TypeError, match="DistributedDataParallel, got Linear"),
+        DDPStrategy().block_backward_sync(nn.Linear(2, 2)),
+    ):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- unit: batchnorm
+def test_cpu_sync_batchnorm_without_process_group_is_a_batchnorm() -> None:
+    torch.manual_seed(0)
+    plain = nn.BatchNorm1d(3, momentum=None)
+    synced = convert_sync_batchnorm(nn.BatchNorm1d(3, momentum=None), "cpu")
+    assert isinstance(synced, CPUSyncBatchNorm)
+    for _ in range(2):
+        x = torch.randn(5, 3)
+        torch.testing.assert_close(synced(x), plain(x))
+    torch.testing.assert_close(synced.running_var, plain.running_var)
+    synced.eval(), plain.eval()
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(synced(x), plain(x))
+
+
+def test_conversion_keeps_parameters_buffers_and_state_dict_keys() -> None:
+    model = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Sequential(nn.SyncBatchNorm(3)))
+    model.eval()
+    weight, running_mean, keys = model[1].weight, model[1].running_mean, list(model.state_dict())
+    converted = convert_sync_batchnorm(model, "cpu")
+    assert converted is model
+    assert [type(m).__name__ for m in converted.modules() if "BatchNorm" in type(m).__name__] == [
+        "CPUSyncBatchNorm"
+    ] * 2
+    assert converted[1].weight is weight and converted[1].running_mean is running_mean
+    assert list(converted.state_dict()) == keys
+    assert not converted[1].training  # the layer keeps its mode
+    # off the CPU, torch's own SyncBatchNorm (the conversion itself needs no GPU)
+    assert isinstance(convert_sync_batchnorm(nn.BatchNorm2d(3), "cuda"), nn.SyncBatchNorm)
+
+
+# ---------------------------------------------------------------------------------------------- distributed
+
+
+@pytest.fixture(scope="module")
+def two() -> list[dict[str, Any]]:
+    return suite_results(2)
+
+
+@pytest.mark.distributed
+def test_no_hook_averages_the_ranks_gradients(two: list[dict[str, Any]]) -> None:
+    for value in values(two, "hook/none"):
+        torch.testing.assert_close(torch.tensor(value["synced"]), torch.tensor(value["mean_of_local"]))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", ["hook/fp16", "hook/fp16_wrapper_allreduce"])
+def test_fp16_compression(two: list[dict[str, Any]], case: str) -> None:
+    for value in values(two, case):
+        # bit for bit what float16 compression gives: each rank's gradients / 2 in float16, summed in float16
+        assert value["max_error_vs_fp16_reference"] == 0.0
+        # and close to the uncompressed average (float16 keeps ~3 significant digits), yet not equal to it
+        assert value["max_error_vs_uncompressed"] <= 1e-3 * value["max_abs"]
+        assert value["differs_from_uncompressed"]
+
+
+@pytest.mark.distributed
+def test_powersgd_of_a_low_rank_gradient_matches_the_uncompressed_one(two: list[dict[str, Any]]) -> None:
+    for value in values(two, "hook/powersgd"):
+        assert value["max_error_vs_uncompressed"] <= 1e-5 * value["max_abs"]
+    for value in values(two, "hook/powersgd_fp16_wrapper"):
+        assert value["max_error_vs_uncompressed"] <= 2e-3 * value["max_abs"]
+
+
+@pytest.mark.distributed
+def test_powersgd_really_compresses(two: list[dict[str, Any]]) -> None:
+    for value in values(two, "hook/powersgd_rank1_state"):
+        assert value["iter"] == 3
+        assert 0 < value["numel_after"] < value["numel_before"]
+        # rank 1 cannot hold the sum of two ranks' rank-1 gradients: compression changed them
+        assert value["max_error_vs_uncompressed"] > 1e-2
+
+
+@pytest.mark.distributed
+def test_bf16_compression_on_cpu_is_torchs_error(two: list[dict[str, Any]]) -> None:
+    # torch only registers bf16_compress_hook with CUDA and NCCL; fabric_lite passes its error on at setup
+    for name, message, _ in values(two, "hook/bf16_cpu"):
+        assert name == "TypeError" and "BF16" in message
+
+
+# after the optimizer step k (0-based), with start_localSGD_iter=2 and model_averaging_period=3
+EQUAL_AFTER_STEP = [True, True, True, False, False, True, False, False]
+GRADS_SYNCED = [True, True, False, False, False, False, False, False]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("state", ["factory", "instance"])
+def test_post_local_sgd_averages_on_schedule(two: list[dict[str, Any]], state: str) -> None:
+    for steps in values(two, f"post_local_sgd/{state}"):
+        assert [s["equal_across_ranks"] for s in steps] == EQUAL_AFTER_STEP
+        assert [s["grad_equal_across_ranks"] for s in steps] == GRADS_SYNCED
+        for step, observed in enumerate(steps):
+            if EQUAL_AFTER_STEP[step]:
+                # synced gradients (steps 0, 1) or averaging (steps 2, 5): the mean of the ranks' local updates
+                assert observed["error_vs_average_of_local_steps"] <= 1e-6, step
+            else:
+                assert observed["error_vs_average_of_local_steps"] > 1e-4, step
+
+
+@pytest.mark.distributed
+def test_sync_batchnorm_equals_one_batchnorm_over_the_global_batch(two: list[dict[str, Any]]) -> None:
+    observed = values(two, "sync_batchnorm/on")
+    for value in observed:
+        assert value["layer_type"] == "CPUSyncBatchNorm"
+        assert value["num_batches_tracked"] == 1
+        for key in ("out_error", "grad_error", "running_mean_error", "running_var_error", "param_error", "eval_error"):
+            assert value[key] <= 1e-12, key
+    assert observed[0]["running_mean"] == observed[1]["running_mean"]
+
+
+@pytest.mark.distributed
+def test_without_sync_batchnorm_the_statistics_are_local(two: list[dict[str, Any]]) -> None:
+    # the control: the same comparison fails without sync_batchnorm, so the test above can fail
+    for value in values(two, "sync_batchnorm/off"):
+        assert value["layer_type"] == "BatchNorm1d"
+        assert value["running_mean_error"] > 1e-3 and value["out_error"] > 1e-3
+
+
+@pytest.mark.distributed
+def test_sync_batchnorm_converts_nested_and_4d_layers(two: list[dict[str, Any]]) -> None:
+    for value in values(two, "sync_batchnorm/nested"):
+        assert value["types"] == ["CPUSyncBatchNorm", "CPUSyncBatchNorm"]
+        assert value["same_parameter_object"]
+        assert value["out_error"] <= 1e-5 and value["running_error"] <= 1e-5
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("api", ["block_backward_sync", "no_backward_sync"])
+def test_blocked_backward_sync_accumulates_locally(two: list[dict[str, Any]], api: str) -> None:
+    for value in values(two, api):
+        assert value["inside_error_vs_local"] == 0.0
+        assert not value["inside_equal_across_ranks"]
+        assert value["after_error_vs_mean_of_accumulated"] <= 1e-12
+
+
+@pytest.mark.distributed
+def test_ddp_arguments_reach_distributed_data_parallel(two: list[dict[str, Any]]) -> None:
+    expected = {
+        "bucket_bytes_cap": 1024 * 1024,
+        "gradient_as_bucket_view": True,
+        "broadcast_buffers": False,
+        "default_find_unused_parameters": False,
+        "find_unused_parameters": True,
+    }
+    assert values(two, "ddp_arguments") == [expected, expected]
+
+
+@pytest.mark.distributed
+def test_strategy_reduce(two: list[dict[str, Any]]) -> None:
+    # ranks hold 1. and 3.: mean 2.; a sum of ones is 2.; a non-tensor comes back unchanged
+    assert values(two, "strategy_reduce") == [[2.0, 2.0, "x"]] * 2
+
+
+def test_a_state_holding_a_process_group_cannot_be_pickled_for_spawn() -> None:
+    state = powerSGD_hook.PowerSGDState(process_group=None, start_powerSGD_iter=2)
+    strategy = DDPStrategy(start_method="spawn", ddp_comm_state=state, ddp_comm_hook=powerSGD_hook.powerSGD_hook)
+    with pytest.raises(RuntimeError, match=r"functools\.partial\(PowerSGDState"):
+        pickle.dumps(strategy)
+    # a factory, or a post-local SGD state without groups, travels
+    factory = functools.partial(powerSGD_hook.PowerSGDState, process_group=None, start_powerSGD_iter=2)
+    pickle.dumps(DDPStrategy(ddp_comm_state=factory, ddp_comm_hook=powerSGD_hook.powerSGD_hook))
+    pickle.dumps(
+        DDPStrategy(
+            ddp_comm_state=_post_local_state(),
+            ddp_comm_hook=post_localSGD_hook.post_localSGD_hook,
+            model_averaging_period=2,
+        )
+    )
+
+
+def test_torch_sync_batchnorm_on_the_cpu_points_to_sync_batchnorm_true() -> None:
+    strategy = DDPStrategy(parallel_devices=[torch.device("cpu")])
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3)))
+    with pytest.raises(ValueError, match=r"DDPStrategy\(sync_batchnorm=True\)"):
+        strategy.setup_module(model)

@@ -1,0 +1,527 @@
+"""FSDPStrategy: sharded training on torch's ``fully_shard`` (FSDP2) and its checkpoints.
+
+Unit checks (no process): argument validation, the strategy names, the mixed-precision table, the wrap policy, and
+recognising sharded checkpoint folders. Distributed checks, on real gloo process groups on the CPU started by
+fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped into four launches:
+
+* two ranks: 10 steps match DistributedDataParallel (losses, clipped norms, parameters), each rank holds half of
+  the parameters, ``no_backward_sync`` matches DDP's ``no_sync``, meta-device initialisation equals eager
+  initialisation with the same seed, every misuse raises clearly, and sharded and full checkpoints are written
+  (atomically: a failed save leaves the previous one intact);
+* one and three ranks (``Fabric(strategy="fsdp")``): those checkpoints, their consolidation and a DDP checkpoint
+  load exactly, and the next step lands where it did on two ranks;
+* two ranks with ``16-mixed``, activation checkpointing, CPU offload and a size-based wrap policy.
+* Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` on two ranks gives exactly FULL_SHARD's losses,
+  ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks and ``NO_SHARD`` on two match torch's plain ``fully_shard``; each
+  saves and loads sharded and full checkpoints. Unit checks map Lightning's other FSDP1-shaped arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tempfile
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
+from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
+
+from fabric_lite import Fabric
+from fabric_lite.strategies import FSDPStrategy
+from fabric_lite.strategies._fsdp_options import mesh_shape
+from fabric_lite.strategies._fsdp_setup import mixed_precision_policy, wrap_targets
+from fabric_lite.utilities import CheckpointError, consolidate_checkpoint
+from fabric_lite.utilities._dcp import check_sharded_checkpoint
+from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
+from tests.helpers.harness import per_rank, run_python
+from tests.helpers.jobs.fsdp_jobs import Block, Net
+
+LAUNCH_TIMEOUT = 150  # seconds for one launch of 1-3 ranks (a loaded 2-core CI machine needs ~30 s)
+
+
+def fsdp_job(job: str, nprocs: int, **options: Any) -> list[dict[str, Any]]:
+    """Run ``tests.helpers.jobs.fsdp_jobs.<job>`` on ``nprocs`` ranks through Fabric's script launcher; every rank's
+    result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pkl"
+        done = run_python(
+            ["-m", "tests.helpers.jobs.fsdp_jobs", job, str(nprocs), json.dumps(options), str(out)],
+            timeout=LAUNCH_TIMEOUT,
+        )
+        if done.returncode != 0 or not out.is_file():
+            pytest.fail(f"FSDP job {job} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
+        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"state_dict_type": "shards"}, ValueError, "state_dict_type='shards'"),
+        ({"start_method": "thread"}, ValueError, "start_method='thread'"),
+        ({"auto_wrap_policy": 0}, ValueError, "auto_wrap_policy=0"),
+        ({"auto_wrap_policy": True}, TypeError, "auto_wrap_policy=True"),
+        ({"auto_wrap_policy": "Block"}, TypeError, "auto_wrap_policy='Block'"),
+        ({"auto_wrap_policy": [nn.Linear, 3]}, TypeError, "set of nn.Module subclasses"),
+        ({"activation_checkpointing_policy": [int]}, TypeError, "activation_checkpointing_policy"),
+        ({"reshard_after_forward": "yes"}, TypeError, "reshard_after_forward='yes'"),
+        ({"cpu_offload": "yes"}, TypeError, "cpu_offload='yes'"),
+        ({"mixed_precision": "bf16"}, TypeError, "MixedPrecisionPolicy"),
+        ({"param_init_fn": 3}, TypeError, "param_init_fn=3"),
+        ({"sharding_strategy": "FULL"}, ValueError, "sharding_strategy='FULL'"),
+        (
+            {"sharding_strategy": "SHARD_GRAD_OP", "reshard_after_forward": True},
+            ValueError,
+            "reshard_after_forward=True",
+        ),
+        ({"device_mesh": (2, 2)}, ValueError, "HYBRID_SHARD"),
+        ({"sharding_strategy": "HYBRID_SHARD", "device_mesh": (2, 0)}, TypeError, "device_mesh=(2, 0)"),
+        ({"sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}, TypeError, "device_mesh=[2, 2]"),
+        ({"sharding_strategy": "NO_SHARD", "device_mesh": (2, 1)}, ValueError, "NO_SHARD takes none"),
+        ({"activation_checkpointing": Block, "activation_checkpointing_policy": {Block}}, ValueError, "both"),
+        ({"activation_checkpointing": "Block"}, TypeError, "activation_checkpointing='Block'"),
+        ({"timeout": 5}, TypeError, "timedelta"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_value(kwargs: dict[str, Any], error: type, fragment: str) -> None:
+    with pytest.raises(error) as info:
+        FSDPStrategy(**kwargs)
+    assert fragment in str(info.value)
+
+
+def test_state_dict_type_is_settable_and_checked() -> None:
+    strategy = FSDPStrategy()
+    strategy.state_dict_type = "full"
+    assert strategy.state_dict_type == "full"
+    with pytest.raises(ValueError, match="'sharded', 'full'"):
+        strategy.state_dict_type = "both"
+
+
+def test_accepted_policies() -> None:
+    assert FSDPStrategy(auto_wrap_policy=Block)._auto_wrap_policy == {Block}
+    assert FSDPStrategy(auto_wrap_policy=[Block, nn.Linear])._auto_wrap_policy == {Block, nn.Linear}
+    assert FSDPStrategy(auto_wrap_policy=10_000)._auto_wrap_policy == 10_000
+    FSDPStrategy(shard_placement_fn=None, cpu_offload=True, reshard_after_forward=False)  # passed to fully_shard
+
+
+# Lightning's (FSDP1-shaped) arguments, mapped onto fully_shard
+def test_lightning_positional_order_is_accepted() -> None:
+    strategy = FSDPStrategy(
+        None, None, None, None, "gloo", timedelta(seconds=5), True, None, {Block}, None, {Block}, "SHARD_GRAD_OP",
+        "full", None,
+    )  # fmt: skip
+    assert strategy._cpu_offload is True and strategy._auto_wrap_policy == {Block}
+    assert strategy._checkpointing == {Block} and strategy.sharding_strategy == "SHARD_GRAD_OP"
+    assert strategy.state_dict_type == "full" and strategy._reshard_after_forward is False
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, False), (False, False), (True, True), (CPUOffload(), False), (CPUOffload(offload_params=True), True)],
+)
+def test_cpu_offload_accepts_none_and_fsdp1_objects(value: Any, expected: bool) -> None:
+    assert FSDPStrategy(cpu_offload=value)._cpu_offload is expected
+    policy = CPUOffloadPolicy(pin_memory=False)
+    assert FSDPStrategy(cpu_offload=policy)._cpu_offload is policy
+
+
+def test_fsdp1_mixed_precision_maps_to_a_policy_and_warns_about_what_is_dropped() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is dropped: no warning
+        policy = FSDPStrategy(mixed_precision=FSDP1MixedPrecision(torch.bfloat16, torch.float32)).mixed_precision
+    assert policy == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mp = FSDP1MixedPrecision(param_dtype=torch.float16, buffer_dtype=torch.float16, keep_low_precision_grads=True)
+    with pytest.warns(UserWarning, match=r"buffer_dtype=torch.float16, keep_low_precision_grads=True") as record:
+        policy = FSDPStrategy(mixed_precision=mp).mixed_precision
+    assert record[0].filename == __file__  # points at the FSDPStrategy(...) call
+    assert policy == MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=None, cast_forward_inputs=True)
+    no_cast = FSDP1MixedPrecision(param_dtype=torch.float16, cast_root_forward_inputs=False)
+    assert FSDPStrategy(mixed_precision=no_cast).mixed_precision.cast_forward_inputs is False
+    given = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    assert FSDPStrategy(mixed_precision=given).mixed_precision is given
+
+
+@pytest.mark.parametrize(("value", "classes"), [(Block, {Block}), ([Block, nn.Linear], {Block, nn.Linear})])
+def test_deprecated_activation_checkpointing_warns_as_lightning_does(value: Any, classes: set[type]) -> None:
+    expected = (
+        f"`FSDPStrategy(activation_checkpointing={value})` is deprecated, use"
+        f" `FSDPStrategy(activation_checkpointing_policy={set(classes)})` instead."
+    )
+    with pytest.warns(LightningDeprecationWarning) as record:
+        strategy = FSDPStrategy(activation_checkpointing=value)
+    assert [str(w.message) for w in record] == [expected] and record[0].filename == __file__
+    assert strategy._checkpointing == classes
+
+
+@pytest.mark.parametrize(
+    ("sharding_strategy", "reshard_after_forward", "name", "reshard"),
+    [
+        ("FULL_SHARD", None, "FULL_SHARD", None),  # torch's default: every unit but the root, as FSDP1
+        ("full_shard", True, "FULL_SHARD", True),
+        ("FULL_SHARD", False, "FULL_SHARD", False),
+        ("Shard_Grad_Op", None, "SHARD_GRAD_OP", False),
+        ("SHARD_GRAD_OP", False, "SHARD_GRAD_OP", False),
+        ("NO_SHARD", None, "NO_SHARD", False),
+        ("hybrid_shard", None, "HYBRID_SHARD", None),
+        ("_HYBRID_SHARD_ZERO2", None, "_HYBRID_SHARD_ZERO2", False),
+        (ShardingStrategy.SHARD_GRAD_OP, None, "SHARD_GRAD_OP", False),
+        (ShardingStrategy.HYBRID_SHARD, None, "HYBRID_SHARD", None),
+    ],
+)
+def test_sharding_strategy_maps_to_reshard_after_forward(
+    sharding_strategy: Any, reshard_after_forward: bool | None, name: str, reshard: bool | None
+) -> None:
+    strategy = FSDPStrategy(sharding_strategy=sharding_strategy, reshard_after_forward=reshard_after_forward)
+    assert strategy.sharding_strategy == name
+    assert strategy._reshard_after_forward is reshard
+
+
+@pytest.mark.parametrize("name", ["SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD"])
+def test_keeping_parameters_gathered_conflicts_with_resharding(name: str) -> None:
+    with pytest.raises(ValueError, match=rf"sharding_strategy='{name}', reshard_after_forward=True\) conflict"):
+        FSDPStrategy(sharding_strategy=name, reshard_after_forward=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "device_mesh", "world_size", "num_nodes", "shape"),
+    [
+        ("FULL_SHARD", None, 4, 1, (4,)),
+        ("SHARD_GRAD_OP", None, 4, 2, (4,)),
+        ("NO_SHARD", None, 3, 1, (3, 1)),
+        ("HYBRID_SHARD", None, 8, 2, (2, 4)),
+        ("HYBRID_SHARD", (2, 2), 4, 1, (2, 2)),
+        ("_HYBRID_SHARD_ZERO2", (4, 1), 4, 1, (4, 1)),
+    ],
+)
+def test_mesh_shapes(
+    name: str, device_mesh: tuple[int, int] | None, world_size: int, num_nodes: int, shape: tuple[int, ...]
+) -> None:
+    assert mesh_shape(name, device_mesh, world_size, num_nodes) == shape
+
+
+def test_mesh_sizes_must_cover_the_world() -> None:
+    with pytest.raises(ValueError, match=r"device_mesh=\(2, 3\)\): 2 x 3 = 6 devices, but the world size is 4"):
+        mesh_shape("HYBRID_SHARD", (2, 3), world_size=4, num_nodes=1)
+    with pytest.raises(ValueError, match="world size 6 is not a multiple of num_nodes=4"):
+        mesh_shape("HYBRID_SHARD", None, world_size=6, num_nodes=4)
+
+
+@pytest.mark.parametrize(("name", "offload"), [("fsdp", False), ("fsdp_cpu_offload", True)])
+def test_strategy_names_build_fsdp_with_the_script_launcher(name: str, offload: bool) -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=name)
+    strategy = fabric.strategy
+    assert isinstance(strategy, FSDPStrategy)
+    assert strategy.start_method == "popen" and type(strategy.launcher).__name__ == "SubprocessScriptLauncher"
+    assert strategy.world_size == 2
+    assert strategy._cpu_offload is offload
+
+
+@pytest.mark.parametrize(
+    ("precision", "param_dtype", "reduce_dtype"),
+    [
+        ("32-true", None, None),
+        ("64-true", None, None),
+        ("bf16-mixed", torch.bfloat16, torch.float32),
+        ("16-mixed", torch.float16, torch.float32),
+        ("bf16-true", torch.bfloat16, torch.bfloat16),
+        ("16-true", torch.float16, torch.float16),
+    ],
+)
+def test_mixed_precision_policy_follows_precision(precision: str, param_dtype: Any, reduce_dtype: Any) -> None:
+    policy = mixed_precision_policy(precision)
+    assert (policy.param_dtype, policy.reduce_dtype) == (param_dtype, reduce_dtype)
+
+
+def test_strategy_takes_its_policy_from_the_precision_plugin_unless_given_one() -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fabric_lite.plugins.precision import HalfPrecision, MixedPrecision
+
+    assert FSDPStrategy(precision=HalfPrecision("bf16-true")).mixed_precision.param_dtype == torch.bfloat16
+    assert FSDPStrategy(precision=MixedPrecision("bf16-mixed", "cpu")).mixed_precision.reduce_dtype == torch.float32
+    assert FSDPStrategy().mixed_precision.param_dtype is None
+    given = MixedPrecisionPolicy(param_dtype=torch.float16)
+    assert FSDPStrategy(precision=HalfPrecision("bf16-true"), mixed_precision=given).mixed_precision is given
+
+
+def test_wrap_targets_children_first() -> None:
+    model = Net(depth=2)
+    assert wrap_targets(model, {Block}) == [model.blocks[1], model.blocks[0]]
+    assert wrap_targets(model, lambda m: isinstance(m, nn.Linear) and m.out_features == 3) == [model.out]
+    assert wrap_targets(model, None) == []
+    # 1104 parameters per block: a block is a unit, its linears (544, 528) are not, and the root never is
+    assert wrap_targets(model, 1000) == [model.blocks[0], model.blocks[1]]
+    every = wrap_targets(model, 1)  # every module holding a parameter, and every container above them
+    assert model not in every
+    for position, unit in enumerate(every):
+        inner = [m for m in unit.modules() if m is not unit and m in every]
+        assert all(every.index(m) < position for m in inner)  # fully_shard must see the children first
+
+
+def test_recognising_sharded_checkpoints(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.ckpt"
+    torch.save({"model": {}}, plain)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="is a file") as info:
+        check_sharded_checkpoint(plain)
+    assert str(plain) in str(info.value)
+    with pytest.raises(CheckpointError, match=r"not a sharded checkpoint.*holds notes.txt"):
+        check_sharded_checkpoint(folder)
+    (folder / ".metadata").write_bytes(b"")
+    assert check_sharded_checkpoint(folder) == folder
+    with pytest.raises(CheckpointError, match="one file of a sharded checkpoint, not the checkpoint: pass its folder"):
+        check_sharded_checkpoint(folder / ".metadata")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        check_sharded_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="is a file") as info:
+        consolidate_checkpoint(plain, tmp_path / "out.pt")  # a non-FSDP checkpoint cannot be consolidated
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_importing_loads_neither_fsdp_nor_dcp() -> None:
+    code = (
+        "import sys; import fabric_lite, fabric_lite.strategies, fabric_lite.utilities;"
+        "print([m for m in sys.modules if m.startswith(('torch.distributed.fsdp', 'torch.distributed.checkpoint',"
+        " 'torch.distributed.tensor'))])"
+    )
+    done = run_python(["-c", code], timeout=60)
+    assert done.returncode == 0, done.output
+    assert done.stdout.strip() == "[]", done.output
+
+
+# ---------------------------------------------------------------------------------------------- two ranks
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fsdp")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(folder: Path) -> list[dict[str, Any]]:
+    strategy = {"auto_wrap_policy": ["Block"]}
+    return fsdp_job("train_and_save", 2, strategy=strategy, kwargs={"folder": str(folder)})
+
+
+@pytest.mark.timeout(200)
+def test_ten_steps_match_ddp(two_ranks: list[dict[str, Any]]) -> None:
+    runs = per_rank(two_ranks, "parity")
+    for run in runs:
+        torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(run["norms"], run["ref_norms"], rtol=1e-5, atol=1e-6)
+        assert min(run["norms"]) > 0.5  # the clipping was active on some steps at least
+        assert run["param_difference"] < 1e-6
+    assert runs[0]["norms"] == runs[1]["norms"]  # the total norm over every shard, the same on every rank
+    assert runs[0]["losses"] != runs[1]["losses"]  # each rank trained on its own half of the batch
+
+
+@pytest.mark.timeout(200)
+def test_each_rank_holds_half_of_the_parameters(two_ranks: list[dict[str, Any]]) -> None:
+    runs = per_rank(two_ranks, "sharding")
+    total = runs[0]["total"]
+    assert total == sum(p.numel() for p in Net().parameters())
+    assert sum(run["local"] for run in runs) == total  # every element held exactly once
+    for run in runs:
+        assert run["all_dtensors"]
+        assert abs(run["local"] - total / 2) <= 0.02 * total  # uneven first dimensions round per parameter
+        assert run["units"] == ["", "blocks.0", "blocks.1"]  # the policy's blocks, inside the root
+
+
+@pytest.mark.timeout(200)
+def test_no_backward_sync_matches_ddp_no_sync(two_ranks: list[dict[str, Any]]) -> None:
+    for run in per_rank(two_ranks, "no_sync"):
+        assert run["grad_difference"] < 1e-6
+
+
+@pytest.mark.timeout(200)
+def test_meta_device_init_equals_eager_init_with_the_same_seed(two_ranks: list[dict[str, Any]]) -> None:
+    for run in per_rank(two_ranks, "meta_init"):
+        assert run["on_meta"]
+        assert run["keys_match"]
+        assert run["difference"] == 0.0  # exactly the eager values, buffers included
+        assert run["rng_as_after_eager"]  # and the generator advanced exactly as much
+        assert run["still_tied"] and run["forward_finite"]
+
+
+@pytest.mark.timeout(200)
+def test_misuse_raises_clearly(two_ranks: list[dict[str, Any]], folder: Path) -> None:
+    for run in per_rank(two_ranks, "misuse"):
+        joint = run["joint_setup"]
+        assert joint["type"] == "NotImplementedError" and "fabric.setup_module(model)" in joint["message"]
+        first = run["optimizer_first"]
+        assert first["type"] == "ValueError"
+        assert "created before fabric.setup_module(model)" in first["message"]
+        assert "setup_optimizers(torch.optim.AdamW(model.parameters()))" in first["message"]
+        meta = run["meta_without_reset"]
+        assert meta["type"] == "RuntimeError" and "(NoReset)" in meta["message"] and "param_init_fn" in meta["message"]
+        plain_folder = str(folder / "not_a_checkpoint")
+        assert run["load_plain_folder"]["type"] == "CheckpointError"
+        assert plain_folder in run["load_plain_folder"]["message"]
+        assert run["save_over_plain_folder"]["type"] == "CheckpointError"
+        assert plain_folder in run["save_over_plain_folder"]["message"]
+        assert run["plain_folder_kept"] == ["notes.txt"]
+        assert run["load_missing"]["type"] == "FileNotFoundError"
+        assert run["no_sync_unsharded"]["type"] == "TypeError"
+        assert run["after"] == 2.0  # both ranks are still in step
+    metadata = per_rank(two_ranks, "metadata_file")
+    for run in metadata:
+        assert run["type"] == "CheckpointError" and str(folder / "sharded") in run["message"]
+
+
+@pytest.mark.timeout(200)
+def test_checkpoints_are_complete_when_save_returns(two_ranks: list[dict[str, Any]]) -> None:
+    for run in per_rank(two_ranks, "save"):
+        assert run["files_on_return"] == [".metadata", "__0_0.distcp", "__1_0.distcp", "fabric_lite.json", "meta.pt"]
+        assert run["full_file_on_return"]
+        assert run["leftovers"] == []  # no temporary folder or file beside the checkpoints
+
+
+@pytest.mark.timeout(200)
+def test_a_failed_sharded_save_keeps_the_previous_checkpoint(two_ranks: list[dict[str, Any]], folder: Path) -> None:
+    for run in per_rank(two_ranks, "replace_and_fail"):
+        assert run["step_after_replace"] == ({}, 2)  # the module entry is not returned as a plain value
+        failure = run["failure"]
+        assert failure["type"] == "CheckpointError"  # on both ranks, though only one rank's write failed
+        assert str(folder / "replaced") in failure["message"] and "refuses to be pickled" in failure["message"]
+        assert run["previous_intact"]
+        assert run["leftovers"] == []
+        assert run["after"] == 2.0
+
+
+# ---------------------------------------------------------------------------------------------- other world sizes
+@pytest.fixture(scope="module")
+def consolidated(two_ranks: list[dict[str, Any]], folder: Path) -> Path:
+    target = folder / "consolidated.pt"
+    done = run_python(["-m", "fabric_lite.utilities.consolidate", str(folder / "sharded"), str(target)], timeout=60)
+    assert done.returncode == 0, done.output
+    assert f"wrote {target}" in done.stdout
+    return target
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["one_rank", "three_ranks"])
+def loaded(request: pytest.FixtureRequest, consolidated: Path, folder: Path) -> list[dict[str, Any]]:
+    return fsdp_job("load_and_continue", request.param, strategy="fsdp", kwargs={"folder": str(folder)})
+
+
+def test_consolidate_command_reports_a_non_fsdp_checkpoint(folder: Path, tmp_path: Path) -> None:
+    plain = tmp_path / "plain.ckpt"
+    torch.save({"model": {}}, plain)
+    done = run_python(["-m", "fabric_lite.utilities.consolidate", str(plain), str(tmp_path / "out.pt")], timeout=60)
+    assert done.returncode == 1
+    assert str(plain) in done.stderr and "not a sharded checkpoint folder" in done.stderr
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["sharded", "full.ckpt", "consolidated.pt"])
+def test_checkpoints_saved_on_two_ranks_load_at_another_world_size(loaded: list[dict[str, Any]], name: str) -> None:
+    assert [run["world_size"] for run in loaded] == [len(loaded)] * len(loaded)
+    for run in per_rank(loaded, name):
+        assert run["model_difference"] == 0.0 and run["momentum_difference"] == 0.0
+        assert run["step"] == 10 and run["counter"] == 7 and run["wrappers_kept"]
+        assert run["remainder"] == {"extra": {"note": "hi"}}
+        # the next step from the restored state lands where it did on two ranks
+        assert run["next_difference"] < 1e-6
+
+
+@pytest.mark.timeout(240)
+def test_a_ddp_checkpoint_loads_into_the_sharded_model(loaded: list[dict[str, Any]]) -> None:
+    for run in per_rank(loaded, "ddp.ckpt"):
+        # optimizer state keyed by position (optimizer.state_dict()) is matched to the parameters by name
+        assert run["model_difference"] == 0.0 and run["momentum_difference"] == 0.0
+        assert run["step"] == 10 and run["remainder"] == {}
+
+
+@pytest.mark.timeout(240)
+def test_whole_sharded_checkpoint_and_strict_loading(loaded: list[dict[str, Any]], folder: Path) -> None:
+    for run in per_rank(loaded, "everything"):
+        assert run["keys"] == ["counter", "extra", "model", "optimizer", "step"] and run["step"] == 10
+        assert run["model_keys"] == sorted(Net().state_dict())
+    for run in per_rank(loaded, "strictness"):
+        assert run["strict_error"]["type"] == "KeyError"
+        assert (
+            "['absent']" in run["strict_error"]["message"] and str(folder / "sharded") in run["strict_error"]["message"]
+        )
+        assert run["remainder"] == {"counter": {"value": 7}, "extra": {"note": "hi"}, "step": 10}
+        assert run["absent_kept"] == 1 and run["model_difference"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- options
+@pytest.mark.timeout(200)
+def test_16_mixed_activation_checkpointing_cpu_offload_and_size_policy() -> None:
+    strategy = {"auto_wrap_policy": 1000, "activation_checkpointing_policy": ["Block"], "cpu_offload": True}
+    runs = fsdp_job("options", 2, strategy=strategy, precision="16-mixed")
+    for run in per_rank(runs, "training"):
+        assert run["units"] == ["", "blocks.0", "blocks.1"]  # 1104 parameters per block >= 1000
+        assert run["forward_calls_per_step"] == 2.0  # the checkpointed block recomputes its forward in backward
+        assert run["compute_dtypes"] == [("torch.float16", "torch.float16")]  # gathered and computed in float16
+        assert run["shard_dtype"] == "torch.float32" and run["grad_is_sharded_fp32"]  # float32 shards and grads
+        assert run["shard_device"] == "cpu"
+        assert run["scaler"] == "ShardedGradScaler"
+        torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=2e-3, atol=0)
+    for run in per_rank(runs, "skipped_step_agreed"):
+        # an inf in rank 1's shard only: both ranks skip the step and halve the scale
+        assert run["unchanged"] == 0.0
+        assert run["scale"] == (256.0, 128.0)
+
+
+# ---------------------------------------------------------------------------------------------- sharding strategies
+@pytest.mark.timeout(200)
+def test_shard_grad_op_equals_full_shard_exactly(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
+    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "SHARD_GRAD_OP"}
+    runs = fsdp_job("sharding_strategies", 2, strategy=strategy, kwargs={"folder": str(tmp_path)})
+    full_shard = per_rank(two_ranks, "parity")  # the same model, data and steps with the default FULL_SHARD
+    for run, full in zip(per_rank(runs, "training"), full_shard):
+        assert run["losses"] == run["ref_losses"] == full["losses"]
+        assert run["norms"] == run["ref_norms"] == full["norms"]
+        assert run["param_difference"] == 0.0
+        assert run["gathered_after_forward"] == [True] * 10  # kept until backward: ZeRO-2
+        assert run["mesh"] == ((2,), ("shard",))
+    training = per_rank(runs, "training")
+    assert sum(run["local"] for run in training) == training[0]["total"]  # each parameter held once
+    for run in per_rank(runs, "checkpoint"):
+        for name in ("sharded", "full.ckpt"):
+            assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}
+
+
+@pytest.mark.timeout(300)
+def test_hybrid_shard_on_a_2x2_mesh_equals_full_shard(tmp_path: Path) -> None:
+    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "HYBRID_SHARD", "device_mesh": [2, 2]}
+    runs = fsdp_job("sharding_strategies", 4, strategy=strategy, kwargs={"folder": str(tmp_path)})
+    trained = per_rank(runs, "training")
+    for run in trained:
+        torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(run["norms"], run["ref_norms"], rtol=1e-5, atol=1e-6)
+        assert run["param_difference"] < 1e-6
+        assert run["gathered_after_forward"] == [False] * 10  # resharded after forward, as FULL_SHARD
+        assert run["mesh"] == ((2, 2), ("replicate", "shard"))
+        assert run["placements"] == ["(Replicate(), Shard(dim=0))"]
+    # sharded within each group of 2 ranks ((0, 1) and (2, 3)), the groups replicas of each other
+    total = trained[0]["total"]
+    assert trained[0]["local"] + trained[1]["local"] == trained[2]["local"] + trained[3]["local"] == total
+    assert trained[0]["local"] == trained[2]["local"] < total
+    assert len({tuple(run["norms"]) for run in trained}) == 1  # the same total norm on every rank
+    assert len({tuple(run["losses"]) for run in trained}) == 4  # each rank trained on its own quarter
+    for run in per_rank(runs, "checkpoint"):
+        for name in ("sharded", "full.ckpt"):
+            assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}
+
+
+@pytest.mark.timeout(200)
+def test_no_shard_replicates_and_equals_full_shard(tmp_path: Path) -> None:
+    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "NO_SHARD"}
+    runs = fsdp_job("sharding_strategies", 2, strategy=strategy, kwargs={"folder": str(tmp_path)})
+    for run in per_rank(runs, "training"):
+        torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(run["norms"], run["ref_norms"], rtol=1e-5, atol=1e-6)
+        assert run["param_difference"] < 1e-6
+        assert run["mesh"] == ((2, 1), ("replicate", "shard"))
+        assert run["local"] == run["total"]  # every rank holds every parameter
+    for run in per_rank(runs, "checkpoint"):
+        for name in ("sharded", "full.ckpt"):
+            assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}

@@ -1,0 +1,552 @@
+"""ModelParallelStrategy: tensor, sequence and sharded data parallelism (and HSDP) on a DeviceMesh.
+
+Arguments, the mesh arithmetic, the optimizer's foreach rule and compiled blocks fed by a tensor-parallel layer are
+checked without processes. The rest runs on real gloo process groups of 1, 2 and 4 CPU ranks through fabric_lite's
+own script launcher (tests/helpers/jobs/model_parallel_jobs.py), with a tiny two-block Llama-style model: losses over 10
+steps equal one process over the global batch in every layout (compiled block by block on 2x2 and 2x1), each rank
+holds the expected fraction of every parameter, the ranks of a tensor-parallel group see the same batches,
+``no_backward_sync`` really skips the reduce-scatter, checkpointed blocks really run again in backward, and a
+checkpoint saved on 2x2 loads on 1x4, 4x1, one rank, a plain module and through the consolidation command.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import tempfile
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from fabric_lite import Fabric
+from fabric_lite.strategies import ModelParallelStrategy
+from fabric_lite.strategies._model_parallel_ops import mesh_shape as _mesh_shape
+from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
+from tests.helpers.harness import base_env, lightning_python, per_rank, run_python
+from tests.helpers.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, reference
+
+LAUNCH_TIMEOUT = 180  # seconds for one launch of 1-4 ranks on a loaded 2-core machine (~20 s when quiet)
+TOLERANCE = 1e-5
+
+
+def mp_job(job: str, nprocs: int, **options: Any) -> list[Any]:
+    """Run ``tests.helpers.jobs.model_parallel_jobs.<job>`` on ``nprocs`` ranks; every rank's result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pkl"
+        done = run_python(
+            ["-m", "tests.helpers.jobs.model_parallel_jobs", job, str(nprocs), json.dumps(options), str(out)],
+            timeout=LAUNCH_TIMEOUT,
+        )
+        if done.returncode != 0 or not out.is_file():
+            pytest.fail(f"job {job} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
+        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+
+
+def _identity(module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    return module
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"parallelize_fn": None}, TypeError, "expected a function"),
+        ({"data_parallel_size": 0}, ValueError, "data_parallel_size=0"),
+        ({"tensor_parallel_size": "two"}, ValueError, "tensor_parallel_size='two'"),
+        ({"data_parallel_replicate_size": 0}, ValueError, "data_parallel_replicate_size=0"),
+        ({"data_parallel_size": 4, "data_parallel_replicate_size": 3}, ValueError, "divides 4"),
+        ({"save_distributed_checkpoint": "yes"}, TypeError, "save_distributed_checkpoint='yes'"),
+        ({"start_method": "thread"}, ValueError, "start_method='thread'"),
+        ({"timeout": 5}, TypeError, "timedelta"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_value(kwargs: dict[str, Any], error: type, fragment: str) -> None:
+    kwargs = {"parallelize_fn": _identity, **kwargs}
+    with pytest.raises(error, match=fragment):
+        ModelParallelStrategy(**kwargs)
+
+
+def test_lightning_positional_order() -> None:
+    strategy = ModelParallelStrategy(_identity, 2, 1, False, "gloo", timedelta(seconds=5))
+    assert strategy.state_dict_type == "full" and strategy.process_group_backend == "gloo"
+    assert strategy.timeout == timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "replicate", "world", "nodes", "shape"),
+    [
+        ("auto", "auto", 1, 4, 1, (1, 4)),  # Lightning: data parallel across nodes, tensor parallel within one
+        ("auto", "auto", 1, 8, 2, (2, 4)),
+        (2, "auto", 1, 4, 1, (2, 2)),
+        ("auto", 4, 1, 8, 1, (2, 4)),
+        (4, 1, 2, 4, 1, (2, 2, 1)),  # HSDP: 2 replicas of 2 shards
+        (4, 2, 4, 8, 1, (4, 1, 2)),
+    ],
+)
+def test_mesh_shapes(dp: Any, tp: Any, replicate: int, world: int, nodes: int, shape: tuple[int, ...]) -> None:
+    assert _mesh_shape(dp, tp, replicate, world, nodes) == shape
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "replicate", "world", "fragment"),
+    [
+        (2, 3, 1, 4, r"data_parallel_size \(2\) x tensor_parallel_size \(3\) must equal the world size \(4"),
+        ("auto", 3, 1, 4, r"data_parallel_size \(no whole number\) x tensor_parallel_size \(3\)"),
+        (4, 1, 3, 4, r"data_parallel_replicate_size \(3\) must divide data_parallel_size \(4\)"),
+    ],
+)
+def test_mesh_sizes_that_do_not_fit_name_every_number(
+    dp: Any, tp: Any, replicate: int, world: int, fragment: str
+) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        _mesh_shape(dp, tp, replicate, world, 1)
+
+
+def test_sizes_are_checked_when_fabric_is_created() -> None:
+    """Before any process starts: Fabric(...) itself raises."""
+    with pytest.raises(ValueError, match=r"data_parallel_size \(3\) x tensor_parallel_size \(1\).*world size \(2"):
+        Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity, 3, 1))
+
+
+def test_unsupported_precision_names_the_choices() -> None:
+    from fabric_lite.plugins import MixedPrecision
+
+    choices = "32-true, bf16-mixed, bf16-true, 16-true"
+    with pytest.raises(ValueError, match=rf"precision='64-true'.*{choices}"):
+        Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity), precision="64-true")
+    # float16 with a loss scaler (on the CPU, precision="16-mixed" runs as bf16-mixed, as in Lightning)
+    with pytest.raises(ValueError, match=rf"precision='16-mixed'.*{choices}"):
+        Fabric(
+            accelerator="cpu",
+            devices=2,
+            strategy=ModelParallelStrategy(_identity),
+            plugins=[MixedPrecision("16-mixed", "cpu")],
+        )
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true", "16-true"])
+def test_supported_precisions_and_their_fsdp_policy(precision: str) -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity), precision=precision)
+    policy = fabric.strategy.mixed_precision_policy
+    expected = {"32-true": None, "bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-true": torch.float16}
+    assert policy.param_dtype == expected[precision]
+
+
+def test_checkpoint_io_is_refused_and_mesh_needs_launch() -> None:
+    from fabric_lite.plugins.io import TorchCheckpointIO
+
+    with pytest.raises(NotImplementedError, match="does not support a CheckpointIO"):
+        Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity), plugins=[TorchCheckpointIO()])
+    with pytest.raises(RuntimeError, match=r"call fabric.launch\(\) first"):
+        _ = ModelParallelStrategy(_identity).device_mesh
+
+
+def test_plan_checks_its_names() -> None:
+    with pytest.raises(ValueError, match="non-empty string"):
+        TransformerPlan(attention_in=("wq", ""))
+    with pytest.raises(ValueError, match="attention_inputs=0"):
+        TransformerPlan(attention_inputs=0)
+
+
+def test_importing_loads_no_dtensor() -> None:
+    code = "import sys, fabric_lite, fabric_lite.strategies; print('torch.distributed.tensor' in sys.modules)"
+    done = run_python(["-c", code], timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.output
+
+
+# ---------------------------------------------------------------------------------------------- one process
+def test_one_rank_helper_without_parallel_dimensions() -> None:
+    """On a 1x1 mesh ``parallelize_transformer`` changes nothing, and a missing part is named."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        model = Llama()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        assert parallelize_transformer(model, mesh) is model
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        with pytest.raises(AttributeError, match="has no blocks 'blocks'"):
+            parallelize_transformer(Llama(), mesh, TransformerPlan(blocks="blocks"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture
+def one_rank_mesh() -> Any:
+    """A 1-rank gloo world in this process (a hash store, no port) and its 1-D mesh; destroyed afterwards."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,), mesh_dim_names=("tensor_parallel",))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_foreach_is_settled_per_group_of_mixed_parameters(one_rank_mesh: Any) -> None:
+    """torch's foreach and fused kernels refuse a group of DTensors and plain tensors (a TP model without sequence
+    parallelism): foreach=None becomes False there; True is refused, naming the group and the fix."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from fabric_lite.strategies._model_parallel_ops import settle_foreach
+
+    def params() -> tuple[torch.nn.Parameter, torch.nn.Parameter]:
+        weight = torch.nn.Parameter(distribute_tensor(torch.randn(4, 4), one_rank_mesh, [Shard(0)]))
+        return weight, torch.nn.Parameter(torch.randn(4))
+
+    (weight, norm), (other, _) = params(), params()
+    names = {id(weight): "layer.weight", id(norm): "norm.weight"}
+    optimizer = torch.optim.AdamW([{"params": [other]}, {"params": [weight, norm]}], lr=0.1)
+    settle_foreach(optimizer, names)
+    assert [group["foreach"] for group in optimizer.param_groups] == [None, False]  # only the mixed group
+    for param in (weight, norm):
+        param.grad = torch.ones_like(param)
+    optimizer.step()  # the per-parameter loop takes the mix
+    for option in ("foreach", "fused"):
+        mixed = torch.optim.AdamW([{"params": [other]}, {"params": [weight, norm]}], lr=0.1, **{option: True})
+        with pytest.raises(ValueError, match=rf"AdamW\({option}=True\): parameter group 1 mixes 1 DTensor") as info:
+            settle_foreach(mixed, names)
+        assert "(norm.weight)" in str(info.value) and f"Pass {option}=False" in str(info.value)
+        assert "sequence_parallel=True" in str(info.value)
+
+
+def test_a_compiled_block_passes_the_gradient_to_an_async_collective_input() -> None:
+    """A tensor-parallel layer run eagerly before a compiled block (the embedding, sequence-parallel) hands it an
+    ``AsyncCollectiveTensor``; torch 2.13 compiles it as an input without gradient, so the embedding would learn
+    nothing. ``compile_in_place`` waits on it first and passes the gradient back."""
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    from fabric_lite._compile import Compiler
+
+    class ToLocal(torch.autograd.Function):  # what DTensor.to_local() returns after a functional collective
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return AsyncCollectiveTensor(x.detach().clone())
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            return grad
+
+    class Square(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x * x).sum()
+
+    block = Square()
+    Compiler(torch.compile(torch.nn.Identity(), backend="aot_eager").dynamo_ctx).compile_in_place(block)
+    x = torch.arange(3.0, requires_grad=True)
+    block(ToLocal.apply(x)).backward()
+    assert x.grad is not None and x.grad.tolist() == [0.0, 2.0, 4.0]
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+@pytest.fixture(scope="module")
+def expected() -> dict[str, Any]:
+    return reference()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("model_parallel")
+
+
+@pytest.fixture(scope="module")
+def two_by_two(folder: Path) -> list[dict[str, Any]]:
+    """2 data-parallel x 2 tensor-parallel, sequence parallel and loss parallel, compiled block by block; saves
+    ``folder/sharded``."""
+    return mp_job(
+        "train_then_misuse",
+        4,
+        dp=2,
+        tp=2,
+        loss_parallel=True,
+        compile="aot_eager",
+        kwargs={"folder": str(folder / "sharded")},
+    )
+
+
+def _matches_reference(runs: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    for run in runs:
+        assert len(run["losses"]) == STEPS
+        for mine, theirs in ((run["losses"], expected["losses"]), (run["norms"], expected["norms"])):
+            assert max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) < TOLERANCE, (run["rank"], mine, theirs)
+        for key, value in expected["state"].items():
+            torch.testing.assert_close(run["state"][key], value, atol=TOLERANCE, rtol=0, msg=key)
+
+
+def test_two_by_two_equals_one_process(two_by_two: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    """Compiled too: the embedding's gradient crosses into the first compiled block (see the unit test above)."""
+    _matches_reference([run["train"] for run in two_by_two], expected)
+    for run in two_by_two:
+        assert run["train"]["compiled"] == {"wrapped": False, "blocks": 2}  # each block's fully_shard unit
+
+
+def test_each_rank_holds_its_fraction_of_every_parameter(two_by_two: list[dict[str, Any]]) -> None:
+    for run in two_by_two:
+        for name, seen in run["train"]["placements"].items():
+            assert seen["mesh"] == ["data_parallel", "tensor_parallel"], name
+            if "norm" in name:  # sequence parallel: replicated over tensor-parallel ranks, sharded over data-parallel
+                assert seen["placements"][1] == "R" and seen["fraction"] == 0.5, (name, seen)
+            else:  # projections, embedding and head: sharded by both
+                assert seen["placements"][1].startswith("S(") and seen["fraction"] == 0.25, (name, seen)
+
+
+def test_tensor_parallel_ranks_see_the_same_batches(two_by_two: list[dict[str, Any]]) -> None:
+    runs = {run["train"]["rank"]: run["train"] for run in two_by_two}
+    assert runs[0]["mesh"] == {"data_parallel": 0, "tensor_parallel": 0}
+    assert runs[1]["mesh"] == {"data_parallel": 0, "tensor_parallel": 1}  # consecutive ranks share a TP group
+    assert runs[0]["seen"] == runs[1]["seen"] and runs[2]["seen"] == runs[3]["seen"]
+    assert not set(runs[0]["seen"]) & set(runs[2]["seen"])  # the data-parallel groups get different data
+    assert [runs[r]["sampler"] for r in range(4)] == [{"num_replicas": 2, "rank": r // 2} for r in range(4)]
+
+
+def test_misuse_and_group_collectives(two_by_two: list[dict[str, Any]]) -> None:
+    for rank, run in enumerate(per_rank([run["misuse"] for run in two_by_two], "early_optimizer")):
+        assert run["setup"]["type"] == "NotImplementedError" and "setup_module" in run["setup"]["message"], rank
+        early = run["setup_optimizers"]
+        assert early["type"] == "ValueError" and "created before fabric.setup_module" in early["message"], rank
+    for rank, misuse in enumerate(run["misuse"] for run in two_by_two):
+        assert misuse["fsdp1"]["type"] == "TypeError" and "FSDP1" in misuse["fsdp1"]["message"], rank
+        assert misuse["no_sync"]["type"] == "TypeError" and "setup_module" in misuse["no_sync"]["message"], rank
+        assert (
+            misuse["bad_group_src"]["type"] == "ValueError" and "not in the group" in misuse["bad_group_src"]["message"]
+        )
+        seen = misuse["collectives"]
+        assert seen["world_sum"] == 6.0  # 0 + 1 + 2 + 3
+        assert seen["tp_ranks"] == [rank // 2 * 2, rank // 2 * 2 + 1] and seen["dp_ranks"] == [rank % 2, rank % 2 + 2]
+        assert seen["tp_sum"] == float(sum(seen["tp_ranks"]))
+        assert seen["dp_gather"] == [float(r) for r in seen["dp_ranks"]]
+        assert seen["tp_broadcast"] == seen["tp_ranks"][0]
+
+
+def test_a_failed_sharded_save_keeps_the_previous_checkpoint(two_by_two: list[dict[str, Any]], folder: Path) -> None:
+    """An object that fails to pickle on one rank: every rank raises, the previous folder stays as it was."""
+    for rank, run in enumerate(per_rank([run["misuse"] for run in two_by_two], "replace_and_fail")):
+        failure = run["failure"]
+        assert failure["type"] == "CheckpointError", (rank, failure)
+        assert str(folder / "replaced") in failure["message"] and "refuses to be pickled" in failure["message"]
+        assert run["step"] == 2 and run["previous_intact"], rank
+        before, after = run["files"]
+        assert before == after == [".metadata", *[f"__{r}_0.distcp" for r in range(4)], "fabric_lite.json", "meta.pt"]
+        assert run["leftovers"] == []  # no temporary folder beside it
+        assert run["after"] == 4.0  # every rank still in step
+
+
+def test_parallelize_fn_must_return_the_module(tmp_path: Path) -> None:
+    code = """
+import torch
+from fabric_lite import Fabric
+from fabric_lite.strategies import ModelParallelStrategy
+def parallelize(module, mesh):
+    module.to(torch.float32)  # forgets to return it
+fabric = Fabric(accelerator="cpu", devices=1, strategy=ModelParallelStrategy(parallelize))
+fabric.launch()
+try:
+    fabric.setup_module(torch.nn.Linear(2, 2))
+except TypeError as err:
+    print("ERROR", err)
+"""
+    script = tmp_path / "forgets_to_return.py"
+    script.write_text(code)
+    done = run_python([str(script)], timeout=LAUNCH_TIMEOUT)
+    assert done.returncode == 0, done.output
+    assert "ERROR parallelize_fn must return the parallelised module" in done.stdout
+    assert "'parallelize' returned NoneType" in done.stdout
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "options",
+    [
+        # TP alone, norms as plain tensors beside DTensors: foreach=None settled to False; compiled (no fully_shard
+        # units, so the model as a whole)
+        {"dp": 1, "tp": 2, "sequence_parallel": False, "compile": "aot_eager", "foreach": None, "foreach_errors": True},
+        {"dp": 2, "tp": 1, "accumulate": 2, "compile": "aot_eager"},  # FSDP alone, no_backward_sync, compiled
+        {"dp": 4, "tp": 1, "replicate": 2, "activation_checkpointing": True},  # HSDP: 2 replicas of 2 shards
+        {"dp": 2, "tp": 2, "replicate": 2},  # HSDP with TP, a 3-D mesh: 2 replicas x 1 shard x 2 tensor-parallel
+    ],
+    ids=["tp_only", "fsdp_only", "hsdp", "hsdp_tp"],
+)
+def test_other_layouts_equal_one_process(options: dict[str, Any], expected: dict[str, Any]) -> None:
+    nprocs = options["dp"] * options["tp"]
+    runs = mp_job("train", nprocs, **options)
+    _matches_reference(runs, expected)
+    for run in runs:
+        if options.get("replicate") and options["tp"] == 1:
+            names = {tuple(seen["mesh"]) for seen in run["placements"].values()}
+            assert names == {("data_parallel_replicate", "data_parallel_shard")}
+            assert all(seen["fraction"] == 0.5 for seen in run["placements"].values())  # sharded in 2, replicated
+        if options.get("compile"):
+            # block by block, the model itself not wrapped; TP alone has no fully_shard units: the whole model
+            assert run["compiled"] == {"wrapped": False, "blocks": 2 if options["dp"] > 1 else 1}
+        else:  # each block's MLP runs once per step, and again in backward where the block is checkpointed
+            assert run["block_calls"] == [DEPTH * (2 if options.get("activation_checkpointing") else 1)] * STEPS
+        if options["tp"] == 2 and not options.get("sequence_parallel", True):
+            plain = [name for name, seen in run["placements"].items() if seen["placements"] is None]
+            assert plain and all("norm" in name for name in plain)
+            assert run["foreach"] == [False]  # AdamW(foreach=None), settled for the mixed group; and it trained
+            for option, error in run["foreach_errors"].items():
+                assert error["type"] == "ValueError", (option, error)
+                assert (
+                    f"AdamW({option}=True): parameter group 0 mixes 16 DTensor parameter(s) with 5 plain"
+                    in (error["message"])
+                )
+                assert "layers.0.attention_norm.weight" in error["message"]
+        if options.get("accumulate"):
+            _skips_the_reduce_scatter(run["no_sync"])
+    if options.get("replicate") and options["tp"] == 2:
+        _is_hsdp_with_tensor_parallel(runs)
+
+
+def _skips_the_reduce_scatter(seen: dict[str, Any]) -> None:
+    """Two micro-batches per step, the first inside ``no_backward_sync``: no reduce-scatter there and every unit's
+    gradient sync off; one reduce-scatter per unit (2 blocks and the root) after the second; nested blocks leave
+    the sync off until the outermost ends."""
+    units = DEPTH + 1
+    assert seen["reduce_scatters"] == [0, units] * STEPS
+    assert seen["inside"] == [[False] * units, [True] * units] * STEPS  # the second micro-batch: enabled=False
+    assert seen["after"] == [[True] * units] * 2 * STEPS
+    assert seen["nested_inner"] == seen["nested_after_inner"] == [False] * units
+    assert seen["nested_after_outer"] == [True] * units
+
+
+def _is_hsdp_with_tensor_parallel(runs: list[dict[str, Any]]) -> None:
+    """The mesh is (replicate 2, shard 1, tensor parallel 2); parameters are replicated over the first dimension,
+    sharded by FSDP over the second and by TP over the third; the replicas hold equal shards after training and saw
+    different data, the ranks of a TP group the same."""
+    names = ["data_parallel_replicate", "data_parallel_shard", "tensor_parallel"]
+    for run in runs:
+        assert run["mesh_shape"] == {"names": names, "shape": [2, 1, 2]}
+        for name, seen in run["placements"].items():
+            assert seen["mesh"] == names, name
+            assert seen["placements"][0] == "R", (name, seen)  # replicated over the replicas
+            if "norm" in name:  # sequence parallel: replicated over tensor-parallel ranks
+                assert seen["placements"][2] == "R" and seen["fraction"] == 1.0, (name, seen)
+            else:
+                assert seen["placements"][2].startswith("S(") and seen["fraction"] == 0.5, (name, seen)
+    by_rank = {run["rank"]: run for run in runs}
+    for rank, replica in ((0, 2), (1, 3)):
+        assert by_rank[rank]["local"] == by_rank[replica]["local"]  # the same shards in both replicas
+        assert not set(by_rank[rank]["seen"]) & set(by_rank[replica]["seen"])
+    assert by_rank[0]["local"] != by_rank[1]["local"] and by_rank[0]["seen"] == by_rank[1]["seen"]
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("dp", "tp"), [(1, 4), (4, 1), (1, 1)], ids=["1x4", "4x1", "one_rank"])
+def test_a_2x2_checkpoint_loads_into_other_meshes(
+    two_by_two: list[dict[str, Any]], folder: Path, dp: int, tp: int
+) -> None:
+    saved = two_by_two[0]["train"]
+    assert saved["saved_files"] == [".metadata", *[f"__{r}_0.distcp" for r in range(4)], "fabric_lite.json", "meta.pt"]
+    runs = mp_job("load", dp * tp, dp=dp, tp=tp, kwargs={"folder": str(folder / "sharded")})
+    steps = set()
+    for rank, run in enumerate(runs):
+        loaded = run["loaded"]
+        assert "traceback" not in loaded, loaded
+        assert loaded["remainder"] == [] and loaded["step"] == STEPS, rank
+        for key, value in saved["state"].items():
+            assert torch.equal(loaded["state"][key], value), (rank, key)
+        assert run["strict"]["type"] == "KeyError" and "['extra']" in run["strict"]["message"], rank
+        assert "strict=False" in run["strict"]["message"]
+        assert run["lenient"] == ["optimizer", "step"] or run["lenient"] == ["step"], run["lenient"]
+        steps.add(run["step"])
+    assert len(steps) == 1  # the same next loss on every rank
+
+
+def test_a_2x2_checkpoint_loads_into_a_plain_module_and_consolidates(
+    two_by_two: list[dict[str, Any]], folder: Path
+) -> None:
+    saved = two_by_two[0]["train"]["state"]
+    model = Llama()
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    assert Fabric(accelerator="cpu", devices=1).load(folder / "sharded", state) == {}
+    assert state["step"] == STEPS
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved[key]), key
+    assert len(optimizer.state_dict()["state"]) == len(list(model.parameters()))  # Adam's moments came back
+    target = folder / "consolidated.pt"
+    done = run_python(["-m", "fabric_lite.utilities.consolidate", str(folder / "sharded"), str(target)], timeout=60)
+    assert done.returncode == 0, done.output
+    full = torch.load(target, weights_only=True)
+    assert full["step"] == STEPS
+    for key, value in saved.items():
+        assert torch.equal(full["model"][key], value), key
+
+
+@pytest.mark.timeout(240)
+def test_full_checkpoint_file(tmp_path: Path) -> None:
+    """``save_distributed_checkpoint=False``: one file from rank 0, the same layout a plain module loads, and that
+    loads back into a freshly parallelised model (1x2) exactly."""
+    target = tmp_path / "full.ckpt"
+    kwargs = {"folder": str(target), "steps": 2, "reload": True}
+    runs = mp_job("train", 2, dp=1, tp=2, save_distributed_checkpoint=False, kwargs=kwargs)
+    assert target.is_file() and runs[0]["saved_files"] == "file"
+    model = Llama()
+    Fabric(accelerator="cpu", devices=1).load(target, {"model": model}, strict=False)
+    for key, value in runs[0]["state"].items():
+        assert torch.equal(model.state_dict()[key], value), key
+    for run in runs:
+        reloaded = run["reloaded"]
+        assert reloaded["remainder"] == [] and reloaded["step"] == 2 and reloaded["optimizer_steps"] == [2]
+        assert all(seen["placements"] is not None for seen in reloaded["placements"].values())  # all DTensors
+        for key, value in run["state"].items():
+            assert torch.equal(reloaded["state"][key], value), (run["rank"], key)
+
+
+def test_helper_is_a_parallelize_fn() -> None:
+    strategy = ModelParallelStrategy(partial(parallelize_transformer, loss_parallel=True))
+    assert "partial" in repr(strategy) or "parallelize_fn" in repr(strategy)
+
+
+@pytest.mark.compat
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(lightning_python() is None, reason="no Lightning Fabric venv: run .ci/setup")
+@pytest.mark.parametrize(("writer", "reader"), [("lightning", "fabric_lite"), ("fabric_lite", "lightning")])
+def test_checkpoints_load_across_lightning_and_fabric_lite(writer: str, reader: str, tmp_path: Path) -> None:
+    """A folder saved by one implementation loads in the other: the same DCP layout, and Lightning's ``meta.pt``
+    for the entries that are not modules or optimizers (fabric_lite reads and writes it)."""
+    script = "tests/helpers/scripts/model_parallel_compat.py"
+    observed = {}
+    for impl, mode in ((writer, "save"), (reader, "load")):
+        python = lightning_python() if impl == "lightning" else None
+        env = base_env({"COMPAT_IMPL": impl})
+        done = run_python([script, mode, str(tmp_path / "ckpt")], timeout=150, env=env, python=python)
+        assert done.returncode == 0, done.output
+        observed[mode] = json.loads(next(line[4:] for line in done.stdout.splitlines() if line.startswith("OBS ")))
+    assert observed["load"] == observed["save"]  # weights after one more step, "step" and "note" alike
+    assert observed["load"]["step"] == 3 and observed["load"]["note"] == "hello"
+
+
+@pytest.mark.timeout(240)
+def test_bf16_mixed_trains_close_to_float32(expected: dict[str, Any]) -> None:
+    """``bf16-mixed`` on 2x2 with ``mp_policy=strategy.mixed_precision_policy``: autocast around the tensor-parallel
+    forward, float32 sharded parameters that FSDP2 gathers in bfloat16; the losses follow float32's within
+    bfloat16's precision (a relative 2**-8 per operation)."""
+    runs = mp_job("train", 4, dp=2, tp=2, precision="bf16-mixed", mp_policy=True, kwargs={"steps": 4})
+    for run in runs:
+        assert run["dtypes"] == ["torch.float32"], run["dtypes"]  # the sharded parameters, which AdamW updates
+        assert run["forward_dtypes"] == ["torch.bfloat16"]  # the gathered ones, while a block runs
+        differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:4], strict=True)]
+        assert max(differences) < 0.05, (run["losses"], expected["losses"][:4])
+        assert max(differences) > 0, "bf16-mixed computed in float32"
+
+
+@pytest.mark.timeout(240)
+def test_bf16_true_trains_in_bfloat16(expected: dict[str, Any]) -> None:
+    """``bf16-true`` on 2x1 with the strategy's policy: parameters created, gathered and updated in bfloat16."""
+    runs = mp_job("train", 2, dp=2, tp=1, precision="bf16-true", mp_policy=True, kwargs={"steps": 2})
+    for run in runs:
+        assert run["dtypes"] == run["forward_dtypes"] == ["torch.bfloat16"]
+        assert len(run["losses"]) == 2 and all(math.isfinite(loss) for loss in run["losses"] + run["norms"])
+        differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:2], strict=True)]
+        assert max(differences) < 0.05, (run["losses"], expected["losses"][:2])

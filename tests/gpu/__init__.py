@@ -1,0 +1,1 @@
+"""CUDA tier (marked ``cuda``): skipped, with the reason, on a machine without a GPU."""

@@ -1,0 +1,1 @@
+"""The ``two_hosts`` tier."""

@@ -1,0 +1,47 @@
+"""``import fabric_lite`` has no side effects and imports no optional backend."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers.harness import base_env, run_python
+
+PROBE = r"""
+import json, logging, os, sys
+import torch
+before_env = dict(os.environ)
+before_modules = set(sys.modules)
+root_handlers = list(logging.getLogger().handlers)
+import fabric_lite
+from fabric_lite import Fabric, is_wrapped, seed_everything
+import fabric_lite.strategies, fabric_lite.plugins, fabric_lite.accelerators, fabric_lite.utilities.distributed
+new = sorted(set(sys.modules) - before_modules)
+print(json.dumps({
+    "env_changed": sorted(k for k in set(os.environ) | set(before_env) if os.environ.get(k) != before_env.get(k)),
+    "optional": [m for m in new if m.startswith(("torch._dynamo", "torch._inductor", "torch.distributed.fsdp",
+                                                 "torch.utils.tensorboard", "tensorboard", "lightning", "accelerate"))],
+    "third_party": sorted({m.split(".")[0] for m in new if not m.startswith(("fabric_lite", "torch"))
+                           and m.split(".")[0] not in sys.stdlib_module_names and not m.startswith("_")}),
+    "handlers_added": len(logging.getLogger().handlers) - len(root_handlers),
+    "fabric_logger_handlers": len(logging.getLogger("fabric_lite").handlers),
+    "all": fabric_lite.__all__,
+}))
+"""
+
+
+def test_import_has_no_side_effects() -> None:
+    done = run_python(["-c", PROBE], env=base_env({"PYTHONWARNINGS": "error"}), timeout=60)
+    assert done.returncode == 0, done.output
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["env_changed"] == []
+    assert report["optional"] == []
+    assert report["handlers_added"] == 0 and report["fabric_logger_handlers"] == 0
+    assert sorted(report["all"]) == ["Fabric", "__version__", "is_wrapped", "seed_everything"]
+    # beyond torch and the standard library, only the declared runtime dependencies
+    assert set(report["third_party"]) <= {"numpy", "typing_extensions"}, report["third_party"]
+
+
+def test_import_emits_no_warning() -> None:
+    done = run_python(["-W", "error", "-c", "import fabric_lite"], timeout=60)
+    assert done.returncode == 0, done.output
+    assert done.stderr == ""
