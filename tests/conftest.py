@@ -6,6 +6,7 @@ import faulthandler
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -21,6 +22,9 @@ def pytest_configure(config: pytest.Config) -> None:
     main = sys.modules.get("__main__")
     if os.environ.get("PYTEST_XDIST_WORKER") and main is not None and not hasattr(main, "__file__"):
         main.__file__ = pytest.__file__
+    if config.pluginmanager.hasplugin("xdist"):
+        # hand the modules out in the order of their folders (_FOLDER_ORDER below), not by their number of tests
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(autouse=True)
@@ -63,49 +67,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# Modules that run on one pytest-xdist worker each: those whose module-scoped fixtures run multi-process jobs (tens
-# of seconds each, which every worker running one of their tests would run again), and those that share an outside
-# resource (a SLURM cluster, network namespaces, an S3 server, an MPI install). pytest-xdist's own `loadgroup` cannot
-# do it here: it groups by renaming a test's `_nodeid`, which pytest 9 no longer reads (`nodeid` comes from `_id`),
-# so its xdist_group markers have no effect; the scheduler below groups by module instead.
-_ONE_WORKER_MODULES = {
-    "test_checkpoints.py",
-    "test_cli.py",
-    "test_collective_plugins.py",
-    "test_collectives_dist.py",
-    "test_compat.py",
-    "test_compile.py",
-    "test_dataloaders.py",
-    "test_ddp_toolkit.py",
-    "test_ddp_training.py",
-    "test_deepspeed.py",
-    "test_distributed_utils.py",
-    "test_fsdp.py",
-    "test_litgpt.py",
-    "test_model_parallel.py",
-    "test_mpi.py",
-    "test_precision_dist.py",
-    "test_resume.py",
-    "test_s3.py",
-    "test_slurm.py",
-    "test_two_hosts.py",
-    "test_utilities_dist.py",
-}
+# The folder decides how a module runs (tests/unit, tests/distributed, tests/compat, tests/gpu, tests/tiers/<tier>).
+# Under the README's `-n 2 --dist loadfile` every module is one unit of work, run whole on one pytest-xdist worker: a
+# module-scoped fixture that runs multi-process jobs (tens of seconds) runs once, and the tests of a tier that share an
+# outside resource (a SLURM cluster, network namespaces, an S3 server, an MPI install) never run side by side. The
+# units are handed out in this order of their folders, the long multi-process ones first, so that the workers end
+# together instead of one running a long module alone at the end.
+_FOLDER_ORDER = ("tiers", "distributed", "compat", "gpu", "unit")
 
 
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Under ``--dist loadgroup``: every module of ``_ONE_WORKER_MODULES`` is one unit of work, the other tests one
-    unit each."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class ModuleGroups(LoadGroupScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return module if module.rsplit("/", 1)[-1] in _ONE_WORKER_MODULES else super()._split_scope(nodeid)
-
-    return ModuleGroups(config, log)  # type: ignore[arg-type]
+def _folder_rank(item: pytest.Item) -> int:
+    tests = Path(__file__).parent
+    folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+    return _FOLDER_ORDER.index(folder) if folder in _FOLDER_ORDER else len(_FOLDER_ORDER)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -116,9 +90,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if cases:
             item.add_marker(pytest.mark.reliability(*cases))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order in which units of work are handed out
-        # the grouped modules (the long units) first, the single tests after them: the workers then end together
-        # instead of one running a whole module alone at the end
-        items.sort(key=lambda item: item.path.name not in _ONE_WORKER_MODULES)
+        items.sort(key=_folder_rank)
 
 
 _RELIABILITY_RUNS: dict[str, dict[str, object]] = {}

@@ -26,7 +26,7 @@ import pytest
 from tests.helpers.cluster.mpi_setup import MPIRUN, MPIUnavailable, ensure_installed, mpi_env
 from tests.helpers.harness import REPO, Completed, base_env, optional_tier_skipped, run_python
 
-pytestmark = [pytest.mark.mpi, pytest.mark.distributed, pytest.mark.xdist_group("mpi")]
+pytestmark = [pytest.mark.mpi, pytest.mark.distributed]
 
 SCRIPT = str(REPO / "tests" / "helpers" / "scripts" / "slurm_train.py")
 JOB_TIMEOUT = 120  # seconds for one job; three ranks take about 20 s on a busy 2-core machine

@@ -26,7 +26,7 @@ import torch
 from tests.helpers.cluster.s3_setup import S3Server, S3Unavailable, ensure_installed, s3_env
 from tests.helpers.harness import Completed, base_env, optional_tier_skipped, run_python
 
-pytestmark = [pytest.mark.s3, pytest.mark.distributed, pytest.mark.xdist_group("s3")]
+pytestmark = [pytest.mark.s3, pytest.mark.distributed]
 
 JOB_TIMEOUT = 120
 

@@ -38,7 +38,7 @@ from tests.helpers.cluster.slurm_cluster import (
 )
 from tests.helpers.harness import REPO, base_env, run_python
 
-pytestmark = [pytest.mark.slurm, pytest.mark.distributed, pytest.mark.xdist_group("slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.distributed]
 
 SCRIPT = str(REPO / "tests" / "helpers" / "scripts" / "slurm_train.py")
 PYTHON = sys.executable

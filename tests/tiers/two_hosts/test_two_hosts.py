@@ -40,7 +40,6 @@ REASON = unavailable_reason()
 
 pytestmark = [
     pytest.mark.distributed,
-    pytest.mark.xdist_group("two_hosts"),
     pytest.mark.skipif(REASON is not None, reason=f"two-hosts tier: {REASON}"),
 ]
 
