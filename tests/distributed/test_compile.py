@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from torch import nn
 from fabric_lite import Fabric, is_wrapped
 from fabric_lite._compile import clean_state_dict_keys, is_compiled, unwrap_compiled
 from fabric_lite.strategies import DataParallelStrategy
-from tests.helpers.harness import base_env, lightning_python, per_rank, run_python, spawn_job
+from tests.helpers.harness import base_env, lightning_python, per_rank, run_job, run_python, spawn_job
 from tests.helpers.jobs.compile_jobs import STEPS, CountingBackend, Net, train
 
 TOLERANCE = 1e-5
@@ -253,10 +252,7 @@ def test_ddp_compiled_on_two_processes(inductor_cache: str, monkeypatch: pytest.
 
 @pytest.mark.timeout(300)
 def test_fsdp_compiled_block_by_block_on_two_processes(tmp_path: Path) -> None:
-    out = tmp_path / "result.pkl"
-    done = run_python(["-m", "tests.helpers.jobs.compile_jobs", "2", str(out)], timeout=240)
-    assert done.returncode == 0 and out.is_file(), done.output
-    results: list[Any] = pickle.loads(out.read_bytes())
+    results: list[Any] = run_job(["-m", "tests.helpers.jobs.compile_jobs", "2"], timeout=240)
     ranks = per_rank(results, "losses")
     for rank in ranks:
         assert rank["compiled_modules"] == ["blocks.0", "blocks.1"]  # each sharded block, not the root

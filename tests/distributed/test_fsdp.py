@@ -19,8 +19,6 @@ fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped int
 from __future__ import annotations
 
 import json
-import pickle
-import tempfile
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -39,7 +37,7 @@ from fabric_lite.strategies._fsdp_setup import mixed_precision_policy, wrap_targ
 from fabric_lite.utilities import CheckpointError, consolidate_checkpoint
 from fabric_lite.utilities._dcp import check_sharded_checkpoint
 from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
-from tests.helpers.harness import per_rank, run_python
+from tests.helpers.harness import per_rank, run_job, run_python
 from tests.helpers.jobs.fsdp_jobs import Block, Net
 
 LAUNCH_TIMEOUT = 150  # seconds for one launch of 1-3 ranks (a loaded 2-core CI machine needs ~30 s)
@@ -48,15 +46,7 @@ LAUNCH_TIMEOUT = 150  # seconds for one launch of 1-3 ranks (a loaded 2-core CI 
 def fsdp_job(job: str, nprocs: int, **options: Any) -> list[dict[str, Any]]:
     """Run ``tests.helpers.jobs.fsdp_jobs.<job>`` on ``nprocs`` ranks through Fabric's script launcher; every rank's
     result."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.pkl"
-        done = run_python(
-            ["-m", "tests.helpers.jobs.fsdp_jobs", job, str(nprocs), json.dumps(options), str(out)],
-            timeout=LAUNCH_TIMEOUT,
-        )
-        if done.returncode != 0 or not out.is_file():
-            pytest.fail(f"FSDP job {job} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
-        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+    return run_job(["-m", "tests.helpers.jobs.fsdp_jobs", job, str(nprocs), json.dumps(options)], LAUNCH_TIMEOUT)  # type: ignore[no-any-return]
 
 
 # ---------------------------------------------------------------------------------------------- arguments

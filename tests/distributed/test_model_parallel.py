@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
-import tempfile
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -27,7 +25,7 @@ from fabric_lite import Fabric
 from fabric_lite.strategies import ModelParallelStrategy
 from fabric_lite.strategies._model_parallel_ops import mesh_shape as _mesh_shape
 from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
-from tests.helpers.harness import base_env, lightning_python, per_rank, run_python
+from tests.helpers.harness import base_env, lightning_python, per_rank, run_job, run_python
 from tests.helpers.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, reference
 
 LAUNCH_TIMEOUT = 180  # seconds for one launch of 1-4 ranks on a loaded 2-core machine (~20 s when quiet)
@@ -36,15 +34,9 @@ TOLERANCE = 1e-5
 
 def mp_job(job: str, nprocs: int, **options: Any) -> list[Any]:
     """Run ``tests.helpers.jobs.model_parallel_jobs.<job>`` on ``nprocs`` ranks; every rank's result."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.pkl"
-        done = run_python(
-            ["-m", "tests.helpers.jobs.model_parallel_jobs", job, str(nprocs), json.dumps(options), str(out)],
-            timeout=LAUNCH_TIMEOUT,
-        )
-        if done.returncode != 0 or not out.is_file():
-            pytest.fail(f"job {job} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
-        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+    return run_job(  # type: ignore[no-any-return]
+        ["-m", "tests.helpers.jobs.model_parallel_jobs", job, str(nprocs), json.dumps(options)], LAUNCH_TIMEOUT
+    )
 
 
 def _identity(module: torch.nn.Module, mesh: Any) -> torch.nn.Module:

@@ -2,7 +2,8 @@
 
 Every multi-process test goes through :func:`run_python` (a script or ``-c`` code, in a new session) or
 :func:`spawn_job` (a function run on N ranks by fabric_lite's own ``ddp_fork`` launcher, inside such a
-subprocess). On timeout the whole session is killed and the test fails with everything the processes printed.
+subprocess); a job that pickles its ranks' results to a file, :func:`spawn_job` among them, runs through
+:func:`run_job`. On timeout the whole session is killed and the test fails with everything the processes printed.
 After the command ends, any process still alive in its session is an orphan: it is killed and the test fails.
 """
 
@@ -169,17 +170,22 @@ def _run_bounded(
     return Completed(argv, process.returncode, stdout, stderr, elapsed, ended_at)
 
 
+def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None, python: str | None = None) -> Any:
+    """Run ``python *args OUT`` as :func:`run_python` does, for a job that pickles its ranks' results to its last
+    argument ``OUT`` (a temporary file), and return what it pickled. The test fails, with everything the job
+    printed, when the job exits non-zero or writes nothing."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.pkl"
+        done = run_python([*args, str(out)], timeout=timeout, env=env, python=python)
+        if done.returncode != 0 or not out.is_file():
+            pytest.fail(f"job `{' '.join(args)}` failed with exit code {done.returncode}.\n{done.output}")
+        return pickle.loads(out.read_bytes())
+
+
 def spawn_job(target: str, nprocs: int, timeout: float = 90, **kwargs: Any) -> list[Any]:
     """Run ``target(fabric, **kwargs)`` (``"tests.helpers.jobs.module:function"``) on ``nprocs`` CPU ranks with
     ``ddp_fork`` and return the list of per-rank return values (gathered by the job runner)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.pkl"
-        done = run_python(
-            ["-m", "tests.helpers.jobs._runner", target, str(nprocs), json.dumps(kwargs), str(out)], timeout=timeout
-        )
-        if done.returncode != 0 or not out.is_file():
-            pytest.fail(f"job {target} on {nprocs} ranks failed with exit code {done.returncode}.\n{done.output}")
-        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+    return run_job(["-m", "tests.helpers.jobs._runner", target, str(nprocs), json.dumps(kwargs)], timeout)  # type: ignore[no-any-return]
 
 
 def per_rank(job_results: list[dict[str, Any]], check: str) -> list[Any]:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+
+from tests.helpers.jobs.checks import record
 
 STEPS = 4
 
@@ -56,16 +57,6 @@ def train(fabric: Any, model: Any, optimizer: Any) -> list[float]:
         optimizer.zero_grad()
         losses.append(loss.item())
     return losses
-
-
-def _record(checks: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for name, check in checks.items():
-        try:
-            result[name] = check()
-        except Exception:
-            result[name] = {"traceback": traceback.format_exc()}
-    return result
 
 
 def ddp_compile(fabric: Any, backend: str | None, folder: str) -> dict[str, Any]:
@@ -138,7 +129,7 @@ def ddp_compile(fabric: Any, backend: str | None, folder: str) -> dict[str, Any]
             fabric.barrier()
         return keys
 
-    return _record(
+    return record(
         {
             "losses": losses,
             "options_survive": options_survive,
@@ -195,7 +186,7 @@ def fsdp_compile(fabric: Any) -> dict[str, Any]:
             "keys": sorted(model.state_dict()),
         }
 
-    return _record({"losses": losses})
+    return record({"losses": losses})
 
 
 def main() -> None:

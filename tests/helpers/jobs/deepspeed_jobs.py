@@ -34,6 +34,7 @@ from torch import nn
 from fabric_lite import Fabric
 from fabric_lite.strategies import DeepSpeedStrategy
 from tests.helpers.jobs._runner import dump_all_ranks
+from tests.helpers.jobs.checks import record
 
 STEPS = 10
 GLOBAL_BATCH = 4
@@ -121,16 +122,6 @@ def error_of(fn: Callable[[], Any]) -> dict[str, str | None]:
     except Exception as err:
         return {"type": type(err).__name__, "message": str(err), "runtime_error": isinstance(err, RuntimeError)}
     return {"type": None, "message": "", "runtime_error": False}
-
-
-def record(checks: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, check in checks.items():
-        try:
-            results[name] = check()
-        except Exception:
-            results[name] = {"traceback": traceback.format_exc()}
-    return results
 
 
 # ---------------------------------------------------------------------------------------------- training

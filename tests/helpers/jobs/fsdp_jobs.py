@@ -16,7 +16,6 @@ import copy
 import json
 import math
 import sys
-import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,7 @@ from fabric_lite import Fabric
 from fabric_lite.plugins.precision import MixedPrecision
 from fabric_lite.strategies import FSDPStrategy
 from tests.helpers.jobs._runner import dump_all_ranks
+from tests.helpers.jobs.checks import record
 
 STEPS = 10
 GLOBAL_BATCH = 12  # splits evenly over 1, 2 and 3 ranks
@@ -163,16 +163,6 @@ def error_of(fn: Callable[[], Any]) -> dict[str, str | None]:
     except Exception as err:
         return {"type": type(err).__name__, "message": str(err)}
     return {"type": None, "message": ""}
-
-
-def record(checks: dict[str, Callable[[], Any]]) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for name, check in checks.items():
-        try:
-            results[name] = check()
-        except Exception:
-            results[name] = {"traceback": traceback.format_exc()}
-    return results
 
 
 # ---------------------------------------------------------------------------------------------- two ranks

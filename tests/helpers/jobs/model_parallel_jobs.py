@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from tests.helpers.jobs.fsdp_jobs import Unpicklable, error_of, record
+from tests.helpers.jobs.checks import record
+from tests.helpers.jobs.fsdp_jobs import Unpicklable, error_of
 
 VOCAB, DIM, HEADS, HIDDEN, DEPTH, SEQ = 32, 16, 4, 32, 2, 8
 GLOBAL_BATCH = 8  # divides over 1, 2 and 4 data-parallel ranks

@@ -19,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import pickle
 import re
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from fabric_lite.strategies import _deepspeed_checkpoint, _deepspeed_config
 from fabric_lite.strategies._deepspeed_runtime import DEEPSPEED_INSTALL, import_deepspeed
 from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from tests.helpers.harness import REPO, Completed, base_env, optional_venv, per_rank, run_python
+from tests.helpers.harness import REPO, Completed, base_env, optional_venv, per_rank, run_job, run_python
 
 DEEPSPEED_NAMES = [name for name in STRATEGY_REGISTRY if name.startswith("deepspeed")]
 #: Lightning Fabric 2.6.6's registrations (lightning_fabric/strategies/deepspeed.py), name -> keyword arguments
@@ -423,20 +422,18 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("deepspeed")
 
 
-def _job(python: str, job: str, nprocs: int, out: Path, torchrun: bool = False, **spec: Any) -> list[Any]:
+def _job(python: str, job: str, nprocs: int, torchrun: bool = False, **spec: Any) -> list[Any]:
     """``job`` of tests/helpers/jobs/deepspeed_jobs.py on ``nprocs`` CPU ranks: started by ``fabric.launch()`` (the
     script re-run), or by ``torch.distributed.run``; every rank's result."""
-    arguments = ["-m", "tests.helpers.jobs.deepspeed_jobs", job, str(nprocs), json.dumps(spec), str(out)]
+    arguments = ["-m", "tests.helpers.jobs.deepspeed_jobs", job, str(nprocs), json.dumps(spec)]
     if torchrun:
         arguments = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nprocs), *arguments]
-    done = run_python(arguments, timeout=JOB_TIMEOUT, env=base_env(), python=python)
-    assert done.returncode == 0 and out.is_file(), f"job {job} failed (exit code {done.returncode})\n{done.output}"
-    return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+    return run_job(arguments, JOB_TIMEOUT, env=base_env(), python=python)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
 def trained(ds_python: str, folder: Path) -> list[dict[str, Any]]:
-    return _job(ds_python, "training", 2, folder / "training.pkl", strategy="deepspeed_stage_1")
+    return _job(ds_python, "training", 2, strategy="deepspeed_stage_1")
 
 
 @pytest.fixture(scope="module")
@@ -445,7 +442,6 @@ def checkpointed(ds_python: str, folder: Path) -> list[dict[str, Any]]:
         ds_python,
         "checkpoints",
         2,
-        folder / "checkpoints.pkl",
         torchrun=True,
         strategy="deepspeed_stage_2",
         kwargs={"folder": str(folder)},
@@ -640,7 +636,6 @@ def test_load_into_another_world_size(ds_python: str, checkpointed: list[dict[st
         ds_python,
         "other_world_size",
         1,
-        folder / "one.pkl",
         strategy="deepspeed_stage_2",
         kwargs={"folder": str(folder)},
     )

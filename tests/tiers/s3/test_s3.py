@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import tempfile
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ import pytest
 import torch
 
 from tests.helpers.cluster.s3_setup import S3Server, S3Unavailable, ensure_installed, s3_env
-from tests.helpers.harness import Completed, base_env, optional_tier_skipped, run_python
+from tests.helpers.harness import Completed, base_env, optional_tier_skipped, run_job, run_python
 
 pytestmark = [pytest.mark.s3, pytest.mark.distributed]
 
@@ -62,15 +60,8 @@ def _env(endpoint: str) -> dict[str, str]:
 
 def _job(endpoint: str, target: str, nprocs: int, **kwargs: Any) -> list[Any]:
     """``target(fabric, **kwargs)`` on ``nprocs`` ranks (ddp_fork, gloo) with the S3 endpoint configured."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.pkl"
-        done = run_python(
-            ["-m", "tests.helpers.jobs._runner", target, str(nprocs), json.dumps(kwargs), str(out)],
-            timeout=JOB_TIMEOUT,
-            env=_env(endpoint),
-        )
-        assert done.returncode == 0 and out.is_file(), done.output
-        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+    arguments = ["-m", "tests.helpers.jobs._runner", target, str(nprocs), json.dumps(kwargs)]
+    return run_job(arguments, JOB_TIMEOUT, env=_env(endpoint))  # type: ignore[no-any-return]
 
 
 def _python(endpoint: str, code: str, env: dict[str, str] | None = None) -> Completed:
@@ -241,16 +232,9 @@ print("LOADED", loaded["step"], loaded["model"]["w"].tolist())
 
 def _fsdp_job(endpoint: str, nprocs: int, **kwargs: Any) -> list[dict[str, Any]]:
     """``tests.helpers.jobs.fsdp_jobs.sharded_on_url`` on ``nprocs`` ranks (strategy="fsdp") against the S3 server."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.pkl"
-        options = {"strategy": "fsdp", "kwargs": kwargs}
-        done = run_python(
-            ["-m", "tests.helpers.jobs.fsdp_jobs", "sharded_on_url", str(nprocs), json.dumps(options), str(out)],
-            timeout=JOB_TIMEOUT,
-            env=_env(endpoint),
-        )
-        assert done.returncode == 0 and out.is_file(), done.output
-        return pickle.loads(out.read_bytes())  # type: ignore[no-any-return]
+    options = {"strategy": "fsdp", "kwargs": kwargs}
+    arguments = ["-m", "tests.helpers.jobs.fsdp_jobs", "sharded_on_url", str(nprocs), json.dumps(options)]
+    return run_job(arguments, JOB_TIMEOUT, env=_env(endpoint))  # type: ignore[no-any-return]
 
 
 def test_fsdp_sharded_checkpoint_on_two_ranks_then_one(s3: str) -> None:
