@@ -219,8 +219,8 @@ def optional_tier_skipped(config: pytest.Config, marker: str, variable: str, mod
     """Why an optional tier (``s3``, ``mpi``, ``benchmark``) does not run in this session, or ``None`` when it does.
 
     The tier runs when it is asked for: its marker in ``-m`` (``pytest -m s3``), its test file named on the command
-    line, or ``$variable`` set to ``1`` (an error instead of a skip when it cannot be set up). The whole suite
-    (``.ci/run``) leaves it out, with this reason, to stay within CI's time budget; ``$variable=0`` always skips it.
+    line, or ``$variable`` set to ``1`` (an error instead of a skip when it cannot be set up; ``.ci/run`` sets it for
+    every tier). The whole suite run without it leaves the tier out, with this reason; ``$variable=0`` always skips it.
     """
     wanted = os.environ.get(variable, "")
     if wanted == "0":
