@@ -467,8 +467,8 @@ class Renderer:
             "<!-- Generated from the docstrings by docs/generate_api.py: do not edit by hand. -->",
             "",
             "Generated from the docstrings by [`docs/generate_api.py`](generate_api.py): `python docs/generate_api.py`"
-            " rewrites this file, and `tests/unit/test_docs.py` fails when it is out of date. Classes are shown with their"
-            " constructor's signature; members inherited from another documented class are linked, not repeated.",
+            " rewrites this file, and `tests/unit/test_docs.py` fails when it is out of date. Classes are shown with"
+            " their constructor's signature; members inherited from another documented class are linked, not repeated.",
             "",
             "## Contents",
             "",
