@@ -884,3 +884,56 @@ def host_checks(fabric: Any) -> dict[str, Any]:
     fabric.barrier()
     obs["after"] = describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum"))
     return obs
+
+
+# ---------------------------------------------------------------------------------------------- per-group state
+def _loop(fabric: Any, rank: int) -> list[Any]:
+    """One round of a training loop's two collectives (both predictable: a float sum and a float gather)."""
+    return [
+        describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum")),
+        describe(fabric.all_gather(torch.tensor([float(rank)]))),
+    ]
+
+
+def two_fabrics(fabric: Any) -> dict[str, Any]:
+    """This job's Fabric (debug off) and two more over the same process group, set up after it: one with
+    ``debug=True``, then one without. Their calls interleave; each keeps the behaviour of its own setting."""
+    from tests.jobs.ddp_toolkit import fabric_with
+
+    rank = fabric.global_rank
+    debug = fabric_with(fabric, debug=True)
+    later = fabric_with(fabric)
+    obs: dict[str, Any] = {"debug": [f.strategy.debug_collectives for f in (fabric, debug, later)]}
+    obs["same_state"] = fabric.strategy._checked(None) is debug.strategy._checked(None)
+    for round in range(4):
+        obs[f"{round}/plain"] = _loop(fabric, rank)
+        obs[f"{round}/debug"] = _loop(debug, rank)
+    obs["hits"] = [f.strategy._checked(None).history.hits for f in (fabric, debug, later)]
+    # the debug Fabric still names ranks that call different collectives at once, and the first one still predicts
+    obs["debug_mismatch"] = catch(lambda: debug.barrier() if rank == 0 else debug.all_reduce(torch.ones(1)))
+    obs["plain_after"] = _loop(fabric, rank)
+    obs["hits_after"] = fabric.strategy._checked(None).history.hits
+    return obs
+
+
+def group_recreated(fabric: Any) -> dict[str, Any]:
+    """A loop on a process group, the group destroyed, and the same loop on a new group over the same ranks: the
+    new group starts with no history (its first calls are not predicted), whatever address it was given."""
+    rank, world = fabric.global_rank, fabric.world_size
+    obs: dict[str, Any] = {}
+    first = dist.new_group(list(range(world)), backend="gloo")
+    for _ in range(4):
+        fabric.all_reduce(torch.ones(2), group=first, reduce_op="sum")
+    old = fabric.strategy._checked(first)
+    obs["first_hits"] = old.history.hits
+    dist.destroy_process_group(first)
+    second = dist.new_group(list(range(world)), backend="gloo")
+    new = fabric.strategy._checked(second)
+    obs["new_state"] = new is not old and new.group is second
+    obs["new_hits_before"] = new.history.hits
+    reduced = [describe(fabric.all_reduce(torch.ones(2) * rank, group=second, reduce_op="sum")) for _ in range(4)]
+    obs["reduced"] = reduced
+    obs["new_hits"] = new.history.hits
+    obs["old_hits"] = old.history.hits
+    dist.destroy_process_group(second)
+    return obs
