@@ -22,7 +22,10 @@ import torch.distributed as dist
 from torch import nn
 
 from fabric_lite import Fabric
-from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._collectives import broadcasts, checked, gather, ops, predicted
+
+#: the collectives' modules that call torch.distributed
+_MODULES = (ops, checked, gather, predicted, broadcasts)
 
 
 class _NoCommunication:
@@ -54,8 +57,9 @@ def main() -> None:
     fabric.launch()
 
     rows: list[tuple[str, float, float | None]] = []
-    real = _collectives.dist
-    _collectives.dist = _NoCommunication()  # type: ignore[assignment]
+    stand_in = _NoCommunication()
+    for module in _MODULES:
+        module.dist = stand_in  # type: ignore[assignment]
     try:
         scalar = torch.tensor(1.0)
         dict64 = {f"m{i}": torch.tensor(float(i)) for i in range(64)}
@@ -69,7 +73,8 @@ def main() -> None:
             ("broadcast(1024 floats), sender", best_of(lambda: fabric.broadcast(vector, src=0)), None),
         ]
     finally:
-        _collectives.dist = real
+        for module in _MODULES:
+            module.dist = dist
 
     torch.manual_seed(0)
     raw = nn.Linear(32, 32)

@@ -455,7 +455,7 @@ class ModelParallelStrategy(ParallelStrategy):
                 f" {dist.get_process_group_ranks(group)}). src is a global rank of the group."
             )
         try:
-            return _collectives.broadcast(obj, src, group, self._comm_device())  # type: ignore[no-any-return]
+            return _collectives.broadcast(obj, src, self._checked(group), self._comm_device())  # type: ignore[no-any-return]
         except RuntimeError as err:
             if is_timeout(err):
                 raise self._timed_out(f"broadcast(src={src})", err) from err

@@ -75,7 +75,7 @@ class ParallelStrategy(Strategy):
     gloo would abort or return wrong data (the tensors of that call are then undefined). The check costs one small
     all-gather, which also carries payloads of up to 480 bytes; a call that every rank's history of agreed calls
     predicts (a training loop's, from its second round) costs nothing more than the backend's collective: see
-    ``fabric_lite.utilities._collectives._History``. With NCCL the checks travel on a gloo group beside it, built from
+    ``fabric_lite.utilities._collectives.predicted``. With NCCL the checks travel on a gloo group beside it, built from
     the tensors' metadata on the host, and ``barrier`` meets there too, so none of these makes the host wait for the
     GPU; the data stay on the device. With ``debug_collectives`` (set by
     ``Fabric(debug=True)`` or ``FABRIC_LITE_DEBUG=1``) ``broadcast``, ``barrier`` and ``reduce_boolean_decision``
@@ -122,7 +122,9 @@ class ParallelStrategy(Strategy):
         self._owns_process_group = False
         # fixed while a process group lives, and asked for on every collective (set up in _setup_distributed)
         self._devices_fixed: tuple[torch.device, torch.device] | None = None  # (root device, comm device)
-        self._group_facts: dict[int, tuple[Any, str, int]] = {}  # id(group) -> (group, backend, world size)
+        # process group -> the state of its checked collectives (history, plans, check group), for as long as the
+        # group lives: the key holds the group, so a group made later cannot take a held one's place
+        self._checked_groups: dict[Any, _collectives.CheckedGroup] = {}
 
     # ------------------------------------------------------------------ configuration (filled in by Fabric)
     @property
@@ -249,9 +251,7 @@ class ParallelStrategy(Strategy):
     def _setup_distributed(self) -> None:
         self._set_world_ranks()
         self._devices_fixed = None
-        self._group_facts.clear()
-        # in debug mode every collective takes the fixed check, so none may be predicted (see _collectives._History)
-        _collectives.predicting = not self.debug_collectives
+        self._checked_groups.clear()
         if dist.is_initialized():
             # someone (the user, a test harness) created the default group already: use it if it matches
             if dist.get_world_size() != self.world_size or dist.get_rank() != self.global_rank:
@@ -297,7 +297,8 @@ class ParallelStrategy(Strategy):
         atexit.register(self._destroy_process_group)
         if self.process_group_backend == "nccl":
             # the collectives' checks (and barriers) travel on the host: the GPU's stream never waits for them
-            _collectives.use_host_checks(None, dist.new_group(backend="gloo"))
+            world = _collectives.CheckedGroup(None, check_group=dist.new_group(backend="gloo"))
+            self._checked_groups[world.group] = world
 
     def _timed_out(self, name: str, err: BaseException) -> CollectiveTimeoutError:
         """The error for a collective that timed out, naming it and, where the store can tell, the missing ranks.
@@ -367,9 +368,8 @@ class ParallelStrategy(Strategy):
 
     def _destroy_process_group(self) -> None:
         self._devices_fixed = None
-        self._group_facts.clear()
+        self._checked_groups.clear()
         if self._owns_process_group and dist.is_initialized():
-            _collectives.forget_histories()
             dist.destroy_process_group()
             # gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient
             # all-reduce) after the caller has moved on, and releasing one takes the GIL. A worker thread still
@@ -400,14 +400,15 @@ class ParallelStrategy(Strategy):
             self._devices_fixed = fixed = (root, comm)
         return fixed[1]
 
-    def _group_backend_and_size(self, group: Any | None) -> tuple[Any, str, int]:
-        """``group`` itself (the default group for ``None``), its backend and its world size, looked up once per
-        group."""
+    def _checked(self, group: Any | None) -> _collectives.CheckedGroup:
+        """The state of ``group``'s checked collectives (the default group's for ``None``), made at its first
+        collective and dropped with the process group; its calls are predicted unless ``debug_collectives`` is set."""
         pg = group if group is not None else dist.group.WORLD
-        facts = self._group_facts.get(id(pg))
-        if facts is None or facts[0] is not pg:
-            facts = self._group_facts[id(pg)] = (pg, dist.get_backend(pg), dist.get_world_size(pg))
-        return facts
+        checked = self._checked_groups.get(pg)
+        if checked is None:
+            checked = self._checked_groups[pg] = _collectives.CheckedGroup(pg)
+        checked.predicting = not self.debug_collectives  # in debug mode every collective takes the fixed check
+        return checked
 
     @override
     def all_reduce(
@@ -422,19 +423,11 @@ class ParallelStrategy(Strategy):
         op = _collectives.resolve_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
-        pg, backend, world_size = self._group_backend_and_size(group)
+        checked = self._checked(group)
         tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
         try:
-            if world_size > 1 and tensors:  # over one rank every reduction is the identity
-                _collectives.all_reduce_checked(
-                    tensors,
-                    op,
-                    pg,
-                    backend,
-                    self._comm_device(),
-                    _collectives.reduce_call(op),
-                    predict=not self.debug_collectives,
-                )
+            if checked.world_size > 1 and tensors:  # over one rank every reduction is the identity
+                _collectives.all_reduce(tensors, op, checked, self._comm_device(), _collectives.reduce_call(op))
         except RuntimeError as err:
             if is_timeout(err):
                 raise self._timed_out("all_reduce", err) from err
@@ -450,15 +443,16 @@ class ParallelStrategy(Strategy):
         ``ValueError`` with a per-rank table. With ``sync_grads=True`` the result is differentiable and each
         process's tensor receives the sum, over processes, of the gradients of its slice.
         """
-        if not dist.is_initialized() or self._group_backend_and_size(group)[2] == 1:
+        if not dist.is_initialized():
+            return tensor
+        checked = self._checked(group)
+        if checked.world_size == 1:
             return tensor
         device = self._comm_device()
         leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
         try:
-            gathered = _collectives.all_gather(
-                [leaves[i] for i in positions], group, device, sync_grads, predict=not self.debug_collectives
-            )
+            gathered = _collectives.all_gather([leaves[i] for i in positions], checked, device, sync_grads)
         except RuntimeError as err:
             if is_timeout(err):
                 raise self._timed_out("all_gather", err) from err
@@ -481,9 +475,10 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             return obj
         try:
+            checked, device = self._checked(None), self._comm_device()
             if self.debug_collectives:
-                _collectives.check_collective(f"broadcast(src={src})", [], None, self._comm_device(), predict=False)
-            return _collectives.broadcast(obj, src, None, self._comm_device())  # type: ignore[no-any-return]
+                _collectives.check_collective(f"broadcast(src={src})", [], None, device, checked.check_group)
+            return _collectives.broadcast(obj, src, checked, device)  # type: ignore[no-any-return]
         except RuntimeError as err:
             if is_timeout(err):
                 raise self._timed_out(f"broadcast(src={src})", err) from err
@@ -495,9 +490,9 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             return
         try:
+            host_group = self._checked(None).check_group
             if self.debug_collectives:
-                _collectives.check_collective("barrier", [], None, self._comm_device(), predict=False)
-            host_group = _collectives.host_check_group(None)
+                _collectives.check_collective("barrier", [], None, self._comm_device(), host_group)
             if host_group is not None:
                 dist.barrier(group=host_group)  # the processes meet on the host; the GPU's work goes on
             elif dist.get_backend() == "nccl" and self.root_device.type == "cuda":
@@ -517,7 +512,11 @@ class ParallelStrategy(Strategy):
         try:
             if self.debug_collectives:
                 _collectives.check_collective(
-                    f"reduce_boolean_decision(all={all})", [], None, self._comm_device(), predict=False
+                    f"reduce_boolean_decision(all={all})",
+                    [],
+                    None,
+                    self._comm_device(),
+                    self._checked(None).check_group,
                 )
             return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
         except RuntimeError as err:

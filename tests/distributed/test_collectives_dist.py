@@ -807,3 +807,36 @@ def test_checks_on_a_separate_host_group_as_for_nccl():
             assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, case, raised)
             assert "rank 0:" in raised.message and "rank 1:" in raised.message
         assert obs["after"] == tensor(1.0, "float32")
+
+
+# ---------------------------------------------------------------------------------------------- per-group state
+def test_two_fabrics_with_different_debug_settings_keep_their_own_behaviour():
+    """Two Fabric objects over one process group, one in debug mode (set up after the other) and one not: the
+    first's calls are predicted as before, the debug one's never are and it still names mismatched ranks at once;
+    neither setting reaches the other (each strategy holds the state of its own collectives)."""
+    for rank, obs in enumerate(spawn_job("tests.jobs.collectives:two_fabrics", 2, timeout=120)):
+        assert obs["debug"] == [False, True, False], rank
+        assert obs["same_state"] is False
+        for round in range(4):
+            for name in ("plain", "debug"):
+                assert obs[f"{round}/{name}"] == [tensor(1.0, "float32"), tensor([[0.0], [1.0]], "float32")]
+        # 4 rounds of 2 calls: the first round and the first call of the second are not predicted
+        assert obs["hits"] == [4 * 2 - 3, 0, 0], (rank, obs["hits"])
+        raised = obs["debug_mismatch"]
+        assert isinstance(raised, Raised) and raised.type == "CollectiveMismatchError", (rank, raised)
+        assert "rank 0: barrier" in raised.message and "rank 1: all_reduce" in raised.message, raised.message
+        assert obs["plain_after"] == [tensor(1.0, "float32"), tensor([[0.0], [1.0]], "float32")]
+        assert obs["hits_after"] == obs["hits"][0] + 2
+
+
+def test_a_new_group_does_not_inherit_the_history_of_a_destroyed_one():
+    """A process group destroyed and another made over the same ranks (possibly at the same address): the new one
+    has state of its own, so its first calls are not predicted from the old one's history."""
+    for rank, obs in enumerate(spawn_job("tests.jobs.collectives:group_recreated", 2, timeout=120)):
+        # 4 calls of one kind: the first two are not predicted
+        assert obs["first_hits"] == 2, (rank, obs["first_hits"])
+        assert obs["new_state"] is True
+        assert obs["new_hits_before"] == 0
+        assert obs["reduced"] == [tensor([1.0, 1.0], "float32")] * 4
+        assert obs["new_hits"] == 2, (rank, obs["new_hits"])
+        assert obs["old_hits"] == 2

@@ -696,9 +696,8 @@ def property_cases(fabric: Any, seed: int, n_cases: int) -> list[dict[str, Any]]
 # ---------------------------------------------------------------------------------------------- predicted calls
 def predicted(fabric: Any) -> dict[str, Any]:
     """A training loop's collectives, repeated, then every way a predicted call can go wrong (see
-    ``fabric_lite.utilities._collectives._History``); every value is checked by the test against closed forms."""
-    from fabric_lite.utilities import _collectives
-
+    ``fabric_lite.utilities._collectives.predicted``); every value is checked by the test against closed forms."""
+    history = fabric.strategy._checked(None).history
     rank, world = fabric.global_rank, fabric.world_size
     obs: dict[str, Any] = {}
     loop = []
@@ -717,7 +716,7 @@ def predicted(fabric: Any) -> dict[str, Any]:
             }
         )
     obs["loop"] = loop
-    obs["hits_after_loop"] = _collectives.predicted_calls()
+    obs["hits_after_loop"] = history.hits
     # values that look like a rank taking part without data, but are real: the results stand
     obs["nan"] = describe(fabric.all_reduce(torch.tensor(math.nan if rank == 0 else 1.0), reduce_op="sum"))
     for _ in range(2):
@@ -748,13 +747,13 @@ def predicted(fabric: Any) -> dict[str, Any]:
     obs["mismatch_reduce_op"] = catch(
         lambda: fabric.all_reduce(torch.tensor([float(rank)] * 3), reduce_op="max" if rank == 0 else "sum")
     )
-    obs["hits"] = _collectives.predicted_calls()
+    obs["hits"] = history.hits
     return obs
 
 
 #: the integer and boolean reductions of :func:`predicted_integers`: (name, dtype, numel, reduce op); 600,000
 #: elements (and 70,000 of int64 on 2 ranks) go through the backend's all-reduce, with the flag in a collective of
-#: its own (more than _collectives._LOCAL_REDUCE_BYTES gathered), the others are gathered and reduced locally
+#: its own (more than _collectives.predicted._LOCAL_REDUCE_BYTES gathered), the others are gathered and reduced locally
 INTEGER_CASES = [
     (f"{dtype}-{op}-{numel}", dtype, numel, op)
     for dtype in ("int64", "int32", "bool")
@@ -777,11 +776,10 @@ def integer_input(dtype: str, numel: int, op: str, rank: int) -> torch.Tensor:
 def predicted_integers(fabric: Any) -> dict[str, Any]:
     """Integer and boolean reductions of every op, small and large, repeated as a loop repeats them (predicted from
     the third round: a flag beside the data marks a rank without real data), then mismatches at predicted calls."""
-    from fabric_lite.utilities import _collectives
-
+    history = fabric.strategy._checked(None).history
     rank = fabric.global_rank
     obs: dict[str, Any] = {}
-    start = _collectives.predicted_calls()
+    start = history.hits
     for round in range(4):
         for name, dtype, numel, op in INTEGER_CASES:
             reduced = fabric.all_reduce(integer_input(dtype, numel, op, rank), reduce_op=op)
@@ -790,7 +788,7 @@ def predicted_integers(fabric: Any) -> dict[str, Any]:
         # a dict of mixed dtypes: one flagged call
         mixed = {"n": torch.tensor(rank + 1), "ok": torch.tensor(rank == 0), "loss": torch.tensor(0.5 * rank)}
         obs[f"{round}/mixed"] = {k: describe(v) for k, v in fabric.all_reduce(mixed, reduce_op="sum").items()}
-        obs[f"{round}/hits"] = _collectives.predicted_calls() - start
+        obs[f"{round}/hits"] = history.hits - start
     large = torch.arange(70_000, dtype=torch.int64)
     for _ in range(3):
         fabric.all_reduce(large.clone(), reduce_op="sum")
@@ -867,19 +865,16 @@ def predicted_broadcasts(fabric: Any) -> dict[str, Any]:
     obs["unpicklable"] = catch(lambda: fabric.broadcast(threading.Lock() if rank == 0 else None, src=0))
     obs["after_error"] = describe(fabric.broadcast(torch.ones(3) * (rank + 5), src=0))
     obs["loop1_later"] = describe(kept["loop1"][:8])  # every received tensor owns its memory
-    from fabric_lite.utilities import _collectives
-
-    obs["hits"] = _collectives.predicted_broadcasts()
+    obs["hits"] = fabric.strategy._checked(None).broadcast_hits
     return obs
 
 
 def host_checks(fabric: Any) -> dict[str, Any]:
     """The checks on a separate gloo group (what the strategy sets up for NCCL), exercised with gloo data."""
-    from fabric_lite.utilities import _collectives
-
     rank = fabric.global_rank
-    _collectives.use_host_checks(None, dist.new_group(backend="gloo"))
-    obs: dict[str, Any] = {"registered": _collectives.host_check_group(None) is not None}
+    world = fabric.strategy._checked(None)
+    world.check_group = dist.new_group(backend="gloo")
+    obs: dict[str, Any] = {"registered": fabric.strategy._checked(None).check_group is not None}
     obs["small"] = describe(fabric.all_reduce(torch.tensor([1.0, float(rank)]), reduce_op="sum"))
     obs["ints"] = describe(fabric.all_reduce(torch.tensor([rank, 2], dtype=torch.int64), reduce_op="max"))
     obs["dict"] = {k: v.tolist() for k, v in fabric.all_reduce({"a": torch.ones(3), "b": torch.ones(2)}).items()}
@@ -888,4 +883,57 @@ def host_checks(fabric: Any) -> dict[str, Any]:
     obs["gather_mismatch"] = catch(lambda: fabric.all_gather(torch.ones(1 + rank)))
     fabric.barrier()
     obs["after"] = describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum"))
+    return obs
+
+
+# ---------------------------------------------------------------------------------------------- per-group state
+def _loop(fabric: Any, rank: int) -> list[Any]:
+    """One round of a training loop's two collectives (both predictable: a float sum and a float gather)."""
+    return [
+        describe(fabric.all_reduce(torch.tensor(float(rank)), reduce_op="sum")),
+        describe(fabric.all_gather(torch.tensor([float(rank)]))),
+    ]
+
+
+def two_fabrics(fabric: Any) -> dict[str, Any]:
+    """This job's Fabric (debug off) and two more over the same process group, set up after it: one with
+    ``debug=True``, then one without. Their calls interleave; each keeps the behaviour of its own setting."""
+    from tests.jobs.ddp_toolkit import fabric_with
+
+    rank = fabric.global_rank
+    debug = fabric_with(fabric, debug=True)
+    later = fabric_with(fabric)
+    obs: dict[str, Any] = {"debug": [f.strategy.debug_collectives for f in (fabric, debug, later)]}
+    obs["same_state"] = fabric.strategy._checked(None) is debug.strategy._checked(None)
+    for round in range(4):
+        obs[f"{round}/plain"] = _loop(fabric, rank)
+        obs[f"{round}/debug"] = _loop(debug, rank)
+    obs["hits"] = [f.strategy._checked(None).history.hits for f in (fabric, debug, later)]
+    # the debug Fabric still names ranks that call different collectives at once, and the first one still predicts
+    obs["debug_mismatch"] = catch(lambda: debug.barrier() if rank == 0 else debug.all_reduce(torch.ones(1)))
+    obs["plain_after"] = _loop(fabric, rank)
+    obs["hits_after"] = fabric.strategy._checked(None).history.hits
+    return obs
+
+
+def group_recreated(fabric: Any) -> dict[str, Any]:
+    """A loop on a process group, the group destroyed, and the same loop on a new group over the same ranks: the
+    new group starts with no history (its first calls are not predicted), whatever address it was given."""
+    rank, world = fabric.global_rank, fabric.world_size
+    obs: dict[str, Any] = {}
+    first = dist.new_group(list(range(world)), backend="gloo")
+    for _ in range(4):
+        fabric.all_reduce(torch.ones(2), group=first, reduce_op="sum")
+    old = fabric.strategy._checked(first)
+    obs["first_hits"] = old.history.hits
+    dist.destroy_process_group(first)
+    second = dist.new_group(list(range(world)), backend="gloo")
+    new = fabric.strategy._checked(second)
+    obs["new_state"] = new is not old and new.group is second
+    obs["new_hits_before"] = new.history.hits
+    reduced = [describe(fabric.all_reduce(torch.ones(2) * rank, group=second, reduce_op="sum")) for _ in range(4)]
+    obs["reduced"] = reduced
+    obs["new_hits"] = new.history.hits
+    obs["old_hits"] = old.history.hits
+    dist.destroy_process_group(second)
     return obs

@@ -59,8 +59,8 @@ def raised(fn: Callable[[], Any]) -> tuple[str, str, tuple[str, ...]]:
     raise AssertionError("expected an exception, nothing was raised")
 
 
-def fabric_with(fabric: Fabric, **strategy_kwargs: Any) -> Fabric:
-    """Another Fabric over this job's process group, with ``DDPStrategy(**strategy_kwargs)``.
+def fabric_with(fabric: Fabric, debug: bool = False, **strategy_kwargs: Any) -> Fabric:
+    """Another Fabric over this job's process group, with ``DDPStrategy(**strategy_kwargs)`` (and ``debug``).
 
     Built as under torchrun: the environment names this process's rank, and the existing process group is used.
     """
@@ -77,6 +77,7 @@ def fabric_with(fabric: Fabric, **strategy_kwargs: Any) -> Fabric:
         devices=fabric.world_size,
         strategy=DDPStrategy(**strategy_kwargs),
         plugins=[LightningEnvironment(env)],
+        debug=debug,
     )
     other.launch()
     return other

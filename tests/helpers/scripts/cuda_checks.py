@@ -215,8 +215,6 @@ def scaler_on_cuda() -> dict:
 def _collectives_without_sync(fabric: Fabric) -> dict:
     import torch.distributed as dist
 
-    from fabric_lite.utilities import _collectives
-
     x = torch.arange(4.0, device=fabric.device)
     metrics = {"loss": torch.tensor(1.0, device=fabric.device), "n": torch.ones(3, device=fabric.device)}
     for _ in range(3):  # warm: NCCL's first collectives may allocate
@@ -234,7 +232,7 @@ def _collectives_without_sync(fabric: Fabric) -> dict:
         torch.cuda.set_sync_debug_mode("default")
     return {
         "world": fabric.world_size,
-        "host_checks": _collectives.host_check_group(None) is not None,
+        "host_checks": fabric.strategy._checked(None).check_group is not None,
         "backend": dist.get_backend(),
         "reduced": reduced.tolist(),
         "gathered": list(gathered.shape),

@@ -1,0 +1,58 @@
+"""The one place where fabric_lite talks to ``torch.distributed`` collectives.
+
+Strategies call these helpers with flat lists of tensors (collections are walked once, by the caller, through
+:mod:`fabric_lite.utilities._tree`), and with the :class:`CheckedGroup` of the process group, which holds the state
+of its checked collectives for as long as the group lives. The modules, each importing only those above it:
+
+* ``ops``: reduce ops, the backends' gaps (gloo's missing ``AVG``, NCCL's missing ``bool``), flat buffers, and the
+  plain (unchecked) collectives.
+* ``state``: :class:`CheckedGroup`, one process group's state: its history of agreed calls, cached plans, the gloo
+  group that carries the checks beside NCCL, predicted broadcasts, and whether calls are predicted.
+* ``checked``: the checked core: every rank's signature exchanged first, and the mismatch error on every rank.
+* ``gather``: checked gathers, the differentiable all-gather, and gathers of tensors of different sizes.
+* ``marks``: how a rank without real data in a predicted call is marked (marks, flags) and seen (probes).
+* ``predicted``: the optional prediction layer over the checked core, and the entry points :func:`all_reduce` and
+  :func:`all_gather`, which are the checked core's alone with prediction off (debug mode).
+* ``broadcasts``: the broadcast's wire format, and broadcasts predicted from the last one.
+"""
+
+from fabric_lite.utilities._collectives.broadcasts import broadcast
+from fabric_lite.utilities._collectives.checked import CollectiveMismatchError, all_reduce_checked, check_collective
+from fabric_lite.utilities._collectives.gather import _AllGatherGrad, all_gather_checked, gather_uneven
+from fabric_lite.utilities._collectives.ops import (
+    _MEAN,
+    _alias,
+    _flat_buffer,
+    _group_by_device_dtype,
+    _write_back,
+    all_reduce_,
+    reduce_boolean_decision,
+    reduce_call,
+    reduce_op_name,
+    resolve_reduce_op,
+)
+from fabric_lite.utilities._collectives.predicted import all_gather, all_reduce
+from fabric_lite.utilities._collectives.state import CheckedGroup
+
+__all__ = [
+    "_MEAN",
+    "CheckedGroup",
+    "CollectiveMismatchError",
+    "_AllGatherGrad",
+    "_alias",
+    "_flat_buffer",
+    "_group_by_device_dtype",
+    "_write_back",
+    "all_gather",
+    "all_gather_checked",
+    "all_reduce",
+    "all_reduce_",
+    "all_reduce_checked",
+    "broadcast",
+    "check_collective",
+    "gather_uneven",
+    "reduce_boolean_decision",
+    "reduce_call",
+    "reduce_op_name",
+    "resolve_reduce_op",
+]

@@ -1,0 +1,160 @@
+"""Gathers: checked gathers of same-shaped tensors (fused into the check for small ones), the differentiable
+all-gather, and gathers of tensors whose sizes differ between ranks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from fabric_lite.utilities._collectives.checked import _PAYLOAD_BYTES, _exchange, _grouped, check_collective
+from fabric_lite.utilities._collectives.ops import (
+    _DTYPE_CODE,
+    _DTYPES,
+    _MAX_HEADER_DIMS,
+    ReduceOp,
+    _all_gather_flat,
+    _flat_buffer,
+    _gather_buffers,
+    _group_by_device_dtype,
+)
+from fabric_lite.utilities._collectives.state import CheckedGroup
+
+
+def all_gather_checked(
+    tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device, sync_grads: bool
+) -> list[Tensor]:
+    """Gather each tensor from every rank of ``group`` into a new tensor of shape ``(world_size, *shape)``, after
+    checking that every rank gathers the same shapes and dtypes (up to 480 bytes of tensors travel with the check).
+
+    With ``sync_grads`` the results are differentiable (see :class:`_AllGatherGrad`)."""
+    if sync_grads or not tensors:
+        check_collective("all_gather", tensors, group.group, device, group.check_group)
+        return _gather_after_check(tensors, group, sync_grads)
+    groups, signature = _grouped(group, "all_gather", tensors)
+    buffers = _gather_payload(tensors, groups, device)
+    rows = _exchange("all_gather", tensors, signature, group.group, device, buffers, group.check_group)
+    if rows is None or buffers is None:
+        return _gather_after_check(tensors, group, False)
+    return _from_exchange(tensors, groups, buffers, rows)
+
+
+def _gather_payload(
+    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], device: torch.device
+) -> list[Tensor] | None:
+    """The tensors' flat buffers (on ``device``) when they can travel with the check (up to 480 bytes), else
+    ``None``."""
+    if sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
+        return None
+    return [_flat_buffer([t.detach() for t in members]).to(device) for members in groups]
+
+
+def _from_exchange(
+    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], buffers: Sequence[Tensor], rows: Tensor
+) -> list[Tensor]:
+    """The gathered tensors, cut from the exchanged ``rows`` that carried the ``buffers`` of every rank."""
+    world_size = rows.shape[0]
+    results: dict[int, Tensor] = {}
+    offset = 0
+    for buffer, members in zip(buffers, groups, strict=True):
+        size = buffer.numel() * buffer.element_size()
+        values = rows[:, offset : offset + size].view(buffer.dtype)
+        offset += size
+        start = 0
+        for t in members:
+            n = t.numel()
+            results[id(t)] = values[:, start : start + n].reshape(world_size, *t.shape).to(t.device)
+            start += n
+    return [results[id(t)] for t in tensors]
+
+
+def _gather_after_check(tensors: Sequence[Tensor], group: CheckedGroup, sync_grads: bool) -> list[Tensor]:
+    """Gather ``tensors``, which every rank was checked to hold alike: one collective per device and dtype."""
+    if sync_grads:
+        return [_AllGatherGrad.apply(t, group.group) for t in tensors]  # type: ignore[no-untyped-call]
+    if not tensors:
+        return []
+    groups = _group_by_device_dtype(tensors)
+    outs = _gather_buffers(
+        [_flat_buffer([t.detach() for t in members]) for members in groups], group.group, group.world_size
+    )
+    return _split_gathered(tensors, groups, outs, group.world_size)
+
+
+def _split_gathered(
+    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], outs: Sequence[Tensor], world_size: int
+) -> list[Tensor]:
+    results: dict[int, Tensor] = {}
+    for members, rows in zip(groups, outs, strict=True):
+        if len(members) == 1:
+            results[id(members[0])] = rows.view(world_size, *members[0].shape)
+            continue
+        offset = 0
+        for t in members:
+            n = t.numel()
+            results[id(t)] = rows[:, offset : offset + n].reshape(world_size, *t.shape)
+            offset += n
+    return [results[id(t)] for t in tensors]
+
+
+class _AllGatherGrad(torch.autograd.Function):
+    """All-gather whose backward sends every rank the summed gradient of its own slice."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        world_size = dist.get_world_size(group)
+        out = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+        _all_gather_flat(out, tensor.detach().contiguous().reshape(-1), group)
+        return out.view(world_size, *tensor.shape)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
+        # a copy: all_reduce works in place, and the incoming gradient may be shared with the rest of the graph
+        grad = grad_output[0].clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, op=ReduceOp.SUM, group=ctx.group)
+        return grad[dist.get_rank(ctx.group)], None
+
+
+def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
+    """Gather tensors with the same number of dimensions but any sizes: one per rank, each with its own shape.
+
+    The shapes are gathered first (with the dtypes, so a mismatch raises on every rank), then every tensor is
+    padded to the largest size in each dimension, gathered in one collective, and trimmed back.
+    """
+    world_size = dist.get_world_size(group)
+    tensor = tensor.contiguous()
+    if tensor.dim() > _MAX_HEADER_DIMS or tensor.dtype not in _DTYPE_CODE:
+        raise ValueError(
+            f"gather_all_tensors supports up to {_MAX_HEADER_DIMS} dimensions and standard dtypes, got a"
+            f" {tensor.dim()}-d tensor of {tensor.dtype}."
+        )
+    meta = torch.zeros(2 + _MAX_HEADER_DIMS, dtype=torch.int64, device=tensor.device)
+    meta[0] = tensor.dim()
+    meta[1] = _DTYPE_CODE[tensor.dtype]
+    meta[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+    metas = torch.empty(world_size * meta.numel(), dtype=torch.int64, device=tensor.device)
+    _all_gather_flat(metas, meta, group)
+    rows = metas.view(world_size, -1).cpu()
+    if bool((rows[:, :2] != rows[0, :2]).any()):
+        ranks = dist.get_process_group_ranks(group) if group is not None else range(world_size)
+        table = "\n".join(
+            f"  rank {r}: {int(row[0])}-d {_DTYPES[int(row[1])]}" for r, row in zip(ranks, rows, strict=True)
+        )
+        raise ValueError(
+            "gather_all_tensors needs tensors with the same number of dimensions and the same dtype on every rank,"
+            f" but they differ:\n{table}\nReshape or cast them to agree first."
+        )
+    ndim = tensor.dim()
+    shapes = [tuple(int(v) for v in row[2 : 2 + ndim]) for row in rows]
+    largest = tuple(max(shape[d] for shape in shapes) for d in range(ndim))
+    padded = torch.zeros(largest, dtype=tensor.dtype, device=tensor.device)
+    padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    numel = padded.numel()
+    out = torch.empty(world_size * numel, dtype=tensor.dtype, device=tensor.device)
+    _all_gather_flat(out, padded.reshape(-1), group)
+    gathered = out.view(world_size, *largest)
+    return [gathered[r][tuple(slice(0, n) for n in shape)] for r, shape in enumerate(shapes)]

@@ -1,0 +1,99 @@
+"""How a rank that takes part in a predicted collective without real data is marked, and how every rank sees it.
+
+Floats carry a mark in the data, a value that absorbs every other under the reduction (NaN for sums and products,
++inf for max, -inf for min); integers under max and min carry their dtype's largest or smallest value. One element
+of the result, the "probe", read straight from memory, then says whether every rank sent real data. Integer sums,
+means and products and every boolean reduction have no such value: a flag travels beside their data instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from fabric_lite.utilities._collectives.ops import _BOOL_OPS, _MEAN, ReduceOp
+
+_POISON = {ReduceOp.SUM: math.nan, _MEAN: math.nan, ReduceOp.PRODUCT: math.nan, ReduceOp.MAX: math.inf}
+_POISON[ReduceOp.MIN] = -math.inf
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# dtypes whose predicted reductions carry a flag (see _reduce_planned): wide enough that a sum of one per rank cannot
+# wrap around, or booleans (reduced with max or min)
+_FLAGGED = (torch.int32, torch.int64, torch.bool)
+# integers do have values that absorb every other under max and min, their dtype's largest and smallest: those
+# reductions are marked in the buffer as floats are (a real extreme in the probe costs the exchange, as a real NaN does)
+_INT_WORDS = {torch.int32: ctypes.c_int32, torch.int64: ctypes.c_int64}
+
+
+def _mark(op: Any, dtype: torch.dtype) -> float | int | None:
+    """The value that marks a rank without real data in a predicted reduction with ``op`` of ``dtype``: one that
+    absorbs every other (NaN for float sums and products, the largest value for max, the smallest for min), or
+    ``None`` where the dtype has none (a flag travels instead)."""
+    if dtype in _FLOATS:
+        return _POISON.get(op)
+    if dtype in _INT_WORDS and op in (ReduceOp.MAX, ReduceOp.MIN):
+        info = torch.iinfo(dtype)
+        return info.max if op == ReduceOp.MAX else info.min
+    return None
+
+
+def _flag(op: Any, dtype: torch.dtype, real: bool, world_size: int) -> tuple[int, int]:
+    """The flag a rank sends with a predicted integer or boolean reduction with ``op``: (what this rank sends,
+    what the reduced flag is when every rank sent real data). A rank that takes part without real data sends a
+    value that the reduction cannot turn into the expected one."""
+    if dtype == torch.bool:
+        op = _BOOL_OPS.get(op, op)
+    if op == ReduceOp.MAX:
+        return (0 if real else 1), 0
+    if op in (ReduceOp.SUM, _MEAN):
+        return int(real), world_size
+    return int(real), 1  # product and min: one poisoned rank makes the result 0
+
+
+def _finite(values: Tensor) -> bool:
+    return bool(torch.isfinite(values).all()) if values.numel() > 1 else math.isfinite(values.item())
+
+
+# the exponent bits of each float dtype: a value is NaN or infinite exactly when they are all set
+_EXPONENT_BITS = {
+    torch.float16: (ctypes.c_uint16, 0x7C00),
+    torch.bfloat16: (ctypes.c_uint16, 0x7F80),
+    torch.float32: (ctypes.c_uint32, 0x7F800000),
+    torch.float64: (ctypes.c_uint64, 0x7FF0000000000000),
+}
+
+
+def _first_is_finite(buffer: Tensor) -> bool:
+    """Whether the first element of the float CPU tensor ``buffer`` is finite, read from its memory (the probe of a
+    predicted call: indexing a tensor and ``item()`` cost about 5 us, this well under one)."""
+    word, exponent = _EXPONENT_BITS[buffer.dtype]
+    return word.from_address(buffer.data_ptr()).value & exponent != exponent
+
+
+def _rows_start_finite(rows: Tensor) -> bool:
+    """Whether the first element of every row of the 2-D float CPU tensor ``rows`` is finite (every rank's probe in
+    a gathered message), read from memory as :func:`_first_is_finite` does."""
+    word, exponent = _EXPONENT_BITS[rows.dtype]
+    base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
+    return all(word.from_address(base + r * step).value & exponent != exponent for r in range(rows.shape[0]))
+
+
+def _rows_start_clean(rows: Tensor, op: Any) -> bool:
+    """Whether no row of the 2-D CPU tensor ``rows`` (float, or an integer reduced with max or min) starts with the
+    mark of a rank without real data (see :func:`_mark`)."""
+    word = _INT_WORDS.get(rows.dtype)
+    if word is None:
+        return _rows_start_finite(rows)
+    mark, base, step = _mark(op, rows.dtype), rows.data_ptr(), rows.stride(0) * rows.element_size()
+    return all(word.from_address(base + r * step).value != mark for r in range(rows.shape[0]))
+
+
+def _first_is_clean(buffer: Tensor, op: Any) -> bool:
+    """Whether the first element of the reduced CPU tensor ``buffer`` is not the mark of :func:`_mark`."""
+    word = _INT_WORDS.get(buffer.dtype)
+    if word is None:
+        return _first_is_finite(buffer)
+    return bool(word.from_address(buffer.data_ptr()).value != _mark(op, buffer.dtype))
