@@ -32,11 +32,16 @@ import torch.distributed as dist
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.strategies._fsdp_checkpoint import _on_rank_zero
-from fabric_lite.strategies.strategy import restore_entries
 from fabric_lite.utilities import _dcp
 from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, atomic_save, safe_load
+from fabric_lite.utilities.checkpoint import (
+    CheckpointError,
+    _file_mode,
+    atomic_save,
+    on_rank_zero,
+    restore_entries,
+    safe_load,
+)
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:
@@ -124,7 +129,8 @@ def save(strategy: DeepSpeedStrategy, path: _PATH, state: dict[str, Any], exclud
     stored = {key: _ESCAPE + key if key in DEEPSPEED_KEYS or key.startswith(_ESCAPE) else key for key in client}
     client_state = {stored[key]: value for key, value in client.items()}
     target = Path(_local_path(path))
-    temp = Path(_on_rank_zero(strategy, lambda: str(_make_temp_folder(target))))
+    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+    temp = Path(on_rank_zero(lambda: str(_make_temp_folder(target)), *ranks))
     error: str | None = None
     try:
         engine.save_checkpoint(
@@ -153,7 +159,7 @@ def save(strategy: DeepSpeedStrategy, path: _PATH, state: dict[str, Any], exclud
             raise
         _dcp.publish_folder(temp, target)
 
-    _on_rank_zero(strategy, publish)
+    on_rank_zero(publish, *ranks)
 
 
 def _make_temp_folder(target: Path) -> Path:

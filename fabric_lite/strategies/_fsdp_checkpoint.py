@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.strategies.strategy import PRECISION_KEY
 from fabric_lite.utilities import _dcp
 from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities.checkpoint import PRECISION_KEY, CheckpointError, atomic_save, on_rank_zero, safe_load
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ def save(
                 )
             atomic_save(checkpoint, path, storage_options)
 
-        _on_rank_zero(strategy, write_file)
+        on_rank_zero(write_file, strategy.global_rank, strategy.world_size, strategy.broadcast)
         return
     _save_sharded(strategy, _dcp._folder(path), checkpoint, modules, optimizers, storage_options)
 
@@ -162,7 +161,8 @@ def _save_sharded(
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    temp = _dcp._folder(_on_rank_zero(strategy, lambda: str(_dcp.make_temp_folder(target, storage_options))))
+    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+    temp = _dcp._folder(on_rank_zero(lambda: str(_dcp.make_temp_folder(target, storage_options)), *ranks))
     error: str | None = None
     try:
         dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
@@ -192,27 +192,7 @@ def _save_sharded(
             raise
         _dcp.publish_folder(temp, target, storage_options)  # deletes temp, or says where it is kept and why
 
-    _on_rank_zero(strategy, publish)
-
-
-def _on_rank_zero(strategy: Strategy, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on rank 0 and hand its result to every rank; if it raises, every rank raises."""
-    import torch.distributed as dist
-
-    outcome: tuple[bool, Any] = (True, None)
-    error: Exception | None = None
-    if strategy.is_global_zero:
-        try:
-            outcome = (True, fn())
-        except Exception as err:
-            error, outcome = err, (False, f"{type(err).__name__}: {err}")
-    if dist.is_initialized() and strategy.world_size > 1:
-        outcome = strategy.broadcast(outcome, src=0)
-    if error is not None:
-        raise error
-    if not outcome[0]:
-        raise CheckpointError(f"Rank 0 failed to save the checkpoint: {outcome[1]}")
-    return outcome[1]
+    on_rank_zero(publish, *ranks)
 
 
 def _load_full(

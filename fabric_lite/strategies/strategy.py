@@ -19,6 +19,7 @@ from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.checkpoint import PRECISION_KEY, restore_entries
 from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
 
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
     from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies.launchers.launcher import Launcher
     from fabric_lite.strategies.registry import StartMethod
-
-#: where ``save_checkpoint`` keeps the precision's state (a loss scaler's); ``load_checkpoint`` restores it
-PRECISION_KEY = "fabric_lite:precision"
 
 
 class Strategy(ABC):
@@ -768,32 +766,3 @@ def _apply_filter(
                 target_dict.setdefault(key, {})[name] = value
     else:
         target_dict[key] = source_dict
-
-
-def restore_entries(
-    state: dict[str, Any],
-    checkpoint: dict[str, Any],
-    path: Any,
-    strict: bool,
-    load_module: Callable[[Module, Any], Any],
-) -> None:
-    """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
-    ``load_module``, optimizers and stateful objects through ``load_state_dict``, plain values by replacement (in
-    ``state``); what is left in ``checkpoint`` is the remainder. With ``strict``, an entry of ``state`` that the
-    checkpoint lacks raises ``KeyError`` naming both sides."""
-    missing = [key for key in state if key not in checkpoint]
-    if strict and missing:
-        raise KeyError(
-            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
-            " Load with strict=False to restore only the entries it has."
-        )
-    for key, obj in list(state.items()):
-        if key not in checkpoint:
-            continue
-        value = checkpoint.pop(key)
-        if isinstance(obj, Module):
-            load_module(obj, value)
-        elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
-            obj.load_state_dict(value)
-        else:
-            state[key] = value
