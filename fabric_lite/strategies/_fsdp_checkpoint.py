@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -158,41 +159,26 @@ def _save_sharded(
     optimizers: list[str],
     storage_options: dict[str, Any] | None,
 ) -> None:
-    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
-    temp = _dcp._folder(on_rank_zero(lambda: str(_dcp.make_temp_folder(target, storage_options)), *ranks))
-    error: str | None = None
-    try:
-        dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
-    except _dcp.dcp_errors() as err:
-        # DCP raises the same CheckpointException on every rank when one rank failed
-        error = _dcp.describe(err) if hasattr(err, "failures") else f"rank {strategy.global_rank}: {_dcp.describe(err)}"
-    errors: list[str | None] = [error]
-    if dist.is_initialized() and strategy.world_size > 1:
-        errors = [None] * strategy.world_size
-        dist.all_gather_object(errors, error)
-    failed = sorted({e for e in errors if e is not None})
-
-    def publish() -> None:
-        if failed:
-            _dcp.remove(temp, storage_options)
-            raise CheckpointError(
-                f"Saving the sharded checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
-                " checkpoint at that path, if any, is unchanged."
-            )
+    def write(temp: _dcp.Folder) -> str | None:
         try:
-            _dcp.write_index(temp, modules, optimizers)
-            plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
-            plain.pop(PRECISION_KEY, None)
-            _dcp.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
-        except BaseException:
-            _dcp.remove(temp, storage_options)
-            raise
-        _dcp.publish_folder(temp, target, storage_options)  # deletes temp, or says where it is kept and why
+            dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
+        except _dcp.dcp_errors() as err:
+            # DCP raises the same CheckpointException on every rank when one rank failed
+            described = _dcp.describe(err)
+            return described if hasattr(err, "failures") else f"rank {strategy.global_rank}: {described}"
+        return None
 
-    on_rank_zero(publish, *ranks)
+    def finish(temp: _dcp.Folder) -> None:
+        _dcp.write_index(temp, modules, optimizers)
+        plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
+        plain.pop(PRECISION_KEY, None)
+        _dcp.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
+
+    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+    make_temp = partial(_dcp.make_temp_folder, target, storage_options)
+    _dcp.save_folder(target, "sharded", make_temp, write, finish, ranks, storage_options)
 
 
 def _load_full(

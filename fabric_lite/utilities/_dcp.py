@@ -6,9 +6,9 @@ written last by the coordinator once every rank's files are complete. fabric_lit
 says which top-level entries were modules and optimizers (their state is sharded, so they are loaded into a
 module/optimizer, never returned as a plain value).
 
-Writing is made atomic at the folder level: every rank writes into a temporary folder beside the target
-(:func:`make_temp_folder`), and rank 0 swaps it into place (:func:`publish_folder`), so a failed or interrupted save
-leaves the previous checkpoint intact.
+Writing is made atomic at the folder level, for DCP's folders and DeepSpeed's alike (:func:`save_folder`): every
+rank writes into a temporary folder beside the target (:func:`make_temp_folder`), and rank 0 swaps it into place
+(:func:`publish_folder`), so a failed or interrupted save leaves the previous checkpoint intact.
 
 A folder may also be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``), read and written with DCP's
 ``FsspecReader``/``FsspecWriter``; a :data:`Folder` is then a ``str``. Object stores cannot rename a folder, so
@@ -29,14 +29,14 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, safe_load
+from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, on_rank_zero, safe_load
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint
@@ -149,13 +149,22 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
             f"Cannot save a sharded checkpoint to {str(folder)!r}: a folder that is not a checkpoint exists there,"
             " and saving would replace it and everything in it. Choose another path, or remove the folder first."
         )
+    return temp_folder_beside(folder)
+
+
+def temp_folder_beside(target: Path) -> Path:
+    """A new, empty local folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives.
+
+    Raises:
+        CheckpointError: the folder cannot be created.
+    """
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-        file_mode = _file_mode(folder.parent / f".{folder.name}.mode-probe")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        file_mode = _file_mode(target.parent / f".{target.name}.mode-probe")
         os.chmod(temp, file_mode | ((file_mode & 0o444) >> 2))  # rw for the file mode, x where it is readable
     except OSError as err:
-        raise CheckpointError(f"Cannot save the checkpoint to {str(folder)!r}: {err}.") from err
+        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: {err}.") from err
     return temp
 
 
@@ -232,6 +241,55 @@ def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
         return {}
     loaded = safe_load(path)
     return dict(loaded) if isinstance(loaded, dict) else {}
+
+
+def save_folder(
+    target: Folder,
+    kind: str,
+    make_temp: Callable[[], Folder],
+    write: Callable[[Folder], str | None],
+    finish: Callable[[Folder], None],
+    ranks: tuple[int, int, Callable[..., Any]],
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Write a checkpoint folder at ``target`` atomically; every rank must call it. Rank 0 creates a temporary folder
+    beside ``target`` (``make_temp``), every rank writes its part into it (``write`` returns ``None``, or what failed,
+    naming the rank), and rank 0 then either deletes it and raises :class:`CheckpointError` quoting every failure, or
+    completes it (``finish``: an index file) and swaps it into place (:func:`publish_folder`), so ``target`` is always
+    the previous checkpoint or the complete new one. ``ranks`` is ``(global_rank, world_size, broadcast)``, a
+    strategy's; every rank raises if any rank failed.
+
+    Example::
+
+        ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+        save_folder(Path("ckpt"), "sharded", lambda: make_temp_folder("ckpt"), write, finish, ranks)
+    """
+    import torch.distributed as dist
+
+    world_size = ranks[1]
+    temp = _folder(on_rank_zero(lambda: str(make_temp()), *ranks))
+    error = write(temp)
+    errors: list[str | None] = [error]
+    if dist.is_initialized() and world_size > 1:
+        errors = [None] * world_size
+        dist.all_gather_object(errors, error)
+    failed = sorted({e for e in errors if e is not None})
+
+    def publish() -> None:
+        if failed:
+            remove(temp, storage_options)
+            raise CheckpointError(
+                f"Saving the {kind} checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
+                " checkpoint at that path, if any, is unchanged."
+            )
+        try:
+            finish(temp)
+        except BaseException:
+            remove(temp, storage_options)
+            raise
+        publish_folder(temp, target, storage_options)  # deletes temp, or says where it is kept and why
+
+    on_rank_zero(publish, *ranks)
 
 
 def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] | None = None) -> None:
