@@ -81,5 +81,5 @@ def build_strategy(
     for plugin in plugins:
         if isinstance(plugin, CheckpointIO):
             instance.checkpoint_io = plugin  # strategies that write their own checkpoints (FSDP) refuse it here
-    instance._complete(devices, plan.cluster_environment, plan.num_nodes, plan.start_method)
+    instance._complete(plan, devices)
     return instance

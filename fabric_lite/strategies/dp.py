@@ -20,8 +20,7 @@ from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
 if TYPE_CHECKING:
-    from fabric_lite.plugins.environments import ClusterEnvironment
-    from fabric_lite.strategies.registry import StartMethod
+    from fabric_lite._plan import Plan
 
 _ReduceOp = torch.distributed.ReduceOp
 #: the reductions over the replicas' values; ``mean`` is ``_collectives``' marker for an average
@@ -80,13 +79,7 @@ class DataParallelStrategy(Strategy):
         self._parallel_devices = list(devices)
 
     @override
-    def _complete(
-        self,
-        devices: list[torch.device],
-        cluster_environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: StartMethod | None,
-    ) -> None:
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
         if self._parallel_devices is None:
             self.parallel_devices = devices
 

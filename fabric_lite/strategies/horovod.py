@@ -34,7 +34,7 @@ from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 if TYPE_CHECKING:
-    from fabric_lite.strategies.registry import StartMethod
+    from fabric_lite._plan import Plan
 
 #: how to install Horovod with what fabric_lite needs (PyTorch, Gloo; no MPI, TensorFlow or MXNet)
 HOROVOD_INSTALL = (
@@ -136,17 +136,11 @@ class HorovodStrategy(Strategy):
         self._cluster_environment = environment
 
     @override
-    def _complete(
-        self,
-        devices: list[torch.device],
-        cluster_environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: StartMethod | None,
-    ) -> None:
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
         if self._parallel_devices is None:
             self.parallel_devices = devices
         if self._cluster_environment is None:
-            self.cluster_environment = cluster_environment
+            self.cluster_environment = plan.cluster_environment
 
     # ------------------------------------------------------------------ ranks and devices
     @property

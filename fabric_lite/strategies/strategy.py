@@ -25,9 +25,9 @@ from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _S
 
 if TYPE_CHECKING:
     from fabric_lite._compile import Compiler
+    from fabric_lite._plan import Plan
     from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies.launchers.launcher import Launcher
-    from fabric_lite.strategies.registry import StartMethod
 
 
 class Strategy(ABC):
@@ -180,13 +180,7 @@ class Strategy(ABC):
         filled in by :meth:`_complete`."""
         return cls(**kwargs)
 
-    def _complete(
-        self,
-        devices: list[torch.device],
-        cluster_environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: StartMethod | None,
-    ) -> None:
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
         """Take what ``Fabric``'s plan decided and the strategy was not given (devices, environment, nodes, the
         launcher). Nothing by default: one device, chosen at construction."""
 
