@@ -8,23 +8,12 @@ from typing import Any
 
 import torch
 
-from fabric_lite import strategies
 from fabric_lite._plan import Plan
 from fabric_lite.accelerators import ACCELERATOR_REGISTRY, ACCELERATORS, Accelerator
-from fabric_lite.plugins.environments import LightningEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
-from fabric_lite.strategies import loaded_instance
-from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
-
-
-def _strategy_class(name: str) -> type[Strategy]:
-    """The class a registry entry names; the rarely used ones are imported here, on first use."""
-    cls: type[Strategy] = getattr(strategies, name)
-    return cls
 
 
 def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
@@ -51,11 +40,12 @@ def _check_bitsandbytes(precision: Precision, plan: Plan, strategy: str | Strate
             f"{precision!r} runs on the CPU and on CUDA GPUs, not on accelerator={plan.accelerator!r}:"
             " choose Fabric(accelerator='cpu') or Fabric(accelerator='cuda')."
         )
-    name = type(strategy).__name__ if isinstance(strategy, Strategy) else plan.strategy
-    if loaded_instance(strategy, "FSDPStrategy") or "fsdp" in name.lower():
+    kind = strategy if isinstance(strategy, Strategy) else STRATEGY_REGISTRY[plan.strategy].load()
+    if kind.shards_parameters:
+        name = type(strategy).__name__ if isinstance(strategy, Strategy) else plan.strategy
         raise TypeError(
-            f"{precision!r} cannot be used with the FSDP strategy ({name!r}): FSDP shards parameters, and 8/4-bit"
-            " quantised weights cannot be sharded. Use strategy='auto' (one device)."
+            f"{precision!r} cannot be used with the FSDP strategy, or any other that shards parameters ({name!r}):"
+            " 8/4-bit quantised weights cannot be sharded. Use strategy='auto' (one device)."
         )
 
 
@@ -87,34 +77,9 @@ def build_strategy(
             instance.precision = precision
     else:
         entry = STRATEGY_REGISTRY[plan.strategy]
-        cls = _strategy_class(entry.class_name)
-        if cls is SingleDeviceStrategy:
-            instance = SingleDeviceStrategy(device=devices[0], accelerator=accelerator_obj, precision=precision)
-        else:
-            instance = cls(accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
+        instance = entry.load()._create(devices, accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
     for plugin in plugins:
         if isinstance(plugin, CheckpointIO):
             instance.checkpoint_io = plugin  # strategies that write their own checkpoints (FSDP) refuse it here
-    dp_or_horovod = loaded_instance(instance, "DataParallelStrategy") or loaded_instance(instance, "HorovodStrategy")
-    if dp_or_horovod and instance.parallel_devices is None:  # type: ignore[attr-defined]
-        instance.parallel_devices = devices  # type: ignore[attr-defined]
-    if loaded_instance(instance, "HorovodStrategy") and instance._cluster_environment is None:  # type: ignore[attr-defined]
-        instance.cluster_environment = plan.cluster_environment  # type: ignore[attr-defined]
-    if isinstance(instance, ParallelStrategy):
-        if instance.parallel_devices is None:
-            instance.parallel_devices = devices
-        if instance._cluster_environment is None:
-            instance.cluster_environment = plan.cluster_environment
-        instance.num_nodes = plan.num_nodes
-        instance._set_world_ranks()
-        # imported here: a single-device run never needs the launchers (or multiprocessing, subprocess, ...)
-        from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
-
-        environment = instance.cluster_environment
-        started_by_us = isinstance(environment, LightningEnvironment) and environment.creates_processes_externally
-        if plan.start_method == "popen" or started_by_us:
-            # in a child of the script launcher, the launcher reports the child's errors to rank 0
-            instance._launcher = SubprocessScriptLauncher(instance)
-        elif plan.start_method is not None:
-            instance._launcher = MultiProcessingLauncher(instance, start_method=plan.start_method)
+    instance._complete(plan, devices)
     return instance

@@ -28,8 +28,6 @@ from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS
-from fabric_lite.strategies import loaded_instance
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities.exceptions import MisconfigurationException
@@ -329,26 +327,6 @@ def _strategy_label(strategy: Any, name: str) -> str:
     return type(strategy).__name__ if name == "instance" else name
 
 
-def _check_deepspeed(label: str, accelerator: str, precision: str) -> None:
-    """DeepSpeed runs five precisions, on CUDA or the CPU, and has no float16 on the CPU."""
-    if accelerator == "mps":
-        raise ValueError(
-            f"strategy={label!r} runs on CUDA GPUs or on the CPU, not on accelerator='mps'. Choose"
-            " accelerator='cuda' or 'cpu', or another strategy."
-        )
-    if precision not in DEEPSPEED_PRECISIONS:
-        raise ValueError(
-            f"precision={precision!r} is not supported with strategy={label!r}: DeepSpeed runs one of"
-            f" {', '.join(map(repr, DEEPSPEED_PRECISIONS))}."
-        )
-    if accelerator == "cpu" and precision.startswith("16-"):
-        raise ValueError(
-            f"precision={precision!r} with strategy={label!r} needs float16, which DeepSpeed's CPU accelerator does"
-            " not run ('Type fp16 is not supported on your device'). On the CPU choose precision='bf16-mixed' or"
-            " 'bf16-true'; float16 needs accelerator='cuda'."
-        )
-
-
 #: how ``fabric-lite run`` hands its flags to ``Fabric(...)`` in the script: argument name -> environment variable
 CLI_ENV_VARS = {
     "accelerator": "FABRIC_LITE_ACCELERATOR",
@@ -457,14 +435,14 @@ def resolve_plan(
             f"Fabric(plugins=[{type(io_plugins[0]).__name__}(...)]) and {type(strategy).__name__}(checkpoint_io="
             f"{type(strategy._checkpoint_io).__name__}(...)) both set the checkpoint IO: choose one."
         )
-    for kind, found in (
+    for kind_name, found in (
         ("Precision", precision_plugins),
         ("ClusterEnvironment", environment_plugins),
         ("CheckpointIO", io_plugins),
     ):
         if len(found) > 1:
             raise ValueError(
-                f"Fabric(plugins=...) got multiple {kind} plugins ({', '.join(type(p).__name__ for p in found)});"
+                f"Fabric(plugins=...) got multiple {kind_name} plugins ({', '.join(type(p).__name__ for p in found)});"
                 " pass at most one of each kind."
             )
     if precision_plugins:
@@ -489,9 +467,15 @@ def resolve_plan(
             "strategy='dp' replicates the module on CUDA devices (torch.nn.DataParallel), but accelerator='mps' was"
             " selected. Use strategy='auto' on MPS, or accelerator='cuda' on a machine with GPUs."
         )
-    # horovodrun (not fabric_lite, torchrun or SLURM) started the processes of a Horovod job: its variables count
-    horovod = strategy_name == "horovod" or loaded_instance(strategy, "HorovodStrategy")
-    environment = HorovodEnvironment(env) if horovod and not environment_plugins else _detect_environment(env, plugins)
+    # what the strategy says about itself: the class a name stands for, or the user's instance ("auto" is decided
+    # below, once the devices are known)
+    kind: Strategy | type[Strategy] | None = strategy if isinstance(strategy, Strategy) else None
+    if kind is None and strategy_name != "auto":
+        kind = STRATEGY_REGISTRY[strategy_name].load()
+    own = kind.own_environment if kind is not None else None
+    # the launcher of such a strategy (horovodrun for Horovod), not fabric_lite, torchrun or SLURM, started the
+    # processes: its variables count
+    environment = own(env=env) if own is not None and not environment_plugins else _detect_environment(env, plugins)
     external = environment.creates_processes_externally
 
     local = _external_local_count(environment) if external else None
@@ -516,13 +500,15 @@ def resolve_plan(
         many = len(device_indices) > 1 or num_nodes > 1
         strategy_name = ("ddp_fork" if machine.interactive and not external else "ddp") if many else "single_device"
 
-    if strategy_name == "instance":
-        parallel = bool(getattr(strategy, "is_parallel", False))
-        start_method = getattr(strategy, "start_method", None) if parallel else None
-        multi_device = loaded_instance(strategy, "DataParallelStrategy") and accelerator_name != "cpu"
+    start_method: Any
+    if isinstance(strategy, Strategy):
+        kind, parallel = strategy, bool(strategy.is_parallel)
+        start_method = strategy.start_method if parallel else None
     else:
         entry = STRATEGY_REGISTRY[strategy_name]
-        parallel, start_method, multi_device = entry.parallel, entry.start_method, entry.multi_device
+        kind = entry.load()
+        parallel, start_method = kind.is_parallel, entry.start_method
+    multi_device = kind.drives_several_devices and accelerator_name != "cpu"
 
     if multi_device and num_nodes > 1:
         raise ValueError(
@@ -571,9 +557,10 @@ def resolve_plan(
         if slurm_note:
             warnings.append(slurm_note)
 
-    deepspeed = strategy_name.startswith("deepspeed") or loaded_instance(strategy, "DeepSpeedStrategy")
-    if deepspeed:  # before the 16-mixed fallback below: DeepSpeed refuses float16 on the CPU instead
-        _check_deepspeed(_strategy_label(strategy, strategy_name), accelerator_name, precision_name)
+    # before the 16-mixed fallback below: DeepSpeed refuses float16 on the CPU instead
+    kind._check_choices(
+        label=_strategy_label(strategy, strategy_name), accelerator=accelerator_name, precision=precision_name
+    )
 
     if precision_name == "16-mixed" and accelerator_name == "cpu" and not precision_plugins:
         warnings.append(

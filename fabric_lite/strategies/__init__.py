@@ -8,7 +8,6 @@ are imported on first use (they pull in ``torch.nn.DataParallel``, DeepSpeed, ``
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 from fabric_lite.strategies.ddp import DDPStrategy
@@ -44,14 +43,6 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
 ]
-
-
-def loaded_instance(obj: object, name: str) -> bool:
-    """``isinstance(obj, <the lazily imported strategy class name>)`` without importing it: while its module is
-    not loaded, no instance of the class can exist."""
-    module = sys.modules.get(_LAZY[name])
-    cls = getattr(module, name, None) if module is not None else None
-    return cls is not None and isinstance(obj, cls)
 
 
 def __getattr__(name: str) -> Any:

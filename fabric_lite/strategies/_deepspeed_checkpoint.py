@@ -23,20 +23,16 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed as dist
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.strategies._fsdp_checkpoint import _on_rank_zero
-from fabric_lite.strategies.strategy import restore_entries
 from fabric_lite.utilities import _dcp
 from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, atomic_save, safe_load
+from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, restore_entries, safe_load
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:
@@ -124,36 +120,22 @@ def save(strategy: DeepSpeedStrategy, path: _PATH, state: dict[str, Any], exclud
     stored = {key: _ESCAPE + key if key in DEEPSPEED_KEYS or key.startswith(_ESCAPE) else key for key in client}
     client_state = {stored[key]: value for key, value in client.items()}
     target = Path(_local_path(path))
-    temp = Path(_on_rank_zero(strategy, lambda: str(_make_temp_folder(target))))
-    error: str | None = None
-    try:
-        engine.save_checkpoint(
-            str(temp), client_state=client_state, tag=TAG, exclude_frozen_parameters=exclude_frozen_parameters
-        )
-    except Exception as err:
-        error = f"rank {strategy.global_rank}: {type(err).__name__}: {err}"
-    errors: list[str | None] = [error]
-    if dist.is_initialized() and strategy.world_size > 1:
-        errors = [None] * strategy.world_size
-        dist.all_gather_object(errors, error)
-    failed = [e for e in errors if e is not None]
 
-    def publish() -> None:
-        if failed:
-            _dcp.remove(temp)
-            raise CheckpointError(
-                f"Saving the DeepSpeed checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
-                " checkpoint at that path, if any, is unchanged."
-            )
+    def write(temp: _dcp.Folder) -> str | None:
         try:
-            index = {"format": 1, "module": module_key, "optimizer": optimizer_key, "entries": stored}
-            _write_json(temp / INDEX_FILE, index)
-        except BaseException:
-            _dcp.remove(temp)
-            raise
-        _dcp.publish_folder(temp, target)
+            engine.save_checkpoint(
+                str(temp), client_state=client_state, tag=TAG, exclude_frozen_parameters=exclude_frozen_parameters
+            )
+        except Exception as err:
+            return f"rank {strategy.global_rank}: {type(err).__name__}: {err}"
+        return None
 
-    _on_rank_zero(strategy, publish)
+    def finish(temp: _dcp.Folder) -> None:
+        index = {"format": 1, "module": module_key, "optimizer": optimizer_key, "entries": stored}
+        _write_json(Path(temp) / INDEX_FILE, index)
+
+    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+    _dcp.save_folder(target, "DeepSpeed", lambda: _make_temp_folder(target), write, finish, ranks)
 
 
 def _make_temp_folder(target: Path) -> Path:
@@ -169,14 +151,7 @@ def _make_temp_folder(target: Path) -> Path:
             " exists there, and saving would replace it and everything in it. Choose another path, or remove the"
             " folder first."
         )
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-        file_mode = _file_mode(target.parent / f".{target.name}.mode-probe")
-        os.chmod(temp, file_mode | ((file_mode & 0o444) >> 2))  # rw for the file mode, x where it is readable
-    except OSError as err:
-        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: {err}.") from err
-    return temp
+    return _dcp.temp_folder_beside(target)
 
 
 def _write_json(path: Path, value: Any) -> None:

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.strategies.strategy import PRECISION_KEY
 from fabric_lite.utilities import _dcp
 from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities.checkpoint import PRECISION_KEY, CheckpointError, atomic_save, on_rank_zero, safe_load
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def save(
                 )
             atomic_save(checkpoint, path, storage_options)
 
-        _on_rank_zero(strategy, write_file)
+        on_rank_zero(write_file, strategy.global_rank, strategy.world_size, strategy.broadcast)
         return
     _save_sharded(strategy, _dcp._folder(path), checkpoint, modules, optimizers, storage_options)
 
@@ -159,60 +159,26 @@ def _save_sharded(
     optimizers: list[str],
     storage_options: dict[str, Any] | None,
 ) -> None:
-    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    temp = _dcp._folder(_on_rank_zero(strategy, lambda: str(_dcp.make_temp_folder(target, storage_options))))
-    error: str | None = None
-    try:
-        dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
-    except _dcp.dcp_errors() as err:
-        # DCP raises the same CheckpointException on every rank when one rank failed
-        error = _dcp.describe(err) if hasattr(err, "failures") else f"rank {strategy.global_rank}: {_dcp.describe(err)}"
-    errors: list[str | None] = [error]
-    if dist.is_initialized() and strategy.world_size > 1:
-        errors = [None] * strategy.world_size
-        dist.all_gather_object(errors, error)
-    failed = sorted({e for e in errors if e is not None})
-
-    def publish() -> None:
-        if failed:
-            _dcp.remove(temp, storage_options)
-            raise CheckpointError(
-                f"Saving the sharded checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
-                " checkpoint at that path, if any, is unchanged."
-            )
+    def write(temp: _dcp.Folder) -> str | None:
         try:
-            _dcp.write_index(temp, modules, optimizers)
-            plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
-            plain.pop(PRECISION_KEY, None)
-            _dcp.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
-        except BaseException:
-            _dcp.remove(temp, storage_options)
-            raise
-        _dcp.publish_folder(temp, target, storage_options)  # deletes temp, or says where it is kept and why
+            dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
+        except _dcp.dcp_errors() as err:
+            # DCP raises the same CheckpointException on every rank when one rank failed
+            described = _dcp.describe(err)
+            return described if hasattr(err, "failures") else f"rank {strategy.global_rank}: {described}"
+        return None
 
-    _on_rank_zero(strategy, publish)
+    def finish(temp: _dcp.Folder) -> None:
+        _dcp.write_index(temp, modules, optimizers)
+        plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
+        plain.pop(PRECISION_KEY, None)
+        _dcp.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
 
-
-def _on_rank_zero(strategy: Strategy, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` on rank 0 and hand its result to every rank; if it raises, every rank raises."""
-    import torch.distributed as dist
-
-    outcome: tuple[bool, Any] = (True, None)
-    error: Exception | None = None
-    if strategy.is_global_zero:
-        try:
-            outcome = (True, fn())
-        except Exception as err:
-            error, outcome = err, (False, f"{type(err).__name__}: {err}")
-    if dist.is_initialized() and strategy.world_size > 1:
-        outcome = strategy.broadcast(outcome, src=0)
-    if error is not None:
-        raise error
-    if not outcome[0]:
-        raise CheckpointError(f"Rank 0 failed to save the checkpoint: {outcome[1]}")
-    return outcome[1]
+    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+    make_temp = partial(_dcp.make_temp_folder, target, storage_options)
+    _dcp.save_folder(target, "sharded", make_temp, write, finish, ranks, storage_options)
 
 
 def _load_full(

@@ -1,7 +1,6 @@
 """How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` shards a module, one plain function per capability.
 
 * :func:`wrap_targets`: which submodules become their own sharded unit (all-gathered and freed on their own).
-* :func:`mixed_precision_policy`: the ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``.
 * :func:`apply_activation_checkpointing`: recompute the activations of chosen layers in backward.
 * :func:`meta_owners`, :func:`check_initialisable`, :func:`materialize`: turn parameters created on the meta
   device into real, sharded ones, initialised exactly as an eager construction would have initialised them.
@@ -11,21 +10,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, ExitStack
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 from torch import nn
 from torch.nn import Module
-from torch.optim import Optimizer
-
-if TYPE_CHECKING:
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from fabric_lite._compile import Compiler
-    from fabric_lite.plugins.precision import Precision
 
 #: which submodules to shard as units: layer classes, a predicate ``(module) -> bool``, or a minimum number of
 #: parameters a subtree must hold (not counting those of units inside it)
@@ -105,30 +96,6 @@ def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
         classes = tuple(policy)
         return [m for m in candidates if isinstance(m, classes)]
     return [m for m in candidates if policy(m)]
-
-
-def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
-    """The ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``.
-
-    * ``"bf16-mixed"`` / ``"16-mixed"``: the sharded parameters (and the optimizer) stay float32; each unit is
-      all-gathered in bfloat16/float16 and computes in it; gradients are reduce-scattered in float32.
-    * ``"bf16-true"`` / ``"16-true"``: everything in bfloat16/float16, gradients reduced in it too.
-    * anything else (``"32-true"``, ``"64-true"``): no casting.
-
-    Example::
-
-        mixed_precision_policy("bf16-mixed")
-        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)
-    """
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    half = {"bf16": torch.bfloat16, "16": torch.float16}
-    kind, _, mode = precision.partition("-")
-    if kind in half and mode == "mixed":
-        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=torch.float32)
-    if kind in half and mode == "true":
-        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=half[kind])
-    return MixedPrecisionPolicy()
 
 
 def apply_activation_checkpointing(root: Module, classes: frozenset[type[Module]]) -> int:
@@ -249,42 +216,3 @@ def materialize(
             for name, buffer in module._buffers.items():
                 if buffer is not None:
                     module._buffers[name] = buffer.to(buffer_device)
-
-
-def check_optimizer_owned(optimizer: Optimizer, modules: Iterable[Module], strategy: str, replaced_by: str) -> None:
-    """Raise unless ``optimizer`` updates only parameters of ``modules`` (those a sharding strategy set up, whose
-    parameters it replaced: an optimizer created before holds stale tensors and would train nothing).
-
-    Raises:
-        ValueError: naming how many parameters are foreign, why, and the order to write instead.
-    """
-    owned = {id(p) for module in modules for p in module.parameters()}
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    foreign = sum(1 for p in params if id(p) not in owned)
-    if foreign:
-        raise ValueError(
-            f"The {type(optimizer).__name__} optimizer holds {foreign} of {len(params)} parameter(s) that are not"
-            f" the parameters of a module set up with {strategy}: it was created before fabric.setup_module(model),"
-            f" whose {replaced_by} replaces the parameters. Create the optimizer after setting up the module: model ="
-            " fabric.setup_module(model); optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
-        )
-
-
-def compile_units(module: Module, compiler: Compiler) -> Module:
-    """Compile each ``fully_shard`` unit of ``module`` below the root in place (block by block, as torchtitan does;
-    the root only when it is the one unit), so the parameter all-gathers stay eager between compiled blocks and state
-    dict keys are unchanged. Returns ``module``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    compiler.compile_units(module, [unit for unit in module.modules() if isinstance(unit, FSDPModule)])
-    return module
-
-
-def meta_init_context(precision: Precision, empty_init: bool | None) -> AbstractContextManager[Any]:
-    """What ``init_module`` enters for a sharding strategy: the meta device with ``empty_init=True`` (``setup_module``
-    allocates and initialises each rank's shards), and the precision's dtype either way."""
-    stack = ExitStack()
-    if empty_init:
-        stack.enter_context(torch.device("meta"))
-    stack.enter_context(precision.module_init_context())
-    return stack

@@ -56,16 +56,6 @@ def move_leftovers(module: Module, device: torch.device) -> None:
                 sub._buffers[name] = buffer.to(device)
 
 
-def set_gradient_sync(module: Module, enabled: bool) -> None:
-    """Switch FSDP2's gradient reduction (reduce-scatter, and HSDP's all-reduce) on or off for every ``fully_shard``
-    unit in ``module``; a module without units has nothing to switch."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for unit in module.modules():
-        if isinstance(unit, FSDPModule):
-            unit.set_requires_gradient_sync(enabled, recurse=False)
-
-
 def settle_foreach(optimizer: Optimizer, names: dict[int, str]) -> None:
     """Make each parameter group of ``optimizer`` that mixes DTensor and plain tensor parameters (a tensor-parallel
     model without sequence parallelism keeps its norms' weights plain) run its per-parameter loop: torch's foreach

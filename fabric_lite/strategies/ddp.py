@@ -185,6 +185,7 @@ class DDPStrategy(ParallelStrategy):
             )
 
     @property
+    @override
     def start_method(self) -> str:
         """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
         return self._start_method

@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,11 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
-from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.plugins.precision.deepspeed import DeepSpeedPrecision
+from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
 from fabric_lite.strategies import _deepspeed_checkpoint, _deepspeed_config, _deepspeed_runtime
-from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, switched_off_while_nested
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
+from fabric_lite.strategies.strategy import _NestedSyncSwitch
 from fabric_lite.utilities.rank_zero import rank_zero_info
 from fabric_lite.utilities.types import _PATH
 
@@ -116,6 +116,8 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     #: where Lightning reads a config file from when ``config`` is not given
     DEEPSPEED_ENV_VAR = "PL_DEEPSPEED_CONFIG_PATH"
+    accepts_checkpoint_io = False
+    _own_checkpoints = "DeepSpeed's engine writes every rank's partitions into its checkpoint folders itself"
 
     def __init__(
         self,
@@ -235,7 +237,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         self.min_loss_scale = min_loss_scale
         # the engines set up by this strategy (the last one is ``model``), and their accumulation bookkeeping
         self._engines: list[Any] = []
-        self._no_sync_depth: dict[int, int] = {}
+        # no_backward_sync holds DeepSpeed's accumulation boundary off until the outermost block ends
+        self._backward_sync_control: _NestedSyncSwitch = _NestedSyncSwitch(self._sync_target, _set_boundary)
         self._synchronised: set[int] = set()
         self._inference_engines: set[int] = set()  # set up without an optimizer (setup_module)
 
@@ -252,25 +255,30 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @property
     @override
-    def checkpoint_io(self) -> CheckpointIO:
-        """Not available: DeepSpeed's engine writes its checkpoints itself, as in Lightning Fabric."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not use the CheckpointIO plugin interface: DeepSpeed's engine writes its"
-            " checkpoint folders itself."
-        )
-
-    @checkpoint_io.setter
-    def checkpoint_io(self, io: CheckpointIO) -> None:
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): DeepSpeed's engine writes"
-            " every rank's partitions itself. Remove it from Fabric(plugins=...), or use strategy='ddp' to save"
-            " through it."
-        )
-
-    @property
     def start_method(self) -> str:
         """``"popen"``: ``fabric.launch()`` runs the script again once per extra local device."""
         return "popen"
+
+    @classmethod
+    @override
+    def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
+        """DeepSpeed runs five precisions, on CUDA or the CPU, and has no float16 on the CPU."""
+        if accelerator == "mps":
+            raise ValueError(
+                f"strategy={label!r} runs on CUDA GPUs or on the CPU, not on accelerator='mps'. Choose"
+                " accelerator='cuda' or 'cpu', or another strategy."
+            )
+        if precision not in DEEPSPEED_PRECISIONS:
+            raise ValueError(
+                f"precision={precision!r} is not supported with strategy={label!r}: DeepSpeed runs one of"
+                f" {', '.join(map(repr, DEEPSPEED_PRECISIONS))}."
+            )
+        if accelerator == "cpu" and precision.startswith("16-"):
+            raise ValueError(
+                f"precision={precision!r} with strategy={label!r} needs float16, which DeepSpeed's CPU accelerator"
+                " does not run ('Type fp16 is not supported on your device'). On the CPU choose"
+                " precision='bf16-mixed' or 'bf16-true'; float16 needs accelerator='cuda'."
+            )
 
     @property
     def zero_stage_3(self) -> bool:
@@ -469,7 +477,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                 " backward. Set it up for training with model, optimizer = fabric.setup(model, optimizer)."
             )
         key = id(engine)
-        synchronising = self._no_sync_depth.get(key, 0) == 0
+        synchronising = not self._backward_sync_control.is_off(engine)
         stage = _deepspeed_config.zero_stage(self.config)
         repeated = synchronising and key in self._synchronised
         if repeated and stage in (1, 2) and engine.gradient_accumulation_steps() == 1:
@@ -501,7 +509,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         if kwargs.get("closure") is not None:
             raise ValueError("DeepSpeed's optimizer step takes no closure: call optimizer.step() without one.")
-        if self._no_sync_depth.get(id(engine), 0):
+        if self._backward_sync_control.is_off(engine):
             raise RuntimeError(
                 "optimizer.step() was called inside fabric.no_backward_sync(model): DeepSpeed would not step there."
                 " Step after the backward outside the context, which synchronises the accumulated gradients."
@@ -509,26 +517,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._synchronised.discard(id(engine))
         return engine.step()
 
-    @override
-    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """Backward passes inside accumulate gradients locally, without reducing them: DeepSpeed's accumulation
-        boundary (``engine.set_gradient_accumulation_boundary``) is held off until the context ends, and the next
-        backward outside reduces everything accumulated. Both the forward and the backward belong inside.
+    def _sync_target(self, module: Module) -> Any:
+        """The engine of ``module`` for ``no_backward_sync``: backward passes inside accumulate gradients locally,
+        without reducing them, and the next backward outside reduces everything accumulated.
 
         Raises:
             TypeError: ``module`` was not set up by this strategy.
         """
-        if not enabled:
-            return nullcontext()
-        return self._accumulating(self._engine_of(module, "fabric.no_backward_sync"))
-
-    def _accumulating(self, engine: Any) -> AbstractContextManager[None]:
-        return switched_off_while_nested(
-            self._no_sync_depth,
-            id(engine),
-            lambda: engine.set_gradient_accumulation_boundary(False),
-            lambda: engine.set_gradient_accumulation_boundary(None),  # back to DeepSpeed's own counting
-        )
+        return self._engine_of(module, "fabric.no_backward_sync")
 
     @override
     def clip_gradients_norm(
@@ -642,7 +638,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     @override
     def teardown(self) -> None:
         self._engines.clear()
-        self._no_sync_depth.clear()
+        self._backward_sync_control.clear()
         self._synchronised.clear()
         self._inference_engines.clear()
         super().teardown()
@@ -650,6 +646,11 @@ class DeepSpeedStrategy(ParallelStrategy):
     def __repr__(self) -> str:
         stage = _deepspeed_config.zero_stage(self.config)
         return f"{type(self).__name__}(stage={stage}, precision={self.precision.precision!r})"
+
+
+def _set_boundary(engine: Any, enabled: bool) -> None:
+    """Hold DeepSpeed's gradient accumulation boundary off, or give it back to DeepSpeed's own counting."""
+    engine.set_gradient_accumulation_boundary(None if enabled else False)
 
 
 def _clipping_message(given: str, max_norm: float | None) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -18,6 +18,9 @@ from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import move_data_to_device
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
+
+if TYPE_CHECKING:
+    from fabric_lite._plan import Plan
 
 _ReduceOp = torch.distributed.ReduceOp
 #: the reductions over the replicas' values; ``mean`` is ``_collectives``' marker for an average
@@ -54,6 +57,8 @@ class DataParallelStrategy(Strategy):
         loss = model(batch).sum()  # batch on cuda:0 (setup_dataloaders puts it there); split across both GPUs
     """
 
+    drives_several_devices = True
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
@@ -72,6 +77,11 @@ class DataParallelStrategy(Strategy):
     @parallel_devices.setter
     def parallel_devices(self, devices: list[torch.device]) -> None:
         self._parallel_devices = list(devices)
+
+    @override
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+        if self._parallel_devices is None:
+            self.parallel_devices = devices
 
     @property
     @override

@@ -4,9 +4,6 @@ and optimizer state, and all-gathers a unit's parameters only while that unit co
 from __future__ import annotations
 
 import inspect
-import weakref
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -18,20 +15,18 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
-from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import FSDPPrecision, MixedPrecision, Precision
-from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_options, _fsdp_setup
+from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
+from fabric_lite.strategies import _fsdp_options, _fsdp_setup
 from fabric_lite.strategies._fsdp_options import ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
-from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, switched_off_while_nested
-from fabric_lite.utilities.types import _PATH
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
+from fabric_lite.strategies.strategy import _Sharded
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
     from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
-
-    from fabric_lite._compile import Compiler
 
 _START_METHODS = ("popen", "spawn", "fork")
 _STATE_DICT_TYPES = ("sharded", "full")
@@ -39,7 +34,7 @@ _STATE_DICT_TYPES = ("sharded", "full")
 _OWN_ARGUMENTS = ("module", "mesh", "reshard_after_forward", "mp_policy", "offload_policy")
 
 
-class FSDPStrategy(ParallelStrategy):
+class FSDPStrategy(_Sharded, ParallelStrategy):
     """Fully sharded data parallel with torch's ``fully_shard`` (FSDP2), on CUDA with NCCL or on the CPU with gloo.
 
     Each rank holds 1/N of every sharded parameter, of its gradient and of the optimizer state. A unit's
@@ -64,6 +59,12 @@ class FSDPStrategy(ParallelStrategy):
     ``torch.distributed.checkpoint``) or, with ``state_dict_type="full"``, one file written by rank 0.
     ``fabric.load`` reads either, at any world size. :func:`fabric_lite.utilities.consolidate_checkpoint` turns a
     folder into a full file.
+
+    ``fabric.no_backward_sync(model)`` accumulates gradients locally, without the reduce-scatter, until a backward
+    outside the context (blocks nest). Memory trade-off: inside the context each rank keeps the *unsharded*
+    (full-size) gradient of every unit it runs backward through, so accumulating costs the full gradient memory that
+    sharding otherwise saves. When memory is the limit, synchronise every micro-batch instead (``enabled=False``: one
+    reduce-scatter per micro-batch, sharded gradients only).
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
@@ -116,6 +117,8 @@ class FSDPStrategy(ParallelStrategy):
     Raises:
         ValueError, TypeError: an argument that is not accepted; the message names it and the choices.
     """
+
+    shards_parameters = True
 
     def __init__(
         self,
@@ -186,35 +189,16 @@ class FSDPStrategy(ParallelStrategy):
         #: the mesh as given: a (replicate, shard) tuple is built into a ``DeviceMesh`` by ``setup_environment``
         self._mesh_argument = device_mesh
         self._device_mesh: DeviceMesh | None = None
-        #: the modules set up by this strategy, to find the module an optimizer belongs to
-        self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
-        self._no_sync_depth: dict[int, int] = {}
 
     # ------------------------------------------------------------------ configuration
     @property
     @override
-    def checkpoint_io(self) -> CheckpointIO:
-        """Not available: FSDP writes its checkpoints itself (every rank its shards, or a gathered file), so there
-        is no ``CheckpointIO`` to use or replace, as in Lightning Fabric."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not use the CheckpointIO plugin interface: it writes sharded folders (or,"
-            " with state_dict_type='full', a gathered file) itself."
-        )
-
-    @checkpoint_io.setter
-    def checkpoint_io(self, io: CheckpointIO) -> None:
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): FSDP checkpoints are"
-            " written by every rank through torch.distributed.checkpoint, or gathered on rank 0, not by a"
-            " CheckpointIO. Remove it from Fabric(plugins=...), or use strategy='ddp' to save through it."
-        )
-
-    @property
     def start_method(self) -> str:
         """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
         return self._start_method
 
     @property
+    @override
     def state_dict_type(self) -> str:
         """What ``fabric.save`` writes: ``"sharded"`` (a folder, every rank its shards) or ``"full"`` (one file).
 
@@ -239,7 +223,7 @@ class FSDPStrategy(ParallelStrategy):
         """The ``MixedPrecisionPolicy`` in use: the one given, or the one that matches the precision."""
         if self._mixed_precision is not None:
             return self._mixed_precision
-        return _fsdp_setup.mixed_precision_policy(self.precision.precision)
+        return mixed_precision_policy(self.precision.precision)
 
     @property
     def sharding_strategy(self) -> str:
@@ -299,19 +283,6 @@ class FSDPStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ modules and optimizers
     @override
-    def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
-        """Not possible: sharding replaces the module's parameters, so an optimizer created before would update
-        tensors the model no longer uses."""
-        raise NotImplementedError(
-            "FSDPStrategy cannot set up a module together with an optimizer created before it: sharding replaces"
-            " the module's parameters, so the optimizer would hold stale ones. Set up the module first, then create"
-            " the optimizer from its parameters: model = fabric.setup_module(model); optimizer ="
-            " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
-        )
-
-    @override
     def setup_module(self, module: Module) -> Module:
         """Shard ``module`` in place with ``fully_shard``: the units chosen by ``auto_wrap_policy`` first, then the
         whole module. A module created on the meta device is then materialised (see the class docstring).
@@ -341,33 +312,6 @@ class FSDPStrategy(ParallelStrategy):
         self._modules.add(module)
         return module
 
-    def _compile_module(self, module: Module, compiler: Compiler) -> Module:
-        """How ``Fabric.setup`` compiles the set-up model again: each ``fully_shard`` unit on its own (see
-        :func:`fabric_lite.strategies._fsdp_setup.compile_units`). Returns ``module``."""
-        return _fsdp_setup.compile_units(module, compiler)
-
-    @override
-    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Check that ``optimizer`` updates the parameters of modules set up by this strategy.
-
-        Raises:
-            ValueError: it holds other tensors, typically because it was created before ``setup_module``.
-        """
-        _fsdp_setup.check_optimizer_owned(optimizer, self._modules, "FSDPStrategy", "sharding")
-        return optimizer
-
-    @override
-    def module_to_device(self, module: Module) -> None:
-        """Nothing: ``setup_module`` moves each rank's shards to the device (moving the whole model first would
-        need the memory that sharding saves, and a meta-device model cannot be moved)."""
-
-    @override
-    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
-        """With ``empty_init=True`` a new module's parameters are created on the meta device (no memory, no
-        initialisation; ``setup_module`` allocates and initialises each rank's shards). Otherwise on the CPU, from
-        where ``setup_module`` moves each rank's shards to the device. In the precision's dtype either way."""
-        return _fsdp_setup.meta_init_context(self.precision, empty_init)
-
     def _use_sharded_grad_scaler(self) -> None:
         """With ``"16-mixed"``, every rank must agree on skipping a step: a shard's inf/NaN is only seen by the rank
         that holds it. torch's ``ShardedGradScaler`` all-reduces that finding; it replaces a plain ``GradScaler``,
@@ -392,19 +336,12 @@ class FSDPStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ training
     @override
-    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """Backward accumulates gradients locally, without the reduce-scatter, until a backward outside the context.
-
-        Memory trade-off: inside the context each rank keeps the *unsharded* (full-size) gradient of every unit it
-        runs backward through, so accumulating costs the full gradient memory that sharding otherwise saves. When
-        memory is the limit, synchronise every micro-batch instead (``enabled=False``: one reduce-scatter per
-        micro-batch, sharded gradients only).
+    def _sync_target(self, module: Module) -> Module:
+        """``module`` itself, for ``no_backward_sync``, if it is sharded.
 
         Raises:
-            TypeError: ``module`` was not set up by this strategy.
+            TypeError: it is not.
         """
-        if not enabled:
-            return nullcontext()
         from torch.distributed.fsdp import FSDPModule
 
         if not isinstance(module, FSDPModule):
@@ -412,15 +349,7 @@ class FSDPStrategy(ParallelStrategy):
                 f"Blocking backward sync is only possible for a module sharded by FSDPStrategy, got"
                 f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
             )
-        return self._without_gradient_sync(module)
-
-    def _without_gradient_sync(self, module: Any) -> AbstractContextManager[None]:
-        return switched_off_while_nested(
-            self._no_sync_depth,
-            id(module),
-            lambda: module.set_requires_gradient_sync(False),
-            lambda: module.set_requires_gradient_sync(True),
-        )
+        return module
 
     @override
     def clip_gradients_norm(
@@ -438,71 +367,9 @@ class FSDPStrategy(ParallelStrategy):
 
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    # ------------------------------------------------------------------ checkpoints
-    @override
-    def save_checkpoint(
-        self,
-        path: _PATH,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: dict[str, Callable[[str, Any], bool]] | None = None,
-    ) -> None:
-        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file. Every rank must call it.
-
-        * ``"sharded"``: every rank writes its own shards into a temporary folder beside ``path``, DCP writes the
-          ``.metadata`` file last, and rank 0 then swaps the folder into place, so ``path`` is always either the
-          previous checkpoint or the complete new one. A previous checkpoint (folder or file) at ``path`` is
-          replaced; any other folder there is refused. On several nodes, ``path`` must be on a shared filesystem.
-        * ``"full"``: the state is gathered on rank 0 (on the CPU) and written atomically as one file, in the same
-          layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
-
-        Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
-
-        ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
-        with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
-        see :func:`fabric_lite.utilities._dcp.publish_folder`), a full file uploaded whole. ``storage_options`` go to
-        the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes none.
-
-        Example::
-
-            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
-        """
-        _fsdp_checkpoint.check_storage_options(self, path, storage_options)
-        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options, full=self.state_dict_type == "full")
-
-    @override
-    def load_checkpoint(
-        self,
-        path: _PATH,
-        state: Module | Optimizer | dict[str, Any] | None = None,
-        strict: bool = True,
-        weights_only: bool | None = True,
-    ) -> dict[str, Any]:
-        """Restore ``state`` in place from a sharded folder or a full file, whatever the world size it was saved
-        with, and return what was not restored. Every rank must call it.
-
-        The rules are those of :meth:`Strategy.load_checkpoint` (``strict`` raises ``KeyError`` naming the keys the
-        checkpoint lacks; plain values are written back into ``state``), with one difference for sharded folders:
-        the returned remainder holds their entries that are neither modules nor optimizers (a module's or
-        optimizer's state is only loaded into a module or optimizer; ``state=None`` returns everything, whole).
-        A full file may come from any strategy (a DDP checkpoint loads into a sharded model); its optimizer state
-        may be keyed by parameter name or by position. Sharded folders are always read with ``weights_only=True``.
-
-        Raises:
-            CheckpointError: ``path`` is a folder but no sharded checkpoint, one file of a sharded checkpoint, or
-                unreadable; the message names the path.
-            FileNotFoundError: nothing exists at ``path``.
-
-        Example::
-
-            remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
-        """
-        return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
-
     # ------------------------------------------------------------------ teardown
     @override
     def teardown(self) -> None:
-        self._modules = weakref.WeakSet()
         self._device_mesh = None
         super().teardown()
 

@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -32,6 +32,9 @@ from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
+
+if TYPE_CHECKING:
+    from fabric_lite._plan import Plan
 
 #: how to install Horovod with what fabric_lite needs (PyTorch, Gloo; no MPI, TensorFlow or MXNet)
 HOROVOD_INSTALL = (
@@ -92,6 +95,7 @@ class HorovodStrategy(Strategy):
     """
 
     is_parallel = True
+    own_environment = HorovodEnvironment
 
     def __init__(
         self,
@@ -130,6 +134,13 @@ class HorovodStrategy(Strategy):
     @cluster_environment.setter
     def cluster_environment(self, environment: ClusterEnvironment) -> None:
         self._cluster_environment = environment
+
+    @override
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+        if self._parallel_devices is None:
+            self.parallel_devices = devices
+        if self._cluster_environment is None:
+            self.cluster_environment = plan.cluster_environment
 
     # ------------------------------------------------------------------ ranks and devices
     @property

@@ -9,9 +9,7 @@ into any mesh shape, and into a plain module.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -24,23 +22,17 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
-from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.strategies import _fsdp_checkpoint, _fsdp_setup, _model_parallel_ops
-from fabric_lite.strategies.parallel import (
-    ParallelStrategy,
-    default_pg_timeout,
-    is_timeout,
-    switched_off_while_nested,
-)
+from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
+from fabric_lite.strategies import _fsdp_setup, _model_parallel_ops
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, is_timeout
+from fabric_lite.strategies.strategy import _Sharded
 from fabric_lite.utilities import _collectives
-from fabric_lite.utilities.types import _PATH, TBroadcast
+from fabric_lite.utilities.types import TBroadcast
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from fabric_lite._compile import Compiler
 
 TModel = TypeVar("TModel", bound=Module)
 
@@ -53,7 +45,7 @@ REPLICATE, SHARD = "data_parallel_replicate", "data_parallel_shard"
 _ALL = "data_parallel_tensor_parallel"
 
 
-class ModelParallelStrategy(ParallelStrategy):
+class ModelParallelStrategy(_Sharded, ParallelStrategy):
     """Tensor, sequence and sharded data parallelism together, on a ``DeviceMesh`` (Lightning Fabric's
     ``ModelParallelStrategy``, plus HSDP).
 
@@ -191,28 +183,8 @@ class ModelParallelStrategy(ParallelStrategy):
         self._save_distributed_checkpoint = save_distributed_checkpoint
         self._start_method = start_method
         self._device_mesh: DeviceMesh | None = None
-        #: the modules set up by this strategy, to find the module an optimizer belongs to
-        self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
-        #: open ``no_backward_sync`` blocks per module, so that nested blocks switch the sync back on only at the end
-        self._no_sync_depth: dict[int, int] = {}
 
     # ------------------------------------------------------------------ configuration
-    @property
-    @override
-    def checkpoint_io(self) -> CheckpointIO:
-        """Not available: checkpoints are written through ``torch.distributed.checkpoint``, as in Lightning."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not use the CheckpointIO plugin interface: it writes sharded folders (or,"
-            " with save_distributed_checkpoint=False, a gathered file) itself."
-        )
-
-    @checkpoint_io.setter
-    def checkpoint_io(self, io: CheckpointIO) -> None:
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): its checkpoints are written"
-            " by every rank through torch.distributed.checkpoint. Remove it from Fabric(plugins=...)."
-        )
-
     @property
     @override
     def precision(self) -> Precision:
@@ -229,11 +201,13 @@ class ModelParallelStrategy(ParallelStrategy):
         self._precision = precision
 
     @property
+    @override
     def start_method(self) -> str:
         """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
         return self._start_method
 
     @property
+    @override
     def state_dict_type(self) -> str:
         """What ``fabric.save`` writes: ``"sharded"`` (``save_distributed_checkpoint=True``) or ``"full"``."""
         return "sharded" if self._save_distributed_checkpoint else "full"
@@ -273,7 +247,7 @@ class ModelParallelStrategy(ParallelStrategy):
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, to pass to ``fully_shard`` in
         ``parallelize_fn`` (``bf16-mixed``: all-gather and compute in bfloat16, reduce in float32)."""
-        return _fsdp_setup.mixed_precision_policy(self.precision.precision)
+        return mixed_precision_policy(self.precision.precision)
 
     @property
     @override
@@ -311,19 +285,6 @@ class ModelParallelStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ modules and optimizers
     @override
-    def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
-        """Not possible: parallelising replaces the module's parameters (DTensors), so an optimizer created before
-        would update tensors the model no longer uses."""
-        raise NotImplementedError(
-            "ModelParallelStrategy cannot set up a module together with an optimizer created before it:"
-            " parallelize_fn replaces the module's parameters, so the optimizer would hold stale ones. Set up the"
-            " module first, then create the optimizer from its parameters: model = fabric.setup_module(model);"
-            " optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
-        )
-
-    @override
     def setup_module(self, module: Module) -> Module:
         """``parallelize_fn(module, device_mesh)``, then the meta-device parameters materialised shard by shard.
 
@@ -357,11 +318,6 @@ class ModelParallelStrategy(ParallelStrategy):
         self._modules.add(parallel)
         return parallel
 
-    def _compile_module(self, module: Module, compiler: Compiler) -> Module:
-        """How ``Fabric.setup`` compiles the set-up model again: each ``fully_shard`` unit on its own (see
-        :func:`fabric_lite.strategies._fsdp_setup.compile_units`). Returns ``module``."""
-        return _fsdp_setup.compile_units(module, compiler)
-
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Check that ``optimizer`` updates the parameters of modules set up by this strategy, and turn ``foreach``
@@ -373,45 +329,12 @@ class ModelParallelStrategy(ParallelStrategy):
                 group that mixes DTensor and plain tensor parameters asks for ``foreach=True`` or ``fused=True``
                 (pass ``False``, or parallelise every parameter, e.g. with ``sequence_parallel=True``).
         """
-        _fsdp_setup.check_optimizer_owned(optimizer, self._modules, "ModelParallelStrategy", "parallelize_fn")
+        super().setup_optimizer(optimizer)
         names = {id(p): name for module in self._modules for name, p in module.named_parameters()}
         _model_parallel_ops.settle_foreach(optimizer, names)
         return optimizer
 
-    @override
-    def module_to_device(self, module: Module) -> None:
-        """Nothing: ``setup_module`` places each rank's shards (a meta-device model cannot be moved whole)."""
-
-    @override
-    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
-        """With ``empty_init=True`` new parameters are created on the meta device (``setup_module`` allocates and
-        initialises each rank's shards); in the precision's dtype either way."""
-        return _fsdp_setup.meta_init_context(self.precision, empty_init)
-
     # ------------------------------------------------------------------ training
-    @override
-    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """Backward accumulates gradients locally, without FSDP2's reduce-scatter, until a backward outside the
-        context. Tensor-parallel collectives are part of the computation and still run; a model without
-        ``fully_shard`` units has nothing to skip. Nested blocks switch the sync back on when the outermost one ends.
-
-        Raises:
-            TypeError: ``module`` was not set up by this strategy.
-        """
-        if not enabled:
-            return nullcontext()
-        if module not in self._modules:
-            raise TypeError(
-                f"Blocking backward sync is only possible for a module set up by ModelParallelStrategy, got"
-                f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
-            )
-        return switched_off_while_nested(
-            self._no_sync_depth,
-            id(module),
-            lambda: _model_parallel_ops.set_gradient_sync(module, False),
-            lambda: _model_parallel_ops.set_gradient_sync(module, True),
-        )
-
     @override
     def clip_gradients_norm(
         self,
@@ -474,50 +397,9 @@ class ModelParallelStrategy(ParallelStrategy):
                 raise self._timed_out(f"barrier({name!r})" if name else "barrier", err) from err
             raise
 
-    # ------------------------------------------------------------------ checkpoints
-    @override
-    def save_checkpoint(
-        self,
-        path: _PATH,
-        state: dict[str, Any],
-        storage_options: Any | None = None,
-        filter: dict[str, Callable[[str, Any], bool]] | None = None,
-    ) -> None:
-        """Save ``state``: a ``torch.distributed.checkpoint`` folder (every rank its shards, written into a
-        temporary folder beside ``path`` and swapped in, so a failed save keeps the previous checkpoint), or with
-        ``save_distributed_checkpoint=False`` one file gathered on rank 0. Every rank must call it; every rank
-        raises if any rank failed. ``path`` may be an fsspec URL, with ``storage_options`` for its filesystem.
-
-        Example::
-
-            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
-        """
-        _fsdp_checkpoint.check_storage_options(self, path, storage_options)
-        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options, full=self.state_dict_type == "full")
-
-    @override
-    def load_checkpoint(
-        self,
-        path: _PATH,
-        state: Module | Optimizer | dict[str, Any] | None = None,
-        strict: bool = True,
-        weights_only: bool | None = True,
-    ) -> dict[str, Any]:
-        """Restore ``state`` in place from a folder or a full file, saved on any mesh shape (or by another
-        strategy), and return what was not restored. Every rank must call it. The rules are those of
-        :meth:`FSDPStrategy.load_checkpoint`; a module that was not parallelised is loaded too.
-
-        Example::
-
-            remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
-        """
-        return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
-
     # ------------------------------------------------------------------ teardown
     @override
     def teardown(self) -> None:
-        self._modules = weakref.WeakSet()
-        self._no_sync_depth.clear()
         self._device_mesh = None
         super().teardown()
 

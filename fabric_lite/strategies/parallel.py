@@ -6,10 +6,8 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator
-from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +25,9 @@ from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
+
+if TYPE_CHECKING:
+    from fabric_lite._plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,25 @@ class ParallelStrategy(Strategy):
     def num_processes(self) -> int:
         """Processes per node."""
         return len(self._parallel_devices) if self._parallel_devices is not None else 0
+
+    @override
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+        if self.parallel_devices is None:
+            self.parallel_devices = devices
+        if self._cluster_environment is None:
+            self.cluster_environment = plan.cluster_environment
+        self.num_nodes = plan.num_nodes
+        self._set_world_ranks()
+        # imported here: a single-device run never needs the launchers (or multiprocessing, subprocess, ...)
+        from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
+
+        environment = self.cluster_environment
+        started_by_us = isinstance(environment, LightningEnvironment) and environment.creates_processes_externally
+        if plan.start_method == "popen" or started_by_us:
+            # in a child of the script launcher, the launcher reports the child's errors to rank 0
+            self._launcher = SubprocessScriptLauncher(self)
+        elif plan.start_method is not None:
+            self._launcher = MultiProcessingLauncher(self, start_method=plan.start_method)
 
     @property
     def process_group_backend(self) -> str:
@@ -552,22 +572,3 @@ class ParallelStrategy(Strategy):
             raise error
         if message is not None:
             raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
-
-
-@contextmanager
-def switched_off_while_nested(
-    depths: dict[int, int], key: int, switch_off: Callable[[], None], switch_on: Callable[[], None]
-) -> Generator[None, None, None]:
-    """``switch_off()`` on entering the outermost of nested blocks for ``key`` (a module, an engine), ``switch_on()``
-    on leaving it, whatever the block raised; ``depths`` counts the open blocks per key (for ``no_backward_sync``)."""
-    depth = depths.get(key, 0)
-    if depth == 0:
-        switch_off()
-    depths[key] = depth + 1
-    try:
-        yield
-    finally:
-        depths[key] -= 1
-        if depths[key] == 0:
-            del depths[key]
-            switch_on()

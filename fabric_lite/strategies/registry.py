@@ -13,15 +13,29 @@ The ``deepspeed*`` names are Lightning Fabric's; their keyword arguments are ``D
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from fabric_lite.strategies.strategy import Strategy
 
 StartMethod = Literal["popen", "spawn", "fork"]
 
 
 @dataclass(frozen=True)
 class StrategyEntry:
-    """What a strategy name stands for."""
+    """What a strategy name stands for. ``Fabric`` asks the class itself (:meth:`load`) everything else: whether it
+    runs one process per device, drives several devices, shards parameters, ... (see :class:`Strategy`), so a new
+    strategy plugs in with an entry of its own.
+
+    Example::
+
+        STRATEGY_REGISTRY["my_ddp"] = StrategyEntry(
+            "MyDDPStrategy", True, "popen", "DDP with my hooks", {"start_method": "popen"}, module="my_project.ddp"
+        )
+        Fabric(strategy="my_ddp", devices=2)
+    """
 
     class_name: str
     parallel: bool
@@ -30,6 +44,18 @@ class StrategyEntry:
     init_kwargs: dict[str, Any] = field(default_factory=dict)
     #: one process drives every selected device (``DataParallel``), so several devices need no extra process
     multi_device: bool = False
+    #: the module that defines ``class_name`` (fabric_lite's strategies load theirs on first use)
+    module: str = "fabric_lite.strategies"
+
+    def load(self) -> type[Strategy]:
+        """The class the name builds, imported on first use.
+
+        Example::
+
+            STRATEGY_REGISTRY["fsdp"].load()  # <class 'fabric_lite.strategies.fsdp.FSDPStrategy'>
+        """
+        cls: type[Strategy] = getattr(importlib.import_module(self.module), self.class_name)
+        return cls
 
 
 STRATEGY_REGISTRY: dict[str, StrategyEntry] = {

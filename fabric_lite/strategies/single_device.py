@@ -41,6 +41,11 @@ class SingleDeviceStrategy(Strategy):
             device = torch.device("cuda", device)
         self._root_device = torch.device(device)
 
+    @classmethod
+    @override
+    def _create(cls, devices: list[torch.device], **kwargs: Any) -> Strategy:
+        return cls(devices[0], **kwargs)
+
     @property
     @override
     def root_device(self) -> torch.device:

@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Iterable
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
+from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.checkpoint import PRECISION_KEY, restore_entries
 from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
 
 if TYPE_CHECKING:
+    from fabric_lite._compile import Compiler
+    from fabric_lite._plan import Plan
+    from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies.launchers.launcher import Launcher
-
-#: where ``save_checkpoint`` keeps the precision's state (a loss scaler's); ``load_checkpoint`` restores it
-PRECISION_KEY = "fabric_lite:precision"
 
 
 class Strategy(ABC):
@@ -49,8 +52,25 @@ class Strategy(ABC):
                 print(f"barrier {name}")
     """
 
+    # What the plan (``fabric_lite/_plan.py``) and the build step ask of a strategy, for a class named in the registry
+    # and for an instance alike: they never name a strategy class.
     #: whether the strategy runs one process per device (and needs ``fabric.launch()``)
     is_parallel: bool = False
+    #: whether one process drives several devices (``DataParallel``), so that several devices need no extra process
+    drives_several_devices: ClassVar[bool] = False
+    #: whether setting a module up splits every parameter across the processes (so no layer may hold quantised
+    #: weights, which cannot be split)
+    shards_parameters: ClassVar[bool] = False
+    #: the environment that always started this strategy's processes (``horovodrun``'s for Horovod), read instead
+    #: of the detected one; ``None``: the environment is detected
+    own_environment: ClassVar[type[ClusterEnvironment] | None] = None
+    #: whether checkpoints go through a :class:`CheckpointIO`; a strategy that writes its own (sharded folders, a
+    #: DeepSpeed engine's) refuses one, saying how it writes in ``_own_checkpoints``
+    accepts_checkpoint_io: ClassVar[bool] = True
+    _own_checkpoints: ClassVar[str] = ""
+    #: how :meth:`no_backward_sync` skips the gradient synchronisation (Lightning Fabric's attribute); ``None``: it
+    #: is a no-op
+    _backward_sync_control: _BackwardSyncControl | None = None
 
     def __init__(
         self,
@@ -115,19 +135,54 @@ class Strategy(ABC):
     @property
     def checkpoint_io(self) -> CheckpointIO:
         """How ``save_checkpoint``/``load_checkpoint`` write and read files (a :class:`TorchCheckpointIO` unless one
-        was given through ``checkpoint_io=`` or ``Fabric(plugins=[...])``)."""
+        was given through ``checkpoint_io=`` or ``Fabric(plugins=[...])``).
+
+        Raises:
+            NotImplementedError: the strategy writes its checkpoints itself (:attr:`accepts_checkpoint_io` is
+                ``False``), as Lightning Fabric's FSDP, model-parallel and DeepSpeed strategies do.
+        """
+        if not self.accepts_checkpoint_io:
+            raise NotImplementedError(
+                f"{type(self).__name__} does not use the CheckpointIO plugin interface: {self._own_checkpoints}."
+            )
         if self._checkpoint_io is None:
             self._checkpoint_io = TorchCheckpointIO()
         return self._checkpoint_io
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: CheckpointIO) -> None:
+        if not self.accepts_checkpoint_io:
+            raise NotImplementedError(
+                f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): {self._own_checkpoints}."
+                " Remove it from Fabric(plugins=...), or use strategy='ddp' to save through it."
+            )
         self._checkpoint_io = _check_checkpoint_io(io, type(self).__name__)
 
     @property
     def launcher(self) -> Launcher | None:
         """What starts this strategy's processes; ``None`` when it needs no extra process."""
         return self._launcher
+
+    @property
+    def start_method(self) -> str | None:
+        """How ``fabric.launch()`` starts the other local processes (``"popen"``, ``"spawn"``, ``"fork"``); ``None``
+        when it starts none."""
+        return None
+
+    @classmethod
+    def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
+        """Refuse, in ``Fabric(...)`` before any process starts, an accelerator or a precision this strategy cannot
+        run; ``label`` is how the user named the strategy. Nothing by default."""
+
+    @classmethod
+    def _create(cls, devices: list[torch.device], **kwargs: Any) -> Strategy:
+        """The strategy a registry name stands for, on the devices the plan chose: ``cls(**kwargs)``, the devices
+        filled in by :meth:`_complete`."""
+        return cls(**kwargs)
+
+    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+        """Take what ``Fabric``'s plan decided and the strategy was not given (devices, environment, nodes, the
+        launcher). Nothing by default: one device, chosen at construction."""
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
@@ -157,6 +212,18 @@ class Strategy(ABC):
     def module_to_device(self, module: Module) -> None:
         """Move the module's parameters and buffers to :attr:`root_device`."""
         module.to(self.root_device)
+
+    def compile_module(self, module: Module, compiler: Compiler) -> Module:
+        """Compile ``module``, just set up by this strategy, again with ``compiler``'s settings (those of the
+        ``torch.compile`` the user applied before ``fabric.setup``); returns what calls of the model go through.
+        By default ``torch.compile`` around the whole set-up module (DDP's hooks then run inside the graph).
+
+        Example::
+
+            model, compiler = unwrap_compiled(torch.compile(net))
+            call = strategy.compile_module(strategy.setup_module(model), compiler)
+        """
+        return compiler.wrap(module)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
         """Move every tensor in ``batch`` to ``device`` (default :attr:`root_device`)."""
@@ -204,8 +271,10 @@ class Strategy(ABC):
         return precision.optimizer_step(optimizer, **kwargs)
 
     def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """A context in which backward does not synchronise gradients. A no-op for strategies without sync."""
-        return nullcontext()
+        """A context in which backward does not synchronise gradients, through :attr:`_backward_sync_control`. A
+        no-op for strategies without one."""
+        control = self._backward_sync_control
+        return nullcontext() if control is None else control.no_backward_sync(module, enabled)
 
     def clip_gradients_norm(
         self,
@@ -358,6 +427,284 @@ class Strategy(ABC):
         return f"{type(self).__name__}(device={self.root_device})"
 
 
+class _BackwardSyncControl(ABC):
+    """Skips the gradient synchronisation of backward passes, e.g. to accumulate gradients (Lightning Fabric's
+    interface): a strategy holds one as ``_backward_sync_control``, and :meth:`Strategy.no_backward_sync` goes
+    through it.
+
+    Example::
+
+        class NoSync(_BackwardSyncControl):
+            def no_backward_sync(self, module, enabled):
+                return module.no_sync() if enabled else nullcontext()
+
+        strategy._backward_sync_control = NoSync()
+    """
+
+    @abstractmethod
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
+        """A context in which backward passes through ``module`` do not synchronise gradients (when ``enabled``);
+        the first backward outside it synchronises what they accumulated."""
+
+
+class _NestedSyncSwitch(_BackwardSyncControl):
+    """Gradient synchronisation switched off per target (a module, a DeepSpeed engine) for nested blocks:
+    ``switch(target, False)`` when the outermost block for it starts, ``switch(target, True)`` when that block ends,
+    whatever it raised. ``target_of(module)`` finds the target, or raises ``TypeError`` for a module the strategy
+    did not set up.
+
+    Example::
+
+        control = _NestedSyncSwitch(lambda module: module, lambda m, on: m.set_requires_gradient_sync(on))
+        with control.no_backward_sync(model, enabled=True), control.no_backward_sync(model, enabled=True):
+            ...  # switched off once, on again when the outer block ends
+    """
+
+    def __init__(self, target_of: Callable[[Module], Any], switch: Callable[[Any, bool], None]) -> None:
+        self._target_of = target_of
+        self._switch = switch
+        self._depths: dict[int, int] = {}  # open blocks per target
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
+        if not enabled:
+            return nullcontext()
+        return self._switched_off(self._target_of(module))
+
+    def is_off(self, target: Any) -> bool:
+        """Whether a block for ``target`` is open (its synchronisation is off)."""
+        return id(target) in self._depths
+
+    def clear(self) -> None:
+        """Forget every open block (at teardown)."""
+        self._depths.clear()
+
+    @contextmanager
+    def _switched_off(self, target: Any) -> Generator[None, None, None]:
+        key = id(target)
+        depth = self._depths.get(key, 0)
+        if depth == 0:
+            self._switch(target, False)
+        self._depths[key] = depth + 1
+        try:
+            yield
+        finally:
+            self._depths[key] -= 1
+            if self._depths[key] == 0:
+                del self._depths[key]
+                self._switch(target, True)
+
+
+class _Sharded(Strategy):
+    """What the strategies that shard a module when they set it up (``FSDPStrategy``, ``ModelParallelStrategy``) do
+    the same way, under the name of Lightning Fabric's interface of sharding strategies
+    (:meth:`module_sharded_context`).
+
+    * Setting a module up replaces its parameters (sharded tensors): a module and an optimizer created before it
+      cannot be set up together, and an optimizer must update the parameters of a module set up here.
+    * ``init_module(empty_init=True)`` creates the parameters on the meta device; setting up allocates and
+      initialises each rank's shards, so nothing is moved to the device before.
+    * A compiled model is compiled again one ``fully_shard`` unit at a time.
+    * Checkpoints are ``torch.distributed.checkpoint`` folders or gathered files, written by the strategy (no
+      ``CheckpointIO``); :attr:`state_dict_type` says which.
+
+    Example::
+
+        class MyShardedStrategy(_Sharded, ParallelStrategy):
+            state_dict_type = "sharded"
+
+            def setup_module(self, module):
+                module = my_shard(module, self.device_mesh)
+                self._modules.add(module)  # so that optimizers and checkpoints find it
+                return module
+    """
+
+    accepts_checkpoint_io = False
+    _own_checkpoints = (
+        "every rank writes its shards of a folder through torch.distributed.checkpoint, or rank 0 a gathered file"
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: the modules set up by this strategy, to find the module an optimizer belongs to
+        self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
+        # no_backward_sync skips FSDP2's gradient reduction (its reduce-scatter, and HSDP's all-reduce); nested
+        # blocks switch it back on when the outermost one ends
+        self._backward_sync_control: _NestedSyncSwitch = _NestedSyncSwitch(self._sync_target, _set_gradient_sync)
+
+    def _sync_target(self, module: Module) -> Module:
+        """``module`` itself, for ``no_backward_sync``, if this strategy set it up.
+
+        Raises:
+            TypeError: it did not.
+        """
+        if module not in self._modules:
+            raise TypeError(
+                f"Blocking backward sync is only possible for a module set up by {type(self).__name__}, got"
+                f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
+            )
+        return module
+
+    @property
+    @abstractmethod
+    def state_dict_type(self) -> str:
+        """What ``fabric.save`` writes: ``"sharded"`` (a folder, every rank its shards) or ``"full"`` (one file)."""
+
+    def module_sharded_context(self) -> AbstractContextManager[Any]:
+        """A context for creating a module whose parameters are sharded as they are created (Lightning's
+        interface): nothing here, the module is sharded when it is set up.
+
+        Example::
+
+            with strategy.module_sharded_context():
+                model = GPT(config)
+        """
+        return nullcontext()
+
+    @override
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer]
+    ) -> tuple[Module, list[Optimizer]]:
+        """Not possible: setting the module up replaces its parameters, so an optimizer created before would update
+        tensors the model no longer uses."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot set up a module together with an optimizer created before it: setting the"
+            " module up replaces its parameters, so the optimizer would hold stale ones. Set up the module first,"
+            " then create the optimizer from its parameters: model = fabric.setup_module(model); optimizer ="
+            " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+        )
+
+    @override
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Check that ``optimizer`` updates the parameters of modules set up by this strategy.
+
+        Raises:
+            ValueError: it holds other tensors, typically because it was created before ``setup_module``.
+        """
+        owned = {id(p) for module in self._modules for p in module.parameters()}
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        foreign = sum(1 for p in params if id(p) not in owned)
+        if foreign:
+            raise ValueError(
+                f"The {type(optimizer).__name__} optimizer holds {foreign} of {len(params)} parameter(s) that are not"
+                f" the parameters of a module set up with {type(self).__name__}: it was created before"
+                " fabric.setup_module(model), which replaces the parameters. Create the optimizer after setting up"
+                " the module: model = fabric.setup_module(model); optimizer ="
+                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+            )
+        return optimizer
+
+    @override
+    def module_to_device(self, module: Module) -> None:
+        """Nothing: ``setup_module`` places each rank's shards (moving the whole model first would need the memory
+        that sharding saves, and a meta-device model cannot be moved)."""
+
+    @override
+    def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
+        """With ``empty_init=True`` a new module's parameters are created on the meta device (no memory, no
+        initialisation; ``setup_module`` allocates and initialises each rank's shards). Otherwise on the CPU, from
+        where ``setup_module`` moves each rank's shards to the device. In the precision's dtype either way."""
+        stack = ExitStack()
+        if empty_init:
+            stack.enter_context(torch.device("meta"))
+        stack.enter_context(self.precision.module_init_context())
+        return stack
+
+    @override
+    def compile_module(self, module: Module, compiler: Compiler) -> Module:
+        """Compile each ``fully_shard`` unit of ``module`` below the root in place (block by block, as torchtitan
+        does; the root only when it is the one unit), so the parameter all-gathers stay eager between compiled
+        blocks and state dict keys are unchanged. Returns ``module``.
+
+        Example::
+
+            model = strategy.compile_module(strategy.setup_module(model), compiler)  # blocks compiled one by one
+        """
+        from torch.distributed.fsdp import FSDPModule
+
+        compiler.compile_units(module, [unit for unit in module.modules() if isinstance(unit, FSDPModule)])
+        return module
+
+    @override
+    def save_checkpoint(
+        self,
+        path: _PATH,
+        state: dict[str, Any],
+        storage_options: Any | None = None,
+        filter: dict[str, Callable[[str, Any], bool]] | None = None,
+    ) -> None:
+        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file. Every rank must call it.
+
+        * ``"sharded"``: every rank writes its own shards into a temporary folder beside ``path``, DCP writes the
+          ``.metadata`` file last, and rank 0 then swaps the folder into place, so ``path`` is always either the
+          previous checkpoint or the complete new one. A previous checkpoint (folder or file) at ``path`` is
+          replaced; any other folder there is refused. On several nodes, ``path`` must be on a shared filesystem.
+        * ``"full"``: the state is gathered on rank 0 (on the CPU) and written atomically as one file, in the same
+          layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
+
+        Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
+
+        ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
+        with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
+        see :func:`fabric_lite.utilities._dcp.publish_folder`), a full file uploaded whole. ``storage_options`` go to
+        the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes none.
+
+        Example::
+
+            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
+        """
+        from fabric_lite.strategies import _fsdp_checkpoint
+
+        _fsdp_checkpoint.check_storage_options(self, path, storage_options)
+        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options, full=self.state_dict_type == "full")
+
+    @override
+    def load_checkpoint(
+        self,
+        path: _PATH,
+        state: Module | Optimizer | dict[str, Any] | None = None,
+        strict: bool = True,
+        weights_only: bool | None = True,
+    ) -> dict[str, Any]:
+        """Restore ``state`` in place from a sharded folder or a full file, whatever the world size it was saved
+        with, and return what was not restored. Every rank must call it.
+
+        The rules are those of :meth:`Strategy.load_checkpoint` (``strict`` raises ``KeyError`` naming the keys the
+        checkpoint lacks; plain values are written back into ``state``), with one difference for sharded folders:
+        the returned remainder holds their entries that are neither modules nor optimizers (a module's or
+        optimizer's state is only loaded into a module or optimizer; ``state=None`` returns everything, whole).
+        A full file may come from any strategy (a DDP checkpoint loads into a sharded model); its optimizer state
+        may be keyed by parameter name or by position. Sharded folders are always read with ``weights_only=True``.
+
+        Raises:
+            CheckpointError: ``path`` is a folder but no sharded checkpoint, one file of a sharded checkpoint, or
+                unreadable; the message names the path.
+            FileNotFoundError: nothing exists at ``path``.
+
+        Example::
+
+            remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
+        """
+        from fabric_lite.strategies import _fsdp_checkpoint
+
+        return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
+
+    @override
+    def teardown(self) -> None:
+        self._modules = weakref.WeakSet()
+        self._backward_sync_control.clear()
+        super().teardown()
+
+
+def _set_gradient_sync(module: Module, enabled: bool) -> None:
+    """Switch FSDP2's gradient reduction (reduce-scatter, and HSDP's all-reduce) on or off for every ``fully_shard``
+    unit in ``module``; a module without units has nothing to switch."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_requires_gradient_sync(enabled, recurse=False)
+
+
 def _is_local_sharded_folder(path: _PATH) -> bool:
     """Whether ``path`` is a local folder written by ``torch.distributed.checkpoint`` (checked without fsspec)."""
     from fabric_lite.utilities import _dcp
@@ -413,32 +760,3 @@ def _apply_filter(
                 target_dict.setdefault(key, {})[name] = value
     else:
         target_dict[key] = source_dict
-
-
-def restore_entries(
-    state: dict[str, Any],
-    checkpoint: dict[str, Any],
-    path: Any,
-    strict: bool,
-    load_module: Callable[[Module, Any], Any],
-) -> None:
-    """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
-    ``load_module``, optimizers and stateful objects through ``load_state_dict``, plain values by replacement (in
-    ``state``); what is left in ``checkpoint`` is the remainder. With ``strict``, an entry of ``state`` that the
-    checkpoint lacks raises ``KeyError`` naming both sides."""
-    missing = [key for key in state if key not in checkpoint]
-    if strict and missing:
-        raise KeyError(
-            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
-            " Load with strict=False to restore only the entries it has."
-        )
-    for key, obj in list(state.items()):
-        if key not in checkpoint:
-            continue
-        value = checkpoint.pop(key)
-        if isinstance(obj, Module):
-            load_module(obj, value)
-        elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
-            obj.load_state_dict(value)
-        else:
-            state[key] = value

@@ -21,12 +21,12 @@ from fabric_lite.utilities.seed import RandomState, seed_everything
 from fabric_lite.utilities.warnings import disable_possible_user_warnings
 
 if TYPE_CHECKING:
-    from fabric_lite.utilities._dcp import consolidate_checkpoint
+    from fabric_lite.utilities.consolidate import consolidate_checkpoint
     from fabric_lite.utilities.progress import ProgressBar, progress_bar
     from fabric_lite.utilities.throughput import Throughput, ThroughputMonitor, measure_flops
 
 _LAZY = {
-    "consolidate_checkpoint": "fabric_lite.utilities._dcp",
+    "consolidate_checkpoint": "fabric_lite.utilities.consolidate",
     "ProgressBar": "fabric_lite.utilities.progress",
     "progress_bar": "fabric_lite.utilities.progress",
     "Throughput": "fabric_lite.utilities.throughput",

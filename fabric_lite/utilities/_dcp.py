@@ -6,16 +6,16 @@ written last by the coordinator once every rank's files are complete. fabric_lit
 says which top-level entries were modules and optimizers (their state is sharded, so they are loaded into a
 module/optimizer, never returned as a plain value).
 
-Writing is made atomic at the folder level: every rank writes into a temporary folder beside the target
-(:func:`make_temp_folder`), and rank 0 swaps it into place (:func:`publish_folder`), so a failed or interrupted save
-leaves the previous checkpoint intact.
+Writing is made atomic at the folder level, for DCP's folders and DeepSpeed's alike (:func:`save_folder`): every
+rank writes into a temporary folder beside the target (:func:`make_temp_folder`), and rank 0 swaps it into place
+(:func:`publish_folder`), so a failed or interrupted save leaves the previous checkpoint intact.
 
 A folder may also be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``), read and written with DCP's
 ``FsspecReader``/``FsspecWriter``; a :data:`Folder` is then a ``str``. Object stores cannot rename a folder, so
 publishing copies it (see :func:`publish_folder` for what a failure then leaves).
 
-:func:`consolidate_checkpoint` (public as ``fabric_lite.utilities.consolidate_checkpoint``; its command line is
-``python -m fabric_lite.utilities.consolidate``) turns a folder into one full file.
+:func:`fabric_lite.utilities.consolidate.consolidate_checkpoint` (public as
+``fabric_lite.utilities.consolidate_checkpoint``) turns a folder into one full file.
 
 Nothing here imports ``torch.distributed.checkpoint`` at module level: ``import fabric_lite`` stays cheap.
 """
@@ -29,14 +29,14 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save, safe_load
+from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, on_rank_zero, safe_load
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint
@@ -149,13 +149,22 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
             f"Cannot save a sharded checkpoint to {str(folder)!r}: a folder that is not a checkpoint exists there,"
             " and saving would replace it and everything in it. Choose another path, or remove the folder first."
         )
+    return temp_folder_beside(folder)
+
+
+def temp_folder_beside(target: Path) -> Path:
+    """A new, empty local folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives.
+
+    Raises:
+        CheckpointError: the folder cannot be created.
+    """
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        temp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
-        file_mode = _file_mode(folder.parent / f".{folder.name}.mode-probe")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        file_mode = _file_mode(target.parent / f".{target.name}.mode-probe")
         os.chmod(temp, file_mode | ((file_mode & 0o444) >> 2))  # rw for the file mode, x where it is readable
     except OSError as err:
-        raise CheckpointError(f"Cannot save the checkpoint to {str(folder)!r}: {err}.") from err
+        raise CheckpointError(f"Cannot save the checkpoint to {str(target)!r}: {err}.") from err
     return temp
 
 
@@ -232,6 +241,55 @@ def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
         return {}
     loaded = safe_load(path)
     return dict(loaded) if isinstance(loaded, dict) else {}
+
+
+def save_folder(
+    target: Folder,
+    kind: str,
+    make_temp: Callable[[], Folder],
+    write: Callable[[Folder], str | None],
+    finish: Callable[[Folder], None],
+    ranks: tuple[int, int, Callable[..., Any]],
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Write a checkpoint folder at ``target`` atomically; every rank must call it. Rank 0 creates a temporary folder
+    beside ``target`` (``make_temp``), every rank writes its part into it (``write`` returns ``None``, or what failed,
+    naming the rank), and rank 0 then either deletes it and raises :class:`CheckpointError` quoting every failure, or
+    completes it (``finish``: an index file) and swaps it into place (:func:`publish_folder`), so ``target`` is always
+    the previous checkpoint or the complete new one. ``ranks`` is ``(global_rank, world_size, broadcast)``, a
+    strategy's; every rank raises if any rank failed.
+
+    Example::
+
+        ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+        save_folder(Path("ckpt"), "sharded", lambda: make_temp_folder("ckpt"), write, finish, ranks)
+    """
+    import torch.distributed as dist
+
+    world_size = ranks[1]
+    temp = _folder(on_rank_zero(lambda: str(make_temp()), *ranks))
+    error = write(temp)
+    errors: list[str | None] = [error]
+    if dist.is_initialized() and world_size > 1:
+        errors = [None] * world_size
+        dist.all_gather_object(errors, error)
+    failed = sorted({e for e in errors if e is not None})
+
+    def publish() -> None:
+        if failed:
+            remove(temp, storage_options)
+            raise CheckpointError(
+                f"Saving the {kind} checkpoint to {str(target)!r} failed ({'; '.join(failed)}). The previous"
+                " checkpoint at that path, if any, is unchanged."
+            )
+        try:
+            finish(temp)
+        except BaseException:
+            remove(temp, storage_options)
+            raise
+        publish_folder(temp, target, storage_options)  # deletes temp, or says where it is kept and why
+
+    on_rank_zero(publish, *ranks)
 
 
 def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] | None = None) -> None:
@@ -371,80 +429,6 @@ def read_entries(folder: Folder, keys: list[str] | None) -> dict[str, Any]:
             f" failed: {describe(err)}"
         ) from err
     return state
-
-
-def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
-    """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``.
-
-    The file is written atomically (a temporary file beside it, renamed into place), with torch's
-    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``. Run it in one process: it reads every shard.
-    A DeepSpeed checkpoint folder (``DeepSpeedStrategy``'s) becomes ``{model_key: float32 weights, **other entries}``
-    through DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (no optimizer state; needs DeepSpeed).
-
-    Either may be an fsspec URL (``s3://bucket/run/step-1000``): the folder is then read with torch's
-    ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.utilities.checkpoint`).
-
-    Returns:
-        The path of the file written (a ``Path``; the URL string for a URL).
-
-    Raises:
-        FileNotFoundError: nothing exists at ``checkpoint_folder``.
-        CheckpointError: ``checkpoint_folder`` is not a sharded checkpoint (a plain file, or a folder without DCP's
-            ``.metadata``), ``output_file`` is a folder, or reading or writing failed; the message names the path.
-
-    Example::
-
-        from fabric_lite.utilities import consolidate_checkpoint
-
-        consolidate_checkpoint("checkpoints/step-1000", "step-1000.ckpt")
-        state = torch.load("step-1000.ckpt", weights_only=True)  # {"model": {...}, "optimizer": {...}, ...}
-    """
-    if _is_remote(checkpoint_folder) or _is_remote(output_file):
-        return _consolidate_url(str(checkpoint_folder), str(output_file))
-    from fabric_lite.strategies import _deepspeed_checkpoint
-
-    if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint_folder):
-        return _deepspeed_checkpoint.consolidate(checkpoint_folder, output_file)
-    folder = check_sharded_checkpoint(checkpoint_folder)
-    target = Path(_local_path(output_file))
-    if target.is_dir():
-        raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(target)!r}: it is a folder.")
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        dcp_to_torch_save(folder, temp)
-        os.chmod(temp, _file_mode(target))
-        with open(temp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-        _fsync_folder(target.parent)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        if isinstance(err, dcp_errors()) and not isinstance(err, CheckpointError):
-            raise CheckpointError(
-                f"Consolidating {str(folder)!r} into {str(target)!r} failed: {describe(err)}."
-                " A previous file at that path, if any, is unchanged."
-            ) from err
-        raise
-    return target
-
-
-def _consolidate_url(checkpoint_folder: str, output_file: str) -> Any:
-    """:func:`consolidate_checkpoint` where the folder or the file is an fsspec URL: the folder is read through
-    torch's ``FsspecReader``, and the file written with :func:`~fabric_lite.utilities.checkpoint.atomic_save`."""
-    folder = check_sharded_checkpoint(checkpoint_folder)
-    if not _is_remote(output_file) and Path(_local_path(output_file)).is_dir():
-        raise CheckpointError(f"Cannot write the consolidated checkpoint to {output_file!r}: it is a folder.")
-    try:
-        state = read_entries(folder, None)
-    except CheckpointError as err:
-        raise CheckpointError(f"Consolidating {checkpoint_folder!r} failed: {err}") from err
-    atomic_save(state, output_file)
-    return output_file if _is_remote(output_file) else Path(_local_path(output_file))
 
 
 def dcp_errors() -> tuple[type[BaseException], ...]:

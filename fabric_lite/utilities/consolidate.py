@@ -18,15 +18,94 @@ A DeepSpeed folder becomes ``{model_key: float32 weights, **other entries}``, th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
-from fabric_lite.utilities._dcp import check_sharded_checkpoint, consolidate_checkpoint
+from fabric_lite.utilities._dcp import check_sharded_checkpoint, dcp_errors, describe, read_entries
 from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save
 from fabric_lite.utilities.cloud_io import get_filesystem
+from fabric_lite.utilities.types import _PATH
 
 __all__ = ["add_consolidate_arguments", "consolidate_checkpoint", "main", "run_consolidate"]
+
+
+def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
+    """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``.
+
+    The file is written atomically (a temporary file beside it, renamed into place), with torch's
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``. Run it in one process: it reads every shard.
+    A DeepSpeed checkpoint folder (``DeepSpeedStrategy``'s) becomes ``{model_key: float32 weights, **other entries}``
+    through DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (no optimizer state; needs DeepSpeed).
+
+    Either may be an fsspec URL (``s3://bucket/run/step-1000``): the folder is then read with torch's
+    ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.utilities.checkpoint`).
+
+    Returns:
+        The path of the file written (a ``Path``; the URL string for a URL).
+
+    Raises:
+        FileNotFoundError: nothing exists at ``checkpoint_folder``.
+        CheckpointError: ``checkpoint_folder`` is not a sharded checkpoint (a plain file, or a folder without DCP's
+            ``.metadata``), ``output_file`` is a folder, or reading or writing failed; the message names the path.
+
+    Example::
+
+        from fabric_lite.utilities import consolidate_checkpoint
+
+        consolidate_checkpoint("checkpoints/step-1000", "step-1000.ckpt")
+        state = torch.load("step-1000.ckpt", weights_only=True)  # {"model": {...}, "optimizer": {...}, ...}
+    """
+    if _is_remote(checkpoint_folder) or _is_remote(output_file):
+        return _consolidate_url(str(checkpoint_folder), str(output_file))
+    from fabric_lite.strategies import _deepspeed_checkpoint
+
+    if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint_folder):
+        return _deepspeed_checkpoint.consolidate(checkpoint_folder, output_file)
+    folder = check_sharded_checkpoint(checkpoint_folder)
+    target = Path(_local_path(output_file))
+    if target.is_dir():
+        raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(target)!r}: it is a folder.")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        dcp_to_torch_save(folder, temp)
+        os.chmod(temp, _file_mode(target))
+        with open(temp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+        _fsync_folder(target.parent)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        if isinstance(err, dcp_errors()) and not isinstance(err, CheckpointError):
+            raise CheckpointError(
+                f"Consolidating {str(folder)!r} into {str(target)!r} failed: {describe(err)}."
+                " A previous file at that path, if any, is unchanged."
+            ) from err
+        raise
+    return target
+
+
+def _consolidate_url(checkpoint_folder: str, output_file: str) -> Any:
+    """:func:`consolidate_checkpoint` where the folder or the file is an fsspec URL: the folder is read through
+    torch's ``FsspecReader``, and the file written with :func:`~fabric_lite.utilities.checkpoint.atomic_save`."""
+    folder = check_sharded_checkpoint(checkpoint_folder)
+    if not _is_remote(output_file) and Path(_local_path(output_file)).is_dir():
+        raise CheckpointError(f"Cannot write the consolidated checkpoint to {output_file!r}: it is a folder.")
+    try:
+        state = read_entries(folder, None)
+    except CheckpointError as err:
+        raise CheckpointError(f"Consolidating {checkpoint_folder!r} failed: {err}") from err
+    atomic_save(state, output_file)
+    return output_file if _is_remote(output_file) else Path(_local_path(output_file))
 
 
 def add_consolidate_arguments(parser: argparse.ArgumentParser) -> None:

@@ -67,11 +67,6 @@ EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
         "fabric_lite's SubprocessScriptLauncher is built from a strategy, not from (environment, processes, nodes):"
         " a custom strategy subclasses DDPStrategy or ParallelStrategy, which make it"
     ),
-    "lightning_fabric.strategies.strategy._BackwardSyncControl": (
-        "fabric_lite's strategies do not share these bases yet (the redesign of issue 24 writes the shared behaviour"
-        " of the sharded strategies once); a custom strategy overrides no_backward_sync itself"
-    ),
-    "lightning_fabric.strategies.strategy._Sharded": "as _BackwardSyncControl",
     "lightning_fabric.utilities.device_parser._check_data_type": _DEVICES,
     "lightning_fabric.utilities.device_parser._check_unique": _DEVICES,
     "lightning_fabric.utilities.device_parser._parse_gpu_ids": f"{_DEVICES} (in its history only)",

@@ -380,7 +380,7 @@ def test_users_checkpoint_io_on_two_ranks_only_rank_0_writes(tmp_path: Path, how
 # ---------------------------------------------------------------------------------------------- FSDPPrecision
 @pytest.mark.parametrize("precision", ["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"])
 def test_fsdp_precision_gives_the_policy_and_hooks_of_the_precision_name(precision: str) -> None:
-    from fabric_lite.strategies._fsdp_setup import mixed_precision_policy
+    from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
 
     plugin = FSDPPrecision(precision)  # type: ignore[arg-type]
     assert plugin.precision == precision

@@ -31,9 +31,10 @@ from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionP
 from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
 
 from fabric_lite import Fabric
+from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
 from fabric_lite.strategies import FSDPStrategy
 from fabric_lite.strategies._fsdp_options import mesh_shape
-from fabric_lite.strategies._fsdp_setup import mixed_precision_policy, wrap_targets
+from fabric_lite.strategies._fsdp_setup import wrap_targets
 from fabric_lite.utilities import CheckpointError, consolidate_checkpoint
 from fabric_lite.utilities._dcp import check_sharded_checkpoint
 from fabric_lite.utilities.rank_zero import LightningDeprecationWarning

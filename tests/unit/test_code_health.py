@@ -1,4 +1,5 @@
-"""Code health, part of the test command CI runs: ``mypy --strict`` on the package, ``ruff`` lint and format check.
+"""Code health, part of the test command CI runs: ``mypy --strict`` on the package, ``ruff`` lint and format check,
+and no import circle among the package's modules.
 
 Both tools come with the ``test`` extra (``.ci/setup`` installs it); a venv without them fails here, saying how to
 install them, rather than skipping.
@@ -6,9 +7,11 @@ install them, rather than skipping.
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,131 @@ def test_ruff_lint_is_clean():
 def test_ruff_format_is_clean():
     done = _run([_tool("ruff"), "format", "--check", *CHECKED])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------------- import circles
+def module_imports(package: Path) -> dict[str, set[str]]:
+    """``{module: the package's modules it imports when it is imported}`` for every module of ``package``, read
+    from the source (nothing is imported). Only imports that run at import time count: those inside functions and
+    under ``if TYPE_CHECKING:`` do not. ``from a.b import c`` imports ``a.b.c`` when that is a module, else ``a.b``
+    (its ``__init__``)."""
+    root = package.name
+    files = {_module_name(path, package): path for path in sorted(package.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        is_package = path.name == "__init__.py"
+        found: set[str] = set()
+        for statement in _import_time_statements(ast.parse(path.read_text(), str(path)).body):
+            if isinstance(statement, ast.Import):
+                found.update(alias.name for alias in statement.names if alias.name in files)
+            elif isinstance(statement, ast.ImportFrom):
+                base = statement.module or ""
+                if statement.level:  # relative: from the module's package, one level up per extra dot
+                    parts = name.split(".") if is_package else name.split(".")[:-1]
+                    parts = parts[: len(parts) - statement.level + 1]
+                    base = ".".join(parts + ([statement.module] if statement.module else []))
+                if base.split(".")[0] != root:
+                    continue
+                for alias in statement.names:
+                    target = f"{base}.{alias.name}"
+                    found.add(target if target in files else base)
+        graph[name] = {target for target in found if target in files and target != name}
+    return graph
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_time_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    for statement in body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(statement, ast.If):
+            test = statement.test
+            type_checking = isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+            type_checking |= isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+            if not type_checking:
+                yield from _import_time_statements(statement.body)
+            yield from _import_time_statements(statement.orelse)
+        elif isinstance(statement, ast.Try):
+            for block in (statement.body, *(h.body for h in statement.handlers), statement.orelse, statement.finalbody):
+                yield from _import_time_statements(block)
+        elif isinstance(statement, (ast.With, ast.ClassDef)):
+            yield from _import_time_statements(statement.body)
+        else:
+            yield statement
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every circle of ``graph``, as the modules of one circle in import order (its first module repeated at the
+    end): one per strongly connected component of more than one module, found with Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [_one_circle(graph, set(component)) for component in components]
+
+
+def _one_circle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A path through ``component`` from its first module back to it (breadth first: the shortest)."""
+    start = min(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        module = queue.pop(0)
+        for target in sorted(graph[module] & component):
+            if target == start:
+                return [*paths[module], start]
+            if target not in paths:
+                paths[target] = [*paths[module], target]
+                queue.append(target)
+    raise AssertionError(f"{sorted(component)} is no circle")  # a strongly connected component always has one
+
+
+def test_fabric_lite_has_no_import_circle() -> None:
+    """Imports run downward: no module of fabric_lite imports, at import time, one that imports it back."""
+    circles = import_circles(module_imports(REPO / "fabric_lite"))
+    assert not circles, "import circles in fabric_lite:\n" + "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
+    """The check itself, on a package with one circle (``a -> b -> c.d -> a``) beside imports that do not close one:
+    a function-level import, a ``TYPE_CHECKING`` import, and a relative import of a sibling."""
+    package = tmp_path / "pkg"
+    (package / "c").mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "a.py": "from pkg import b\n",
+        "b.py": "import pkg.c.d\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n",
+        "c/__init__.py": "",
+        "c/d.py": "from pkg.a import x\nfrom . import f\n",
+        "c/f.py": "",
+        "e.py": "import pkg.b\n\ndef g():\n    from pkg import a\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    graph = module_imports(package)
+    assert graph["pkg.c.d"] == {"pkg.a", "pkg.c.f"} and graph["pkg.b"] == {"pkg.c.d"} and graph["pkg.e"] == {"pkg.b"}
+    assert import_circles(graph) == [["pkg.a", "pkg.b", "pkg.c.d", "pkg.a"]]

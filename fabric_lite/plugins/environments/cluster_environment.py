@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import ClassVar
+
+from typing_extensions import override
 
 
 class ClusterEnvironment(ABC):
@@ -109,3 +112,49 @@ class ClusterEnvironment(ABC):
             return int(value)
         except ValueError:
             raise ValueError(f"The environment variable {name}={value!r} is not an integer.") from None
+
+
+class _LauncherEnvironment(ClusterEnvironment):
+    """Processes that a launcher (torchrun, ``srun``, ``jsrun``, the Kubeflow operator) started with every rank
+    fixed: each rank is one variable it sets, named by the subclass; fabric_lite sets none of them.
+
+    Example::
+
+        class MyLauncherEnvironment(_LauncherEnvironment):
+            _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "MY_SIZE", "MY_RANK", "MY_LOCAL_RANK", "MY_NODE"
+    """
+
+    #: the variables of the world size, the global rank, the local rank and the node rank (0 when it is unset)
+    _WORLD_SIZE: ClassVar[str]
+    _GLOBAL_RANK: ClassVar[str]
+    _LOCAL_RANK: ClassVar[str]
+    _NODE_RANK: ClassVar[str]
+
+    @property
+    @override
+    def creates_processes_externally(self) -> bool:
+        return True
+
+    @override
+    def world_size(self) -> int:
+        return self._int(self._WORLD_SIZE)
+
+    @override
+    def set_world_size(self, size: int) -> None:
+        pass  # the launcher decides
+
+    @override
+    def global_rank(self) -> int:
+        return self._int(self._GLOBAL_RANK)
+
+    @override
+    def set_global_rank(self, rank: int) -> None:
+        pass  # the launcher decides
+
+    @override
+    def local_rank(self) -> int:
+        return self._int(self._LOCAL_RANK)
+
+    @override
+    def node_rank(self) -> int:
+        return self._int(self._NODE_RANK, 0)

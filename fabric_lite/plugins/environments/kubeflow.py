@@ -6,10 +6,10 @@ from collections.abc import Mapping
 
 from typing_extensions import override
 
-from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
 
 
-class KubeflowEnvironment(ClusterEnvironment):
+class KubeflowEnvironment(_LauncherEnvironment):
     """Processes started by the Kubeflow training operator's ``PyTorchJob``, one per pod.
 
     The operator sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` in every pod (and Kubernetes
@@ -26,10 +26,7 @@ class KubeflowEnvironment(ClusterEnvironment):
         env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (2, 0, 2, 4)
     """
 
-    @property
-    @override
-    def creates_processes_externally(self) -> bool:
-        return True
+    _WORLD_SIZE, _GLOBAL_RANK = "WORLD_SIZE", "RANK"
 
     @property
     @override
@@ -49,22 +46,6 @@ class KubeflowEnvironment(ClusterEnvironment):
             "The Kubeflow environment can't be detected automatically: pass"
             " Fabric(plugins=[KubeflowEnvironment()]) in a PyTorchJob."
         )
-
-    @override
-    def world_size(self) -> int:
-        return self._int("WORLD_SIZE")
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        pass  # the PyTorchJob decides
-
-    @override
-    def global_rank(self) -> int:
-        return self._int("RANK")
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass  # the PyTorchJob decides
 
     @override
     def local_rank(self) -> int:

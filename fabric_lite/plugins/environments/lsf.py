@@ -8,12 +8,12 @@ from collections.abc import Mapping
 
 from typing_extensions import override
 
-from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
 
 _REQUIRED = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_SIZE")
 
 
-class LSFEnvironment(ClusterEnvironment):
+class LSFEnvironment(_LauncherEnvironment):
     """Processes started by ``jsrun`` in an LSF job (e.g. on IBM Summit-style clusters); fabric_lite starts none.
 
     Reads:
@@ -42,6 +42,8 @@ class LSFEnvironment(ClusterEnvironment):
         fabric = Fabric(accelerator="cuda", devices=2, num_nodes=2)  # LSFEnvironment is detected
         LSFEnvironment().main_address  # 'batch2': the first compute host of $LSB_DJOB_RANKFILE
     """
+
+    _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK = "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         super().__init__(env)
@@ -88,11 +90,6 @@ class LSFEnvironment(ClusterEnvironment):
 
     @property
     @override
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    @override
     def main_address(self) -> str:
         return self._main_address
 
@@ -107,26 +104,6 @@ class LSFEnvironment(ClusterEnvironment):
         """Whether ``jsrun`` started this process: every one of its variables and LSF's job variables is set."""
         env = os.environ if env is None else env
         return all(name in env for name in _REQUIRED)
-
-    @override
-    def world_size(self) -> int:
-        return self._int("JSM_NAMESPACE_SIZE")
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        pass  # jsrun decides
-
-    @override
-    def global_rank(self) -> int:
-        return self._int("JSM_NAMESPACE_RANK")
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass  # jsrun decides
-
-    @override
-    def local_rank(self) -> int:
-        return self._int("JSM_NAMESPACE_LOCAL_RANK")
 
     @override
     def node_rank(self) -> int:

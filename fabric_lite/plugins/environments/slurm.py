@@ -15,7 +15,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | N
     )
 
 
-class SLURMEnvironment(ClusterEnvironment):
+class SLURMEnvironment(_LauncherEnvironment):
     """Processes started by ``srun`` (directly or inside an ``sbatch`` script); fabric_lite starts none itself.
 
     Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``, the tasks per node
@@ -144,6 +144,8 @@ class SLURMEnvironment(ClusterEnvironment):
         fabric = Fabric(plugins=[SLURMEnvironment(auto_requeue=True)])
         SLURMEnvironment(env={"SLURM_NNODES": "2"}).num_nodes()  # 2
     """
+
+    _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"
 
     def __init__(
         self,
@@ -261,11 +263,6 @@ class SLURMEnvironment(ClusterEnvironment):
 
     @property
     @override
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    @override
     def main_address(self) -> str:
         if "MASTER_ADDR" in self._env:
             return self._env["MASTER_ADDR"]
@@ -294,30 +291,6 @@ class SLURMEnvironment(ClusterEnvironment):
         if step_tasks is not None and step_tasks > 1:
             return True  # a step of several tasks: they are the ranks, whatever the job is called
         return not _slurm_interactive(env)
-
-    @override
-    def world_size(self) -> int:
-        return self._int("SLURM_NTASKS")
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        pass  # SLURM decides
-
-    @override
-    def global_rank(self) -> int:
-        return self._int("SLURM_PROCID")
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass  # SLURM decides
-
-    @override
-    def local_rank(self) -> int:
-        return self._int("SLURM_LOCALID")
-
-    @override
-    def node_rank(self) -> int:
-        return self._int("SLURM_NODEID", 0)
 
     def tasks_per_node(self) -> int | None:
         """Tasks of this step on each node; ``None`` when nodes have different counts or SLURM does not say.

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 
 from typing_extensions import override
 
-from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
 
 
-class TorchElasticEnvironment(ClusterEnvironment):
+class TorchElasticEnvironment(_LauncherEnvironment):
     """Processes started by torchrun (the torch elastic agent), which fabric_lite never starts itself.
 
     Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` and
@@ -24,10 +24,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
         env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (3, 1, 1, 4)
     """
 
-    @property
-    @override
-    def creates_processes_externally(self) -> bool:
-        return True
+    _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK"
 
     @property
     @override
@@ -43,30 +40,6 @@ class TorchElasticEnvironment(ClusterEnvironment):
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
         return "TORCHELASTIC_RUN_ID" in (os.environ if env is None else env)
-
-    @override
-    def world_size(self) -> int:
-        return self._int("WORLD_SIZE")
-
-    @override
-    def set_world_size(self, size: int) -> None:
-        pass  # torchrun decides
-
-    @override
-    def global_rank(self) -> int:
-        return self._int("RANK")
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass  # torchrun decides
-
-    @override
-    def local_rank(self) -> int:
-        return self._int("LOCAL_RANK")
-
-    @override
-    def node_rank(self) -> int:
-        return self._int("GROUP_RANK", 0)
 
     @override
     def hosts_store(self, global_rank: int) -> bool:

@@ -98,8 +98,6 @@ class FSDPPrecision(Precision):
 
             FSDPPrecision("bf16-mixed").mixed_precision_config.param_dtype  # torch.bfloat16
         """
-        from fabric_lite.strategies._fsdp_setup import mixed_precision_policy
-
         return mixed_precision_policy(self.precision)
 
     # every hook is the matching fabric_lite precision family's
@@ -174,3 +172,27 @@ class FSDPPrecision(Precision):
     @override
     def changes_forward(self) -> bool:
         return self._impl.changes_forward()
+
+
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """The ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``.
+
+    * ``"bf16-mixed"`` / ``"16-mixed"``: the sharded parameters (and the optimizer) stay float32; each unit is
+      all-gathered in bfloat16/float16 and computes in it; gradients are reduce-scattered in float32.
+    * ``"bf16-true"`` / ``"16-true"``: everything in bfloat16/float16, gradients reduced in it too.
+    * anything else (``"32-true"``, ``"64-true"``): no casting.
+
+    Example::
+
+        mixed_precision_policy("bf16-mixed")
+        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    half = {"bf16": torch.bfloat16, "16": torch.float16}
+    kind, _, mode = precision.partition("-")
+    if kind in half and mode == "mixed":
+        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=torch.float32)
+    if kind in half and mode == "true":
+        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=half[kind])
+    return MixedPrecisionPolicy()
