@@ -59,10 +59,12 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])  # type: ignore[return-value]
 
 
-@pytest.mark.timeout(300)
+# The quick run takes about 55 s alone on 2 cores, and more than 240 s beside the rest of the suite under `-n 2`
+# (every tier on): the bound guards against a hang, so it covers the busy machine.
+@pytest.mark.timeout(660)
 def test_run_quick_prints_every_figure_and_writes_json_and_chart(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    done = run_python(["benchmarks/run.py", "--quick", "--out", str(out)], timeout=240)
+    done = run_python(["benchmarks/run.py", "--quick", "--out", str(out)], timeout=600)
     assert done.returncode == 0, done.output
     for figure in FIGURES:
         assert f"\n{figure} " in done.stdout, f"{figure} missing from the table\n{done.output}"
