@@ -814,7 +814,7 @@ def test_two_fabrics_with_different_debug_settings_keep_their_own_behaviour():
     """Two Fabric objects over one process group, one in debug mode (set up after the other) and one not: the
     first's calls are predicted as before, the debug one's never are and it still names mismatched ranks at once;
     neither setting reaches the other (each strategy holds the state of its own collectives)."""
-    for rank, obs in enumerate(spawn_job("tests.jobs.collectives:two_fabrics", 2, timeout=120)):
+    for rank, obs in enumerate(spawn_job("tests.helpers.jobs.collectives:two_fabrics", 2, timeout=120)):
         assert obs["debug"] == [False, True, False], rank
         assert obs["same_state"] is False
         for round in range(4):
@@ -832,7 +832,7 @@ def test_two_fabrics_with_different_debug_settings_keep_their_own_behaviour():
 def test_a_new_group_does_not_inherit_the_history_of_a_destroyed_one():
     """A process group destroyed and another made over the same ranks (possibly at the same address): the new one
     has state of its own, so its first calls are not predicted from the old one's history."""
-    for rank, obs in enumerate(spawn_job("tests.jobs.collectives:group_recreated", 2, timeout=120)):
+    for rank, obs in enumerate(spawn_job("tests.helpers.jobs.collectives:group_recreated", 2, timeout=120)):
         # 4 calls of one kind: the first two are not predicted
         assert obs["first_hits"] == 2, (rank, obs["first_hits"])
         assert obs["new_state"] is True

@@ -898,7 +898,7 @@ def _loop(fabric: Any, rank: int) -> list[Any]:
 def two_fabrics(fabric: Any) -> dict[str, Any]:
     """This job's Fabric (debug off) and two more over the same process group, set up after it: one with
     ``debug=True``, then one without. Their calls interleave; each keeps the behaviour of its own setting."""
-    from tests.jobs.ddp_toolkit import fabric_with
+    from tests.helpers.jobs.ddp_toolkit import fabric_with
 
     rank = fabric.global_rank
     debug = fabric_with(fabric, debug=True)
