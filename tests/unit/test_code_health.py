@@ -11,7 +11,7 @@ import ast
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,7 @@ def module_imports(package: Path) -> dict[str, set[str]]:
     for name, path in files.items():
         is_package = path.name == "__init__.py"
         found: set[str] = set()
-        for statement in _running_statements(ast.parse(path.read_text(), str(path)).body):
+        for statement in _imports(ast.parse(path.read_text(), str(path)).body):
             if isinstance(statement, ast.Import):
                 found.update(alias.name for alias in statement.names if alias.name in files)
             elif isinstance(statement, ast.ImportFrom):
@@ -85,25 +85,22 @@ def _module_name(path: Path, package: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _running_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """Every statement of ``body``, nested ones included, but those under ``if TYPE_CHECKING:``."""
-    for statement in body:
-        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield from _running_statements(statement.body)
-        elif isinstance(statement, ast.If):
-            test = statement.test
-            type_checking = isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-            type_checking |= isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-            if not type_checking:
-                yield from _running_statements(statement.body)
-            yield from _running_statements(statement.orelse)
-        elif isinstance(statement, ast.Try):
-            for block in (statement.body, *(h.body for h in statement.handlers), statement.orelse, statement.finalbody):
-                yield from _running_statements(block)
-        elif isinstance(statement, (ast.With, ast.ClassDef, ast.For, ast.While)):
-            yield from _running_statements(statement.body)
+def _imports(nodes: Iterable[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement in ``nodes``, nested ones included (in functions, classes, loops, ``try``, ``match``),
+    but those under ``if TYPE_CHECKING:``, which never run."""
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _imports(node.orelse)
         else:
-            yield statement
+            yield from _imports(ast.iter_child_nodes(node))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
