@@ -1,9 +1,10 @@
 """``strategy="horovod"``: what needs no Horovod (plan, environment, the missing-library error) runs everywhere; the
 ``horovod`` tier runs real jobs under ``horovodrun -np 2`` with the ``.venv-horovod`` interpreter.
 
-Build that venv with ``.ci/setup-horovod`` (about 7 minutes on 2 cores), or point ``$HOROVOD_PYTHON`` at a Python
-with ``horovod.torch``; without one the tier skips and says so. ``FABRIC_LITE_HOROVOD=1 .ci/run`` builds the venv
-first, and with that variable set a missing Horovod fails the tier instead of skipping it.
+Like the other optional tiers it runs when asked for (``-m horovod``, this file named, or ``FABRIC_LITE_HOROVOD=1``,
+which ``.ci/run`` sets): it then builds that venv with ``.ci/setup-horovod`` on first use (about 8 minutes on 2
+cores), or uses ``$HOROVOD_PYTHON``, a Python with ``horovod.torch``. With the variable set a failed build fails the
+tier; otherwise it skips and says why.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from fabric_lite._plan import Machine, resolve_plan
 from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.strategies.horovod import HOROVOD_INSTALL
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from tests.helpers.harness import REPO, Completed, base_env, run_python
+from tests.helpers.harness import REPO, Completed, base_env, optional_venv, run_python
 
 SCRIPT = "tests/helpers/scripts/horovod_checks.py"
 
@@ -183,34 +184,30 @@ def test_horovod_is_optional_in_the_package_metadata() -> None:
 
 # ------------------------------------------------------------------------------------ the horovod tier
 
-_FOUND: list[str | None] = []
+HOROVOD_BUILD_TIMEOUT = 1800  # seconds: the build takes about 8 minutes on a quiet 2-core machine, more beside the suite
 
 
-def horovod_python() -> str | None:
-    """A Python that can import ``horovod.torch``: ``$HOROVOD_PYTHON`` or ``.venv-horovod`` (``.ci/setup-horovod``)."""
-    if not _FOUND:
-        found = None
-        for candidate in (os.environ.get("HOROVOD_PYTHON"), str(REPO / ".venv-horovod" / "bin" / "python")):
-            if candidate and Path(candidate).is_file():
-                check = subprocess.run(
-                    [candidate, "-c", "import horovod.torch, fabric_lite"], capture_output=True, timeout=120
-                )
-                if check.returncode == 0:
-                    found = candidate
-                    break
-        _FOUND.append(found)
-    return _FOUND[0]
-
-
-@pytest.fixture
-def hvd_python() -> str:
-    python = horovod_python()
-    if python is None:
-        message = "no Python with horovod.torch: run .ci/setup-horovod (builds .venv-horovod) or set HOROVOD_PYTHON"
-        if os.environ.get("FABRIC_LITE_HOROVOD") == "1":
-            pytest.fail(f"FABRIC_LITE_HOROVOD=1 asks for the Horovod tier, but there is {message}")
-        pytest.skip(message)
-    return python
+@pytest.fixture(scope="module")
+def hvd_python(request: pytest.FixtureRequest) -> str:
+    """A Python that can import ``horovod.torch``: ``$HOROVOD_PYTHON``, or ``.venv-horovod``, built by
+    ``.ci/setup-horovod`` on first use when the tier is asked for (``-m horovod``, this file named, or
+    ``FABRIC_LITE_HOROVOD=1``, which also makes a failed build an error instead of a skip)."""
+    given = os.environ.get("HOROVOD_PYTHON")
+    if given:
+        check = subprocess.run([given, "-c", "import horovod.torch, fabric_lite"], capture_output=True, timeout=180)
+        if check.returncode != 0:
+            pytest.fail(f"HOROVOD_PYTHON={given} cannot import horovod.torch and fabric_lite: {check.stderr[-400:]!r}")
+        return given
+    return optional_venv(
+        request.config,
+        marker="horovod",
+        variable="FABRIC_LITE_HOROVOD",
+        module_file="test_horovod.py",
+        venv=REPO / ".venv-horovod",
+        setup=".ci/setup-horovod",
+        probe="import horovod.torch, fabric_lite, pytest",
+        timeout=HOROVOD_BUILD_TIMEOUT,
+    )
 
 
 def _token_processes(token: str) -> list[int]:
