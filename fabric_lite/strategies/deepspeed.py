@@ -26,9 +26,10 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
-from fabric_lite.strategies import _deepspeed_checkpoint, _deepspeed_config, _deepspeed_runtime
+from fabric_lite.strategies import _deepspeed_config, _deepspeed_runtime
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.strategies.strategy import _NestedSyncSwitch
+from fabric_lite.utilities.checkpoint import deepspeed as _deepspeed_checkpoint
 from fabric_lite.utilities.rank_zero import rank_zero_info
 from fabric_lite.utilities.types import _PATH
 
@@ -580,7 +581,8 @@ class DeepSpeedStrategy(ParallelStrategy):
                 " manages the state serialization internally: save without filter."
             )
         path = self.broadcast(path)  # rank 0's path: every rank writes into the same folder
-        _deepspeed_checkpoint.save(self, path, state, self.exclude_frozen_parameters)
+        ranks = (self.global_rank, self.world_size, self.broadcast)
+        _deepspeed_checkpoint.save(path, state, self.exclude_frozen_parameters, ranks)
 
     @override
     def load_checkpoint(
@@ -632,7 +634,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                 f"DeepSpeedStrategy.load_checkpoint(state={type(state).__name__}): ZeRO's optimizer state is loaded"
                 " together with its model. Pass both: fabric.load(path, {'model': model, 'optimizer': optimizer})."
             )
-        return _deepspeed_checkpoint.load(self, path, state, strict)
+        return _deepspeed_checkpoint.load(path, state, strict)
 
     # ------------------------------------------------------------------ teardown
     @override

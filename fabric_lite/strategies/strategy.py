@@ -18,10 +18,13 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
-from fabric_lite.utilities.checkpoint import PRECISION_KEY, restore_entries
+from fabric_lite.utilities.checkpoint import sharded
+from fabric_lite.utilities.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
+from fabric_lite.utilities.checkpoint.folders import is_sharded_checkpoint
 from fabric_lite.utilities.init import _EmptyInit
-from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
+from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 if TYPE_CHECKING:
     from fabric_lite._compile import Compiler
@@ -340,23 +343,6 @@ class Strategy(ABC):
         """The optimizer's state dict."""
         return optimizer.state_dict()
 
-    def _convert_state(self, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]]) -> dict[str, Any]:
-        converted: dict[str, Any] = {}
-        for key, obj in state.items():
-            if isinstance(obj, Module):
-                value = self.get_module_state_dict(obj)
-            elif isinstance(obj, Optimizer):
-                value = self.get_optimizer_state(obj)
-            elif isinstance(obj, _Stateful) and not isinstance(obj, type):
-                value = obj.state_dict()
-            else:
-                value = obj
-            if key in filter and isinstance(value, dict):
-                keep = filter[key]
-                value = {k: v for k, v in value.items() if keep(k, v)}
-            converted[key] = value
-        return converted
-
     def save_checkpoint(
         self,
         path: _PATH,
@@ -368,10 +354,9 @@ class Strategy(ABC):
         other values as they are. The precision's own state (a loss scaler's) is saved with them, under
         ``PRECISION_KEY``. Global rank 0 writes, through :attr:`checkpoint_io` (atomically by default), passing it
         ``storage_options``."""
-        checkpoint = self._convert_state(state, filter or {})
-        precision_state = self.precision.state_dict()
-        if precision_state:
-            checkpoint.setdefault(PRECISION_KEY, precision_state)
+        checkpoint = to_state_dicts(
+            state, filter or {}, self.get_module_state_dict, self.get_optimizer_state, self.precision.state_dict()
+        )
         if self.is_global_zero:
             self.checkpoint_io.save_checkpoint(checkpoint=checkpoint, path=path, storage_options=storage_options)
 
@@ -396,14 +381,10 @@ class Strategy(ABC):
         A local sharded checkpoint folder (``torch.distributed.checkpoint``, as the FSDP and model-parallel
         strategies write by default) is read too, into plain modules and optimizers, by every rank.
         """
-        if _is_local_sharded_folder(path):
-            from fabric_lite.strategies import _fsdp_checkpoint
-
-            return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
+        if not _is_remote(path) and is_sharded_checkpoint(path):  # a local DCP folder (checked without fsspec)
+            return self._load_sharded_checkpoint(path, state, strict, weights_only)
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
-        if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
-            # the loss scaler's state (saved by save_checkpoint) goes back into the precision, not to the caller
-            self.precision.load_state_dict(checkpoint.pop(PRECISION_KEY))
+        pop_precision(checkpoint, self.precision.load_state_dict)
         if not state:
             return checkpoint
         if isinstance(state, Module):
@@ -414,6 +395,15 @@ class Strategy(ABC):
             return {}
         restore_entries(state, checkpoint, path, strict, lambda m, v: self.load_module_state_dict(m, v, strict=strict))
         return checkpoint
+
+    def _load_sharded_checkpoint(
+        self, path: _PATH, state: Module | Optimizer | dict[str, Any] | None, strict: bool, weights_only: bool | None
+    ) -> dict[str, Any]:
+        """Read a sharded folder or a full file with the state dict API, every rank its own shards."""
+        modules = getattr(self, "_modules", ())  # where the sharding strategies keep the modules they set up
+        return sharded.load(
+            path, state, strict, weights_only, load_precision=self.precision.load_state_dict, modules=modules
+        )
 
     def teardown(self) -> None:
         """Release what the strategy holds (process group, device caches)."""
@@ -645,17 +635,25 @@ class _Sharded(Strategy):
 
         ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
         with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
-        see :func:`fabric_lite.utilities._dcp.publish_folder`), a full file uploaded whole. ``storage_options`` go to
-        the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes none.
+        see :func:`fabric_lite.utilities.checkpoint.folders.publish_folder`), a full file uploaded whole.
+        ``storage_options`` go to the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes
+        none.
 
         Example::
 
             fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
         """
-        from fabric_lite.strategies import _fsdp_checkpoint
-
-        _fsdp_checkpoint.check_storage_options(self, path, storage_options)
-        _fsdp_checkpoint.save(self, path, state, filter or {}, storage_options, full=self.state_dict_type == "full")
+        sharded.check_storage_options(type(self).__name__, path, storage_options)
+        sharded.save(
+            path,
+            state,
+            filter or {},
+            storage_options,
+            full=self.state_dict_type == "full",
+            ranks=(self.global_rank, self.world_size, self.broadcast),
+            precision_state=self.precision.state_dict(),
+            modules=self._modules,
+        )
 
     @override
     def load_checkpoint(
@@ -684,9 +682,7 @@ class _Sharded(Strategy):
 
             remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
         """
-        from fabric_lite.strategies import _fsdp_checkpoint
-
-        return _fsdp_checkpoint.load(self, path, state, strict, weights_only)
+        return self._load_sharded_checkpoint(path, state, strict, weights_only)
 
     @override
     def teardown(self) -> None:
@@ -703,14 +699,6 @@ def _set_gradient_sync(module: Module, enabled: bool) -> None:
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
             unit.set_requires_gradient_sync(enabled, recurse=False)
-
-
-def _is_local_sharded_folder(path: _PATH) -> bool:
-    """Whether ``path`` is a local folder written by ``torch.distributed.checkpoint`` (checked without fsspec)."""
-    from fabric_lite.utilities import _dcp
-    from fabric_lite.utilities._fs import _is_remote
-
-    return not _is_remote(path) and _dcp.is_sharded_checkpoint(path)
 
 
 def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | None:

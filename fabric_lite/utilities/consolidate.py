@@ -18,16 +18,14 @@ A DeepSpeed folder becomes ``{model_key: float32 weights, **other entries}``, th
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from fabric_lite.utilities._dcp import check_sharded_checkpoint, dcp_errors, describe, read_entries
 from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, atomic_save
+from fabric_lite.utilities.checkpoint import deepspeed
+from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save
+from fabric_lite.utilities.checkpoint.folders import check_sharded_checkpoint, read_entries
 from fabric_lite.utilities.cloud_io import get_filesystem
 from fabric_lite.utilities.types import _PATH
 
@@ -37,8 +35,9 @@ __all__ = ["add_consolidate_arguments", "consolidate_checkpoint", "main", "run_c
 def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
     """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``.
 
-    The file is written atomically (a temporary file beside it, renamed into place), with torch's
-    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``. Run it in one process: it reads every shard.
+    The file is written atomically (:func:`~fabric_lite.utilities.checkpoint.atomic_save`), with what torch's
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` would write. Run it in one process: it reads
+    every shard.
     A DeepSpeed checkpoint folder (``DeepSpeedStrategy``'s) becomes ``{model_key: float32 weights, **other entries}``
     through DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (no optimizer state; needs DeepSpeed).
 
@@ -60,50 +59,15 @@ def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
         consolidate_checkpoint("checkpoints/step-1000", "step-1000.ckpt")
         state = torch.load("step-1000.ckpt", weights_only=True)  # {"model": {...}, "optimizer": {...}, ...}
     """
-    if _is_remote(checkpoint_folder) or _is_remote(output_file):
-        return _consolidate_url(str(checkpoint_folder), str(output_file))
-    from fabric_lite.strategies import _deepspeed_checkpoint
-
-    if _deepspeed_checkpoint.is_deepspeed_checkpoint(checkpoint_folder):
-        return _deepspeed_checkpoint.consolidate(checkpoint_folder, output_file)
-    folder = check_sharded_checkpoint(checkpoint_folder)
-    target = Path(_local_path(output_file))
-    if target.is_dir():
-        raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(target)!r}: it is a folder.")
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        dcp_to_torch_save(folder, temp)
-        os.chmod(temp, _file_mode(target))
-        with open(temp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(temp, target)
-        _fsync_folder(target.parent)
-    except BaseException as err:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        if isinstance(err, dcp_errors()) and not isinstance(err, CheckpointError):
-            raise CheckpointError(
-                f"Consolidating {str(folder)!r} into {str(target)!r} failed: {describe(err)}."
-                " A previous file at that path, if any, is unchanged."
-            ) from err
-        raise
-    return target
-
-
-def _consolidate_url(checkpoint_folder: str, output_file: str) -> Any:
-    """:func:`consolidate_checkpoint` where the folder or the file is an fsspec URL: the folder is read through
-    torch's ``FsspecReader``, and the file written with :func:`~fabric_lite.utilities.checkpoint.atomic_save`."""
+    if not _is_remote(output_file) and deepspeed.is_deepspeed_checkpoint(checkpoint_folder):
+        return deepspeed.consolidate(checkpoint_folder, output_file)
     folder = check_sharded_checkpoint(checkpoint_folder)
     if not _is_remote(output_file) and Path(_local_path(output_file)).is_dir():
-        raise CheckpointError(f"Cannot write the consolidated checkpoint to {output_file!r}: it is a folder.")
+        raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(output_file)!r}: it is a folder.")
     try:
-        state = read_entries(folder, None)
+        state = read_entries(folder, None)  # what torch's dcp_to_torch_save reads, before it saves
     except CheckpointError as err:
-        raise CheckpointError(f"Consolidating {checkpoint_folder!r} failed: {err}") from err
+        raise CheckpointError(f"Consolidating {str(checkpoint_folder)!r} failed: {err}") from err
     atomic_save(state, output_file)
     return output_file if _is_remote(output_file) else Path(_local_path(output_file))
 
@@ -147,48 +111,30 @@ def run_consolidate(args: argparse.Namespace) -> int:
         run_consolidate(parser.parse_args(["checkpoints/step-1000"]))  # writes checkpoints/step-1000.consolidated
     """
     output = getattr(args, "output", None) or args.output_file
-    if _is_remote(args.checkpoint_folder) or (output is not None and _is_remote(output)):
-        return _run_remote(str(args.checkpoint_folder), output)
-    folder = Path(_local_path(args.checkpoint_folder))
-    target = Path(_local_path(output)) if output is not None else folder.with_suffix(folder.suffix + ".consolidated")
+    folder = str(args.checkpoint_folder)
+    named = folder if _is_remote(folder) else str(Path(_local_path(folder)))
+    target = output if output is not None else named.rstrip("/") + ".consolidated"  # beside the folder
     try:
-        if not folder.exists():
-            raise FileNotFoundError(
-                f"The checkpoint folder {str(folder)!r} does not exist. Pass the folder that fabric.save wrote with"
-                " FSDPStrategy()."
-            )
-        from fabric_lite.strategies._deepspeed_checkpoint import is_deepspeed_checkpoint
-
-        if not is_deepspeed_checkpoint(folder):
-            check_sharded_checkpoint(folder)
-        if target.exists():
+        if not _is_remote(folder):
+            local = Path(_local_path(folder))
+            if not local.exists():
+                raise FileNotFoundError(
+                    f"The checkpoint folder {str(local)!r} does not exist. Pass the folder that fabric.save wrote"
+                    " with FSDPStrategy()."
+                )
+            if not deepspeed.is_deepspeed_checkpoint(local):
+                check_sharded_checkpoint(local)
+        if get_filesystem(target).exists(target) if _is_remote(target) else Path(_local_path(target)).exists():
             raise FileExistsError(
                 f"The output file {str(target)!r} exists already. Choose another path with --output_file, or move or"
                 " delete the file first."
             )
         written = consolidate_checkpoint(folder, target)
-    except (CheckpointError, FileNotFoundError, FileExistsError, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"wrote {written} ({written.stat().st_size / 1e6:.1f} MB)")
-    return 0
-
-
-def _run_remote(folder: str, output: str | None) -> int:
-    """The command with a URL for the folder or the file (read and written through fsspec)."""
-    target = output if output is not None else folder.rstrip("/") + ".consolidated"
-    try:
-        exists = get_filesystem(target).exists(target) if _is_remote(target) else Path(_local_path(target)).exists()
-        if exists:
-            raise FileExistsError(
-                f"The output file {target!r} exists already. Choose another path with --output_file, or move or"
-                " delete the file first."
-            )
-        consolidate_checkpoint(folder, target)
     except (CheckpointError, FileNotFoundError, FileExistsError, ImportError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {target}")
+    size = f" ({written.stat().st_size / 1e6:.1f} MB)" if isinstance(written, Path) else ""
+    print(f"wrote {written}{size}")
     return 0
 
 

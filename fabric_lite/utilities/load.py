@@ -165,7 +165,7 @@ def _load_distributed_checkpoint(checkpoint_folder: Path) -> dict[str, Any]:
 
         state = _load_distributed_checkpoint(Path("checkpoints/step-1000"))  # {"model": {...}, "step": 1000, ...}
     """
-    from fabric_lite.utilities._dcp import check_sharded_checkpoint, read_entries
+    from fabric_lite.utilities.checkpoint.folders import check_sharded_checkpoint, read_entries
 
     folder = check_sharded_checkpoint(checkpoint_folder)
     checkpoint = read_entries(folder, None)

@@ -383,7 +383,7 @@ def test_a_failed_copy_into_place_keeps_the_new_checkpoint_and_says_where(
     way leaves no folder that passes for a checkpoint, and the error names where the complete new one is."""
     import torch.distributed.checkpoint as dcp
 
-    from fabric_lite.utilities import _dcp
+    from fabric_lite.utilities.checkpoint import folders as _dcp
 
     target = f"{memory_url}/ckpt"
     for step in (1, 2):
@@ -417,7 +417,7 @@ def test_a_failed_copy_into_place_keeps_the_new_checkpoint_and_says_where(
 
 
 def test_sharded_url_refusals(memory_url: str) -> None:
-    from fabric_lite.utilities import _dcp
+    from fabric_lite.utilities.checkpoint import folders as _dcp
 
     fs = fsspec.filesystem("memory")
     fs.pipe_file(f"{memory_url[len('memory://') :]}/logs/notes.txt", b"keep me")

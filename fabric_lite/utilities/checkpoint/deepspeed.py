@@ -1,5 +1,5 @@
-"""How :class:`~fabric_lite.strategies.deepspeed.DeepSpeedStrategy` saves and loads checkpoints, and turns one into a
-single file.
+"""DeepSpeed checkpoints: how ``DeepSpeedStrategy`` saves and loads them (its ``save_checkpoint`` and
+``load_checkpoint`` call in here with the engine's ``state`` and their ranks), and turns one into a single file.
 
 A checkpoint is the folder DeepSpeed's engine writes, in Lightning Fabric's layout (so that either loads the other's),
 plus fabric_lite's index::
@@ -22,25 +22,21 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.utilities import _dcp
 from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, restore_entries, safe_load
+from fabric_lite.utilities.checkpoint import folders
+from fabric_lite.utilities.checkpoint.entries import restore_entries, to_state_dicts
+from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
 from fabric_lite.utilities.types import _PATH, _Stateful
-
-if TYPE_CHECKING:
-    from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
 
 #: DeepSpeed's tag: the subfolder holding the partitions (Lightning Fabric's name for it)
 TAG = "checkpoint"
-INDEX_FILE = "fabric_lite.json"
 _ESCAPE = "fabric_lite:"
 #: the entries of DeepSpeed's own model-states file (DeepSpeed 0.19), which a client entry of that name would replace
 DEEPSPEED_KEYS = frozenset(
@@ -105,8 +101,11 @@ def engine_in(state: dict[str, Any], action: str) -> tuple[str, Any]:
     return engines[0]
 
 
-def save(strategy: DeepSpeedStrategy, path: _PATH, state: dict[str, Any], exclude_frozen_parameters: bool) -> None:
-    """Write ``state`` as a checkpoint folder at ``path`` (see :meth:`DeepSpeedStrategy.save_checkpoint`)."""
+def save(
+    path: _PATH, state: dict[str, Any], exclude_frozen_parameters: bool, ranks: tuple[int, int, Callable[..., Any]]
+) -> None:
+    """Write ``state`` as a checkpoint folder at ``path`` (see :meth:`DeepSpeedStrategy.save_checkpoint`); every rank
+    must call it, with ``ranks = (global_rank, world_size, broadcast)``."""
     if _is_remote(path):
         raise ValueError(
             f"DeepSpeedStrategy cannot save to {str(path)!r}: DeepSpeed's engine writes local files. Save to a local"
@@ -116,58 +115,32 @@ def save(strategy: DeepSpeedStrategy, path: _PATH, state: dict[str, Any], exclud
     optimizer = engine.optimizer
     optimizer_key = next((k for k, v in state.items() if optimizer is not None and v is optimizer), None)
     user = {k: v for k, v in state.items() if k not in (module_key, optimizer_key)}
-    client = strategy._convert_state(user, {})  # stateful objects and other modules as state dicts
+    client = to_state_dicts(user, {}, lambda m: m.state_dict(), lambda o: o.state_dict())  # the other objects
     stored = {key: _ESCAPE + key if key in DEEPSPEED_KEYS or key.startswith(_ESCAPE) else key for key in client}
     client_state = {stored[key]: value for key, value in client.items()}
     target = Path(_local_path(path))
 
-    def write(temp: _dcp.Folder) -> str | None:
+    def write(temp: folders.Folder) -> str | None:
         try:
             engine.save_checkpoint(
                 str(temp), client_state=client_state, tag=TAG, exclude_frozen_parameters=exclude_frozen_parameters
             )
         except Exception as err:
-            return f"rank {strategy.global_rank}: {type(err).__name__}: {err}"
+            return f"rank {ranks[0]}: {type(err).__name__}: {err}"
         return None
 
-    def finish(temp: _dcp.Folder) -> None:
+    def finish(temp: folders.Folder) -> None:
         index = {"format": 1, "module": module_key, "optimizer": optimizer_key, "entries": stored}
-        _write_json(Path(temp) / INDEX_FILE, index)
+        folders.write_file(Path(temp), folders.INDEX_FILE, json.dumps(index).encode())
 
-    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
-    _dcp.save_folder(target, "DeepSpeed", lambda: _make_temp_folder(target), write, finish, ranks)
-
-
-def _make_temp_folder(target: Path) -> Path:
-    """An empty folder beside ``target``, with the mode a plain ``mkdir`` gives.
-
-    Raises:
-        CheckpointError: ``target`` is a folder that is not a DeepSpeed checkpoint (replacing it would delete what it
-            holds), or the folder cannot be created.
-    """
-    if target.is_dir() and not is_deepspeed_checkpoint(target):
-        raise CheckpointError(
-            f"Cannot save a DeepSpeed checkpoint to {str(target)!r}: a folder that is not a DeepSpeed checkpoint"
-            " exists there, and saving would replace it and everything in it. Choose another path, or remove the"
-            " folder first."
-        )
-    return _dcp.temp_folder_beside(target)
-
-
-def _write_json(path: Path, value: Any) -> None:
-    with open(path, "w") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_index(folder: Path) -> dict[str, Any] | None:
-    """What :func:`save` recorded about the entries; ``None`` for a folder written without fabric_lite (Lightning)."""
-    try:
-        index = json.loads((folder / INDEX_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return index if isinstance(index, dict) else None
+    folders.save_folder(
+        target,
+        "DeepSpeed",
+        lambda: folders.temp_folder_beside(target, "DeepSpeed", is_deepspeed_checkpoint),
+        write,
+        finish,
+        ranks,
+    )
 
 
 def check_folder(path: _PATH) -> Path:
@@ -202,18 +175,13 @@ def _user_entries(index: dict[str, Any] | None, client: dict[str, Any]) -> dict[
     return {key: key for key in client if key not in DEEPSPEED_KEYS}
 
 
-def load(
-    strategy: DeepSpeedStrategy,
-    path: _PATH,
-    state: dict[str, Any],
-    strict: bool,
-) -> dict[str, Any]:
+def load(path: _PATH, state: dict[str, Any], strict: bool) -> dict[str, Any]:
     """Restore ``state`` in place from a checkpoint folder and return the user's entries it did not restore (see
     :meth:`DeepSpeedStrategy.load_checkpoint`)."""
     folder = check_folder(path)
     module_key, engine = engine_in(state, "load_checkpoint")
     optimizer_keys = [k for k, v in state.items() if engine.optimizer is not None and v is engine.optimizer]
-    index = read_index(folder)
+    index = folders.read_json(folder, folders.INDEX_FILE)  # None for a folder written by Lightning
     # ZeRO writes one optimizer-state file per rank; without ZeRO (stage 0) the optimizer is in the model states
     zero_files = len(list((folder / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
     has_optimizer = bool(index.get("optimizer")) if index is not None else True
@@ -329,15 +297,18 @@ def consolidate(checkpoint_folder: _PATH, output_file: _PATH) -> Path:
         ModuleNotFoundError: DeepSpeed is not installed; the message gives the install command.
         CheckpointError: ``output_file`` is a folder, or reading failed.
     """
-    from fabric_lite.strategies._deepspeed_runtime import import_deepspeed
-
-    import_deepspeed()
-    zero_to_fp32 = importlib.import_module("deepspeed.utils.zero_to_fp32")
+    try:
+        zero_to_fp32 = importlib.import_module("deepspeed.utils.zero_to_fp32")
+    except ImportError as err:
+        raise ModuleNotFoundError(
+            f"Consolidating a DeepSpeed checkpoint needs DeepSpeed ({type(err).__name__}: {err}). Install it with:"
+            " DS_BUILD_OPS=0 pip install 'fabric-lite[deepspeed]'"
+        ) from err
     folder = check_folder(checkpoint_folder)
     target = Path(_local_path(output_file))
     if target.is_dir():
         raise CheckpointError(f"Cannot write the consolidated checkpoint to {str(target)!r}: it is a folder.")
-    index = read_index(folder)
+    index = folders.read_json(folder, folders.INDEX_FILE)
     try:
         states = sorted((folder / TAG).glob("*model_states.pt"))
         client = safe_load(states[0]) if states else {}

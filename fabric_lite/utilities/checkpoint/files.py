@@ -29,19 +29,13 @@ import os
 import pickle
 import socket
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import Module
-from torch.optim import Optimizer
 
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
-from fabric_lite.utilities.types import _PATH, _Stateful
-
-#: where ``save_checkpoint`` keeps the precision's state (a loss scaler's); ``load_checkpoint`` restores it
-PRECISION_KEY = "fabric_lite:precision"
+from fabric_lite.utilities.types import _PATH
 
 
 class CheckpointError(RuntimeError):
@@ -246,67 +240,3 @@ def _first_line(err: BaseException) -> str:
 def _corrupt(target: Path | str, err: BaseException) -> CheckpointError:
     detail = f"{type(err).__name__}: {_first_line(err)}" if str(err) else type(err).__name__
     return CheckpointError(f"The checkpoint {str(target)!r} is incomplete or corrupt and cannot be loaded ({detail}).")
-
-
-def restore_entries(
-    state: dict[str, Any],
-    checkpoint: dict[str, Any],
-    path: Any,
-    strict: bool,
-    load_module: Callable[[Module, Any], Any],
-) -> None:
-    """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
-    ``load_module``, optimizers and stateful objects through ``load_state_dict``, plain values by replacement (in
-    ``state``); what is left in ``checkpoint`` is the remainder. With ``strict``, an entry of ``state`` that the
-    checkpoint lacks raises ``KeyError`` naming both sides.
-
-    Example::
-
-        checkpoint = safe_load("last.ckpt")
-        restore_entries(state, checkpoint, "last.ckpt", True, lambda module, value: module.load_state_dict(value))
-        remainder = checkpoint  # the entries ``state`` did not ask for
-    """
-    missing = [key for key in state if key not in checkpoint]
-    if strict and missing:
-        raise KeyError(
-            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(checkpoint)})."
-            " Load with strict=False to restore only the entries it has."
-        )
-    for key, obj in list(state.items()):
-        if key not in checkpoint:
-            continue
-        value = checkpoint.pop(key)
-        if isinstance(obj, Module):
-            load_module(obj, value)
-        elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
-            obj.load_state_dict(value)
-        else:
-            state[key] = value
-
-
-def on_rank_zero(fn: Callable[[], Any], rank: int, world_size: int, broadcast: Callable[..., Any]) -> Any:
-    """Run ``fn`` on global rank 0 and hand its result to every rank of ``world_size`` through ``broadcast(value,
-    src=0)`` (a strategy's); if it raises, rank 0 raises its error and every other rank a :class:`CheckpointError`
-    that quotes it.
-
-    Example::
-
-        ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
-        temp = on_rank_zero(lambda: make_temp_folder(target), *ranks)
-    """
-    import torch.distributed as dist
-
-    outcome: tuple[bool, Any] = (True, None)
-    error: Exception | None = None
-    if rank == 0:
-        try:
-            outcome = (True, fn())
-        except Exception as err:
-            error, outcome = err, (False, f"{type(err).__name__}: {err}")
-    if dist.is_initialized() and world_size > 1:
-        outcome = broadcast(outcome, src=0)
-    if error is not None:
-        raise error
-    if not outcome[0]:
-        raise CheckpointError(f"Rank 0 failed to save the checkpoint: {outcome[1]}")
-    return outcome[1]

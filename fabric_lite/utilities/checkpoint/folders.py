@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError, _file_mode, _fsync_folder, on_rank_zero, safe_load
+from fabric_lite.utilities.checkpoint.files import CheckpointError, _file_mode, _first_line, _fsync_folder, safe_load
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint
@@ -144,20 +144,21 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
             )
         parent, name = folder.rsplit("/", 1)
         return f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
-    if folder.is_dir() and not is_sharded_checkpoint(folder):
-        raise CheckpointError(
-            f"Cannot save a sharded checkpoint to {str(folder)!r}: a folder that is not a checkpoint exists there,"
-            " and saving would replace it and everything in it. Choose another path, or remove the folder first."
-        )
-    return temp_folder_beside(folder)
+    return temp_folder_beside(folder, "sharded", is_sharded_checkpoint)
 
 
-def temp_folder_beside(target: Path) -> Path:
+def temp_folder_beside(target: Path, kind: str, is_checkpoint: Callable[[Path], bool]) -> Path:
     """A new, empty local folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives.
 
     Raises:
-        CheckpointError: the folder cannot be created.
+        CheckpointError: ``target`` is a folder but not a ``kind`` checkpoint (``is_checkpoint``), which replacing it
+            would delete with whatever it holds; or the folder cannot be created.
     """
+    if target.is_dir() and not is_checkpoint(target):
+        raise CheckpointError(
+            f"Cannot save a {kind} checkpoint to {str(target)!r}: a folder that is not a {kind} checkpoint exists"
+            " there, and saving would replace it and everything in it. Choose another path, or remove the folder first."
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
@@ -194,27 +195,38 @@ def reader(folder: Folder) -> Any:
 def write_index(folder: Folder, modules: Iterable[str], optimizers: Iterable[str]) -> None:
     """Record which top-level entries of the checkpoint in ``folder`` are modules and optimizers."""
     index = {"format": 1, "modules": sorted(modules), "optimizers": sorted(optimizers)}
+    write_file(folder, INDEX_FILE, json.dumps(index).encode())
+
+
+def write_file(folder: Folder, name: str, data: bytes) -> None:
+    """Write ``data`` as the file ``name`` of ``folder``, synced to disk (one upload for a URL)."""
     if isinstance(folder, str):
         fs, fs_path = _filesystem(folder)
-        fs.pipe_file(_join(fs_path, INDEX_FILE), json.dumps(index).encode())
+        fs.pipe_file(_join(fs_path, name), data)
         return
-    with open(folder / INDEX_FILE, "w") as f:
-        json.dump(index, f)
+    with open(folder / name, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
 def read_index(folder: Folder) -> dict[str, list[str]]:
     """What :func:`write_index` recorded; empty lists for a folder that DCP wrote without fabric_lite."""
+    index = read_json(folder, INDEX_FILE) or {}
+    return {"modules": list(index.get("modules", [])), "optimizers": list(index.get("optimizers", []))}
+
+
+def read_json(folder: Folder, name: str) -> dict[str, Any] | None:
+    """The JSON object in the file ``name`` of ``folder``; ``None`` where there is none (no file, or no object)."""
     try:
         if isinstance(folder, str):
             fs, fs_path = _filesystem(folder)
-            index = json.loads(fs.cat_file(_join(fs_path, INDEX_FILE)))
+            value = json.loads(fs.cat_file(_join(fs_path, name)))
         else:
-            index = json.loads((folder / INDEX_FILE).read_text())
+            value = json.loads((folder / name).read_text())
     except (OSError, ValueError):
-        return {"modules": [], "optimizers": []}
-    return {"modules": list(index.get("modules", [])), "optimizers": list(index.get("optimizers", []))}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def write_lightning_metadata(folder: Folder, metadata: dict[str, Any]) -> None:
@@ -222,14 +234,7 @@ def write_lightning_metadata(folder: Folder, metadata: dict[str, Any]) -> None:
     where Lightning Fabric's sharded strategies look for them: with it, Lightning loads fabric_lite's folders."""
     buffer = io.BytesIO()
     torch.save(metadata, buffer)
-    if isinstance(folder, str):
-        fs, fs_path = _filesystem(folder)
-        fs.pipe_file(_join(fs_path, LIGHTNING_METADATA_FILE), buffer.getvalue())
-        return
-    with open(folder / LIGHTNING_METADATA_FILE, "wb") as f:
-        f.write(buffer.getvalue())
-        f.flush()
-        os.fsync(f.fileno())
+    write_file(folder, LIGHTNING_METADATA_FILE, buffer.getvalue())
 
 
 def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
@@ -241,6 +246,34 @@ def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
         return {}
     loaded = safe_load(path)
     return dict(loaded) if isinstance(loaded, dict) else {}
+
+
+def on_rank_zero(fn: Callable[[], Any], rank: int, world_size: int, broadcast: Callable[..., Any]) -> Any:
+    """Run ``fn`` on global rank 0 and hand its result to every rank of ``world_size`` through ``broadcast(value,
+    src=0)`` (a strategy's); if it raises, rank 0 raises its error and every other rank a :class:`CheckpointError`
+    that quotes it.
+
+    Example::
+
+        ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
+        temp = on_rank_zero(lambda: make_temp_folder(target), *ranks)
+    """
+    import torch.distributed as dist
+
+    outcome: tuple[bool, Any] = (True, None)
+    error: Exception | None = None
+    if rank == 0:
+        try:
+            outcome = (True, fn())
+        except Exception as err:
+            error, outcome = err, (False, f"{type(err).__name__}: {err}")
+    if dist.is_initialized() and world_size > 1:
+        outcome = broadcast(outcome, src=0)
+    if error is not None:
+        raise error
+    if not outcome[0]:
+        raise CheckpointError(f"Rank 0 failed to save the checkpoint: {outcome[1]}")
+    return outcome[1]
 
 
 def save_folder(
@@ -448,8 +481,3 @@ def describe(err: BaseException) -> str:
             f"rank {rank}: {type(pair[0]).__name__}: {_first_line(pair[0])}" for rank, pair in sorted(failures.items())
         )
     return f"{type(err).__name__}: {_first_line(err)}"
-
-
-def _first_line(err: BaseException) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__

@@ -1,5 +1,5 @@
-"""How the sharding strategies (:class:`~fabric_lite.strategies.fsdp.FSDPStrategy`,
-:class:`~fabric_lite.strategies.model_parallel.ModelParallelStrategy`) save and load checkpoints, through
+"""Checkpoints of sharded modules (``FSDPStrategy``'s and ``ModelParallelStrategy``'s, whose ``save_checkpoint`` and
+``load_checkpoint`` call in here with their ranks, modules and precision state), through
 ``torch.distributed.checkpoint``'s state dict API (``get_model_state_dict``, ``set_optimizer_state_dict``, ...), which
 handles modules whose parameters are DTensors (sharded, tensor-parallel, or both) and plain modules alike.
 
@@ -13,35 +13,54 @@ handles modules whose parameters are DTensors (sharded, tensor-parallel, or both
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.utilities import _dcp
 from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import PRECISION_KEY, CheckpointError, atomic_save, on_rank_zero, safe_load
+from fabric_lite.utilities.checkpoint import folders
+from fabric_lite.utilities.checkpoint.entries import PRECISION_KEY, check_missing, pop_precision, to_state_dicts
+from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
 from fabric_lite.utilities.types import _PATH, _Stateful
 
-if TYPE_CHECKING:
-    from fabric_lite.strategies.strategy import Strategy
+#: what every rank needs to take part in a save: ``(global_rank, world_size, broadcast)``, a strategy's
+Ranks = tuple[int, int, Callable[..., Any]]
+#: loads the precision's saved state (a loss scaler's) back into the precision: ``precision.load_state_dict``
+LoadPrecision = Callable[[Any], Any]
 
 
 def save(
-    strategy: Strategy,
     path: _PATH,
     state: dict[str, Any],
     filter: dict[str, Callable[[str, Any], bool]],
     storage_options: dict[str, Any] | None = None,
     *,
     full: bool,
+    ranks: Ranks,
+    precision_state: dict[str, Any],
+    modules: Iterable[Module],
 ) -> None:
     """Save ``state`` as one file gathered on rank 0 (``full``) or a sharded folder (see
-    :meth:`FSDPStrategy.save_checkpoint`)."""
-    checkpoint, modules, optimizers = _state_to_save(strategy, state, filter, full)
+    :meth:`FSDPStrategy.save_checkpoint`); every rank must call it. ``modules``: those set up by the strategy,
+    where an optimizer's module is looked for when ``state`` does not hold it."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
+    checkpoint = to_state_dicts(
+        state,
+        filter,
+        lambda module: get_model_state_dict(module, options=options),
+        lambda optimizer: get_optimizer_state_dict(owner(optimizer, modules, state), optimizer, options=options),
+        precision_state,
+    )
     if full:
 
         def write_file() -> None:
@@ -52,40 +71,43 @@ def save(
                 )
             atomic_save(checkpoint, path, storage_options)
 
-        on_rank_zero(write_file, strategy.global_rank, strategy.world_size, strategy.broadcast)
+        folders.on_rank_zero(write_file, *ranks)
         return
-    _save_sharded(strategy, _dcp._folder(path), checkpoint, modules, optimizers, storage_options)
+    _save_sharded(folders._folder(path), checkpoint, state, ranks, storage_options)
 
 
 def load(
-    strategy: Strategy,
     path: _PATH,
     state: Module | Optimizer | dict[str, Any] | None,
     strict: bool,
     weights_only: bool | None,
+    *,
+    load_precision: LoadPrecision,
+    modules: Iterable[Module],
 ) -> dict[str, Any]:
-    """Restore ``state`` from a sharded folder or a full file (see :meth:`FSDPStrategy.load_checkpoint`)."""
-    target = _dcp._folder(path)
+    """Restore ``state`` from a sharded folder or a full file (see :meth:`FSDPStrategy.load_checkpoint`); the
+    precision's saved state goes to ``load_precision``, and ``modules`` are as for :func:`save`."""
+    target = folders._folder(path)
     name = str(target).rsplit("/", 1)[-1]
     if isinstance(target, str):
         fs, fs_path = _filesystem(target)
         is_dir = fs.isdir(fs_path)
     else:
         is_dir = target.is_dir()
-    if is_dir or name == _dcp.METADATA_FILE or name.endswith(".distcp"):
-        return _load_sharded(strategy, _dcp.check_sharded_checkpoint(target), state, strict)
-    return _load_full(strategy, target, state, strict, weights_only)
+    if is_dir or name == folders.METADATA_FILE or name.endswith(".distcp"):
+        return _load_sharded(folders.check_sharded_checkpoint(target), state, strict, load_precision, modules)
+    return _load_full(target, state, strict, weights_only, load_precision, modules)
 
 
-def check_storage_options(strategy: Strategy, path: _PATH, storage_options: Any) -> None:
-    """Storage options are for fsspec URLs, as a dict of arguments for the URL's filesystem.
+def check_storage_options(name: str, path: _PATH, storage_options: Any) -> None:
+    """Storage options are for fsspec URLs, as a dict of arguments for the URL's filesystem (``name``: the
+    strategy's class, for the message).
 
     Raises:
         TypeError: options for a local path, or options that are not a dict.
     """
     if storage_options is None:
         return
-    name = type(strategy).__name__
     if not _is_remote(path):
         raise TypeError(
             f"{name}.save_checkpoint(..., storage_options={storage_options!r}) is not supported for the local path"
@@ -98,95 +120,63 @@ def check_storage_options(strategy: Strategy, path: _PATH, storage_options: Any)
         )
 
 
-def owner(strategy: Strategy, optimizer: Optimizer, state: dict[str, Any] | None = None) -> Module:
+def owner(optimizer: Optimizer, modules: Iterable[Module], state: dict[str, Any] | None = None) -> Module:
     """The module whose parameters ``optimizer`` updates (the state dict APIs need both): one of the modules in
-    ``state``, or of those the strategy set up (its ``_modules``, where it keeps them).
+    ``state``, or of ``modules`` (those the strategy set up).
 
     Raises:
         ValueError: no such module; the message says how the optimizer should be created.
     """
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    known: list[Module] = list(getattr(strategy, "_modules", ()))
-    candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + known
+    candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + list(modules)
     for module in candidates:
         if any(id(p) in params for p in module.parameters()):
             return module
-    name = type(strategy).__name__
     raise ValueError(
-        f"The {type(optimizer).__name__} optimizer updates no module set up with {name}, so its sharded state cannot"
-        " be saved or loaded. Create it from the parameters of a module returned by fabric.setup_module(model), and"
-        " set it up with fabric.setup_optimizers(...)."
+        f"The {type(optimizer).__name__} optimizer updates no module set up by the strategy, so its sharded state"
+        " cannot be saved or loaded. Create it from the parameters of a module returned by fabric.setup_module(model),"
+        " and set it up with fabric.setup_optimizers(...)."
     )
-
-
-def _state_to_save(
-    strategy: Strategy, state: dict[str, Any], filter: dict[str, Callable[[str, Any], bool]], full: bool
-) -> tuple[dict[str, Any], list[str], list[str]]:
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    options = StateDictOptions(full_state_dict=full, cpu_offload=full)
-    checkpoint: dict[str, Any] = {}
-    modules, optimizers = [], []
-    for key, obj in state.items():
-        if isinstance(obj, Module):
-            value: Any = get_model_state_dict(obj, options=options)
-            modules.append(key)
-        elif isinstance(obj, Optimizer):
-            value = get_optimizer_state_dict(owner(strategy, obj, state), obj, options=options)
-            optimizers.append(key)
-        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
-            value = obj.state_dict()
-        else:
-            value = obj
-        if key in filter and isinstance(value, dict):
-            value = {k: v for k, v in value.items() if filter[key](k, v)}
-        checkpoint[key] = value
-    precision_state = strategy.precision.state_dict()
-    if precision_state:
-        checkpoint.setdefault(PRECISION_KEY, precision_state)
-    return checkpoint, modules, optimizers
 
 
 def _save_sharded(
-    strategy: Strategy,
-    target: _dcp.Folder,
+    target: folders.Folder,
     checkpoint: dict[str, Any],
-    modules: list[str],
-    optimizers: list[str],
+    state: dict[str, Any],
+    ranks: Ranks,
     storage_options: dict[str, Any] | None,
 ) -> None:
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    def write(temp: _dcp.Folder) -> str | None:
+    def write(temp: folders.Folder) -> str | None:
         try:
-            dcp_save(checkpoint, storage_writer=_dcp.writer(temp, storage_options))
-        except _dcp.dcp_errors() as err:
+            dcp_save(checkpoint, storage_writer=folders.writer(temp, storage_options))
+        except folders.dcp_errors() as err:
             # DCP raises the same CheckpointException on every rank when one rank failed
-            described = _dcp.describe(err)
-            return described if hasattr(err, "failures") else f"rank {strategy.global_rank}: {described}"
+            described = folders.describe(err)
+            return described if hasattr(err, "failures") else f"rank {ranks[0]}: {described}"
         return None
 
-    def finish(temp: _dcp.Folder) -> None:
-        _dcp.write_index(temp, modules, optimizers)
+    modules = [key for key, obj in state.items() if isinstance(obj, Module)]
+    optimizers = [key for key, obj in state.items() if isinstance(obj, Optimizer)]
+
+    def finish(temp: folders.Folder) -> None:
+        folders.write_index(temp, modules, optimizers)
         plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
         plain.pop(PRECISION_KEY, None)
-        _dcp.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
+        folders.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
 
-    ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
-    make_temp = partial(_dcp.make_temp_folder, target, storage_options)
-    _dcp.save_folder(target, "sharded", make_temp, write, finish, ranks, storage_options)
+    make_temp = partial(folders.make_temp_folder, target, storage_options)
+    folders.save_folder(target, "sharded", make_temp, write, finish, ranks, storage_options)
 
 
 def _load_full(
-    strategy: Strategy,
     path: _PATH,
     state: Module | Optimizer | dict[str, Any] | None,
     strict: bool,
     weights_only: bool | None,
+    load_precision: LoadPrecision,
+    modules: Iterable[Module],
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -196,8 +186,7 @@ def _load_full(
 
     # every rank reads the file and keeps its own shards of it
     checkpoint = safe_load(path, weights_only=weights_only)
-    if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
-        strategy.precision.load_state_dict(checkpoint.pop(PRECISION_KEY))
+    pop_precision(checkpoint, load_precision)
     if not state:
         return checkpoint  # type: ignore[no-any-return]
     options = StateDictOptions(full_state_dict=True, strict=strict)
@@ -206,7 +195,7 @@ def _load_full(
         if isinstance(obj, Module):
             set_model_state_dict(obj, value, options=options)
         elif isinstance(obj, Optimizer):
-            module = owner(strategy, obj, state if isinstance(state, dict) else None)
+            module = owner(obj, modules, state if isinstance(state, dict) else None)
             set_optimizer_state_dict(module, obj, _by_name(value, module, obj), options=options)
         elif isinstance(obj, _Stateful) and not isinstance(obj, type):
             obj.load_state_dict(value)
@@ -217,7 +206,7 @@ def _load_full(
     if isinstance(state, (Module, Optimizer)):
         restore(state, checkpoint)
         return {}
-    _check_missing(path, state, list(checkpoint), strict)
+    check_missing(path, state, checkpoint, strict)
     for key, obj in list(state.items()):
         if key in checkpoint:
             value = checkpoint.pop(key)
@@ -227,46 +216,48 @@ def _load_full(
 
 
 def _load_sharded(
-    strategy: Strategy, folder: _dcp.Folder, state: Module | Optimizer | dict[str, Any] | None, strict: bool
+    folder: folders.Folder,
+    state: Module | Optimizer | dict[str, Any] | None,
+    strict: bool,
+    load_precision: LoadPrecision,
+    modules: Iterable[Module],
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    metadata = _dcp.read_metadata(folder)
-    available = _dcp.top_level_keys(metadata)
+    metadata = folders.read_metadata(folder)
+    available = folders.top_level_keys(metadata)
     # Lightning Fabric keeps the entries that are not modules or optimizers in meta.pt, outside DCP's files
-    lightning = {k: v for k, v in _dcp.read_lightning_metadata(folder).items() if k not in available}
+    lightning = {k: v for k, v in folders.read_lightning_metadata(folder).items() if k not in available}
     if not state:
-        everything = {**_dcp.read_entries(folder, None), **lightning}
-        if PRECISION_KEY in everything:
-            strategy.precision.load_state_dict(everything.pop(PRECISION_KEY))
+        everything = {**folders.read_entries(folder, None), **lightning}
+        pop_precision(everything, load_precision)
         return everything
     if isinstance(state, Module):  # a raw model state dict saved on its own: its keys are the top-level ones
         target = _module_target(folder, state, set(available), strict)
-        _read_sharded(strategy, folder, {"": state}, {"": target}, strict)
+        _read_sharded(folder, {"": state}, {"": target}, modules, strict)
         return {}
     if isinstance(state, Optimizer):
         _read_sharded(
-            strategy, folder, {"": state}, {"": get_optimizer_state_dict(owner(strategy, state), state)}, strict
+            folder, {"": state}, {"": get_optimizer_state_dict(owner(state, modules), state)}, modules, strict
         )
         return {}
     available = available + list(lightning)
-    _check_missing(folder, state, available, strict)
+    check_missing(folder, state, available, strict)
     targets: dict[str, Any] = {}
     for key, obj in state.items():
         if key in available and isinstance(obj, Module):
-            targets[key] = _module_target(folder, obj, _dcp.entry_keys(metadata, key), strict, key)
+            targets[key] = _module_target(folder, obj, folders.entry_keys(metadata, key), strict, key)
         elif key in available and isinstance(obj, Optimizer):
-            targets[key] = get_optimizer_state_dict(owner(strategy, obj, state), obj)
-    _read_sharded(strategy, folder, state, targets, strict)
-    index = _dcp.read_index(folder)
+            targets[key] = get_optimizer_state_dict(owner(obj, modules, state), obj)
+    _read_sharded(folder, state, targets, modules, strict)
+    index = folders.read_index(folder)
     sharded = {*index["modules"], *index["optimizers"]}
     plain = [k for k in state if k in available and k not in targets]
     remainder = [k for k in available if k not in state and k not in sharded and k != PRECISION_KEY]
     stored = [k for k in plain + remainder if k not in lightning]
-    values = _dcp.read_entries(folder, stored + ([PRECISION_KEY] if PRECISION_KEY in available else []))
+    values = folders.read_entries(folder, stored + ([PRECISION_KEY] if PRECISION_KEY in available else []))
     values.update(lightning)
-    if PRECISION_KEY in values:
-        strategy.precision.load_state_dict(values.pop(PRECISION_KEY))
+    pop_precision(values, load_precision)
     for key in plain:
         obj = state[key]
         if isinstance(obj, _Stateful) and not isinstance(obj, type):
@@ -276,7 +267,9 @@ def _load_sharded(
     return {key: values[key] for key in remainder if key in values}
 
 
-def _module_target(folder: _dcp.Folder, module: Module, saved: set[str], strict: bool, key: str = "") -> dict[str, Any]:
+def _module_target(
+    folder: folders.Folder, module: Module, saved: set[str], strict: bool, key: str = ""
+) -> dict[str, Any]:
     """The module's sharded state dict to read into, restricted to what the checkpoint has (``strict``: the
     keys must match exactly)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -293,7 +286,7 @@ def _module_target(folder: _dcp.Folder, module: Module, saved: set[str], strict:
 
 
 def _read_sharded(
-    strategy: Strategy, folder: _dcp.Folder, objects: dict[str, Any], targets: dict[str, Any], strict: bool = True
+    folder: folders.Folder, objects: dict[str, Any], targets: dict[str, Any], modules: Iterable[Module], strict: bool
 ) -> None:
     """Read ``targets`` (sharded state dicts, keyed as in the checkpoint; ``""`` for a raw one) from ``folder``
     in place, every rank its own shards, then load each into its module or optimizer in ``objects``."""
@@ -313,24 +306,17 @@ def _read_sharded(
             # without a process group (one process loading into a plain module) DCP warns that it assumes one process
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             planner = DefaultLoadPlanner(allow_partial_load=not strict)
-            dcp_load(to_read, storage_reader=_dcp.reader(folder), planner=planner)
-    except _dcp.dcp_errors() as err:
-        raise CheckpointError(f"Loading the sharded checkpoint {str(folder)!r} failed: {_dcp.describe(err)}") from err
+            dcp_load(to_read, storage_reader=folders.reader(folder), planner=planner)
+    except folders.dcp_errors() as err:
+        raise CheckpointError(
+            f"Loading the sharded checkpoint {str(folder)!r} failed: {folders.describe(err)}"
+        ) from err
     for key, value in targets.items():
         obj = objects[key]
         if isinstance(obj, Module):
             set_model_state_dict(obj, value, options=StateDictOptions(strict=strict))
         else:
-            set_optimizer_state_dict(owner(strategy, obj, objects), obj, value)
-
-
-def _check_missing(path: _PATH, state: dict[str, Any], available: list[str], strict: bool) -> None:
-    missing = [key for key in state if key not in available]
-    if strict and missing:
-        raise KeyError(
-            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(available)})."
-            " Load with strict=False to restore only the entries it has."
-        )
+            set_optimizer_state_dict(owner(obj, modules, objects), obj, value)
 
 
 def _by_name(optimizer_state: dict[str, Any], module: Module, optimizer: Optimizer) -> dict[str, Any]:

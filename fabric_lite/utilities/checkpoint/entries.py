@@ -1,0 +1,100 @@
+"""What a checkpoint holds, whatever its format: the entries of a ``state`` dict turned into state dicts to save
+(:func:`to_state_dicts`), and restored from what was loaded (:func:`restore_entries`, :func:`check_missing`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric_lite.utilities.types import _Stateful
+
+#: where ``save_checkpoint`` keeps the precision's state (a loss scaler's); ``load_checkpoint`` restores it
+PRECISION_KEY = "fabric_lite:precision"
+
+
+def to_state_dicts(
+    state: dict[str, Any],
+    filter: dict[str, Callable[[str, Any], bool]],
+    module_state: Callable[[Module], Any],
+    optimizer_state: Callable[[Optimizer], Any],
+    precision_state: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The checkpoint to save for ``state``: modules through ``module_state``, optimizers through
+    ``optimizer_state``, stateful objects by ``state_dict()``, other values as they are; an entry named in
+    ``filter`` keeps the items its predicate accepts. A non-empty ``precision_state`` is kept under
+    :data:`PRECISION_KEY`.
+
+    Example::
+
+        checkpoint = to_state_dicts(state, {}, Module.state_dict, Optimizer.state_dict, precision.state_dict())
+    """
+    checkpoint: dict[str, Any] = {}
+    for key, obj in state.items():
+        if isinstance(obj, Module):
+            value = module_state(obj)
+        elif isinstance(obj, Optimizer):
+            value = optimizer_state(obj)
+        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
+            value = obj.state_dict()
+        else:
+            value = obj
+        if key in filter and isinstance(value, dict):
+            keep = filter[key]
+            value = {k: v for k, v in value.items() if keep(k, v)}
+        checkpoint[key] = value
+    if precision_state:
+        checkpoint.setdefault(PRECISION_KEY, precision_state)
+    return checkpoint
+
+
+def pop_precision(checkpoint: Any, load_precision: Callable[[Any], Any]) -> None:
+    """Hand the precision's saved state (a loss scaler's) to ``load_precision``, out of ``checkpoint``: it goes back
+    into the precision, never to the caller."""
+    if isinstance(checkpoint, dict) and PRECISION_KEY in checkpoint:
+        load_precision(checkpoint.pop(PRECISION_KEY))
+
+
+def check_missing(path: Any, wanted: Iterable[str], available: Iterable[str], strict: bool) -> None:
+    """With ``strict``, a ``KeyError`` naming the ``wanted`` entries the checkpoint at ``path`` lacks (and those it
+    has, ``available``)."""
+    available = list(available)
+    missing = [key for key in wanted if key not in available]
+    if strict and missing:
+        raise KeyError(
+            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(available)})."
+            " Load with strict=False to restore only the entries it has."
+        )
+
+
+def restore_entries(
+    state: dict[str, Any],
+    checkpoint: dict[str, Any],
+    path: Any,
+    strict: bool,
+    load_module: Callable[[Module, Any], Any],
+) -> None:
+    """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
+    ``load_module``, optimizers and stateful objects through ``load_state_dict``, plain values by replacement (in
+    ``state``); what is left in ``checkpoint`` is the remainder. With ``strict``, an entry of ``state`` that the
+    checkpoint lacks raises ``KeyError`` naming both sides.
+
+    Example::
+
+        checkpoint = safe_load("last.ckpt")
+        restore_entries(state, checkpoint, "last.ckpt", True, lambda module, value: module.load_state_dict(value))
+        remainder = checkpoint  # the entries ``state`` did not ask for
+    """
+    check_missing(path, state, checkpoint, strict)
+    for key, obj in list(state.items()):
+        if key not in checkpoint:
+            continue
+        value = checkpoint.pop(key)
+        if isinstance(obj, Module):
+            load_module(obj, value)
+        elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
+            obj.load_state_dict(value)
+        else:
+            state[key] = value
