@@ -8,10 +8,7 @@ Nothing here imports DeepSpeed at module level.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
-import re
-import sys
 from datetime import timedelta
 from typing import Any
 
@@ -19,51 +16,6 @@ import torch
 
 from fabric_lite.plugins.precision import HalfPrecision, MixedPrecision, Precision
 from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
-
-#: how to install DeepSpeed for fabric_lite (its Python code only: the C++ ops compile on first use, see the README)
-DEEPSPEED_INSTALL = "pip install 'fabric-lite[deepspeed]'"
-#: torch >= 2.6 loads checkpoints with weights_only=True by default, which DeepSpeed handles from 0.16.0 on
-_MIN_DEEPSPEED_FOR_TORCH_2_6 = (0, 16, 0)
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
-
-
-def import_deepspeed() -> Any:
-    """``deepspeed``, or an error that says how to install a version that works with this torch.
-
-    Raises:
-        ModuleNotFoundError: DeepSpeed is not installed (or misses a module of its own); the message gives the
-            install command.
-        ImportError: the installed DeepSpeed does not work with the installed torch; the message names both versions.
-    """
-    try:
-        version: str | None = importlib.metadata.version("deepspeed")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    too_old = version is not None and _version_tuple(version) < _MIN_DEEPSPEED_FOR_TORCH_2_6
-    if too_old and _version_tuple(torch.__version__) >= (2, 6):
-        raise ImportError(
-            f"DeepSpeed {version} does not work with torch {torch.__version__}: torch >= 2.6 loads checkpoints"
-            " with weights_only=True, which DeepSpeed supports from 0.16.0 on. Upgrade it:"
-            f" pip install -U 'deepspeed>=0.16.0' (or {DEEPSPEED_INSTALL})."
-        )
-    try:
-        return importlib.import_module("deepspeed")
-    except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
-            f"strategy='deepspeed' needs DeepSpeed, which this Python ({sys.executable}) cannot import"
-            f" ({type(err).__name__}: {err}). Install it with:\n    DS_BUILD_OPS=0 {DEEPSPEED_INSTALL}\n"
-            "(DS_BUILD_OPS=0: DeepSpeed's C++ ops are compiled on first use only, see the README's section"
-            " 'DeepSpeed (optional)'; .ci/setup-deepspeed builds .venv-deepspeed this way.)"
-        ) from err
-    except Exception as err:  # DeepSpeed's import touches torch internals that move between releases
-        raise ImportError(
-            f"DeepSpeed {version or '(unknown version)'} cannot be imported with torch {torch.__version__}"
-            f" ({type(err).__name__}: {err}). Install a DeepSpeed release made for this torch (pip install -U"
-            " deepspeed), or the torch version this DeepSpeed was made for."
-        ) from err
 
 
 def deepspeed_precision(precision: Precision | None) -> DeepSpeedPrecision | None:

@@ -30,6 +30,7 @@ from fabric_lite.strategies import _deepspeed_config, _deepspeed_runtime
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.strategies.strategy import _NestedSyncSwitch
 from fabric_lite.utilities.checkpoint import deepspeed as _deepspeed_checkpoint
+from fabric_lite.utilities.imports import import_deepspeed
 from fabric_lite.utilities.rank_zero import rank_zero_info
 from fabric_lite.utilities.types import _PATH
 
@@ -225,7 +226,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             )
         #: the DeepSpeed config handed to ``deepspeed.initialize`` (the precision is added at ``fabric.launch()``)
         self.config: dict[str, Any] = loaded
-        self._deepspeed = _deepspeed_runtime.import_deepspeed()
+        self._deepspeed = import_deepspeed()
         self._deepspeed.utils.logging.logger.setLevel(logging_level)
         self._config_initialized = False
         self.remote_device = remote_device

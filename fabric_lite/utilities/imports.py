@@ -8,10 +8,12 @@ printing why not when it cannot.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import platform
 import sys
+from typing import Any
 
 import torch
 
@@ -91,3 +93,46 @@ _TORCH_GREATER_EQUAL_2_6 = _torch_at_least("2.6.0")
 _TORCH_LESS_EQUAL_2_6 = _version_tuple(torch.__version__.split("+")[0])[:3] <= (2, 6, 0)
 _TORCHMETRICS_GREATER_EQUAL_1_0_0 = _Availability("torchmetrics", "1.0.0")
 _PYTHON_GREATER_EQUAL_3_10_0 = sys.version_info[:2] >= (3, 10)
+
+
+#: how to install DeepSpeed for fabric_lite (its Python code only: the C++ ops compile on first use, see the README)
+DEEPSPEED_INSTALL = "pip install 'fabric-lite[deepspeed]'"
+#: torch >= 2.6 loads checkpoints with weights_only=True by default, which DeepSpeed handles from 0.16.0 on
+_MIN_DEEPSPEED_FOR_TORCH_2_6 = (0, 16, 0)
+
+
+def import_deepspeed(what: str = "strategy='deepspeed'") -> Any:
+    """``deepspeed``, or an error that says how to install a version that works with this torch (``what`` names
+    what needs it, at the start of the message).
+
+    Raises:
+        ModuleNotFoundError: DeepSpeed is not installed (or misses a module of its own); the message gives the
+            install command.
+        ImportError: the installed DeepSpeed does not work with the installed torch; the message names both versions.
+    """
+    try:
+        version: str | None = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    too_old = version is not None and _version_tuple(version) < _MIN_DEEPSPEED_FOR_TORCH_2_6
+    if too_old and _version_tuple(torch.__version__) >= (2, 6):
+        raise ImportError(
+            f"DeepSpeed {version} does not work with torch {torch.__version__}: torch >= 2.6 loads checkpoints"
+            " with weights_only=True, which DeepSpeed supports from 0.16.0 on. Upgrade it:"
+            f" pip install -U 'deepspeed>=0.16.0' (or {DEEPSPEED_INSTALL})."
+        )
+    try:
+        return importlib.import_module("deepspeed")
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"{what} needs DeepSpeed, which this Python ({sys.executable}) cannot import"
+            f" ({type(err).__name__}: {err}). Install it with:\n    DS_BUILD_OPS=0 {DEEPSPEED_INSTALL}\n"
+            "(DS_BUILD_OPS=0: DeepSpeed's C++ ops are compiled on first use only, see the README's section"
+            " 'DeepSpeed (optional)'; .ci/setup-deepspeed builds .venv-deepspeed this way.)"
+        ) from err
+    except Exception as err:  # DeepSpeed's import touches torch internals that move between releases
+        raise ImportError(
+            f"DeepSpeed {version or '(unknown version)'} cannot be imported with torch {torch.__version__}"
+            f" ({type(err).__name__}: {err}). Install a DeepSpeed release made for this torch (pip install -U"
+            " deepspeed), or the torch version this DeepSpeed was made for."
+        ) from err

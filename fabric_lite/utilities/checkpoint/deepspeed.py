@@ -33,6 +33,7 @@ from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import folders
 from fabric_lite.utilities.checkpoint.entries import restore_entries, to_state_dicts
 from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities.imports import import_deepspeed
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 #: DeepSpeed's tag: the subfolder holding the partitions (Lightning Fabric's name for it)
@@ -295,15 +296,12 @@ def consolidate(checkpoint_folder: _PATH, output_file: _PATH) -> Path:
 
     Raises:
         ModuleNotFoundError: DeepSpeed is not installed; the message gives the install command.
+        ImportError: the installed DeepSpeed does not work with this torch (see
+            :func:`~fabric_lite.utilities.imports.import_deepspeed`).
         CheckpointError: ``output_file`` is a folder, or reading failed.
     """
-    try:
-        zero_to_fp32 = importlib.import_module("deepspeed.utils.zero_to_fp32")
-    except ImportError as err:
-        raise ModuleNotFoundError(
-            f"Consolidating a DeepSpeed checkpoint needs DeepSpeed ({type(err).__name__}: {err}). Install it with:"
-            " DS_BUILD_OPS=0 pip install 'fabric-lite[deepspeed]'"
-        ) from err
+    import_deepspeed("Consolidating a DeepSpeed checkpoint")
+    zero_to_fp32 = importlib.import_module("deepspeed.utils.zero_to_fp32")
     folder = check_folder(checkpoint_folder)
     target = Path(_local_path(output_file))
     if target.is_dir():

@@ -184,7 +184,8 @@ def test_horovod_is_optional_in_the_package_metadata() -> None:
 
 # ------------------------------------------------------------------------------------ the horovod tier
 
-HOROVOD_BUILD_TIMEOUT = 1800  # seconds: the build takes about 8 minutes on a quiet 2-core machine, more beside the suite
+#: seconds: the build takes about 8 minutes on a quiet 2-core machine, much more beside the suite
+HOROVOD_BUILD_TIMEOUT = 1800
 
 
 @pytest.fixture(scope="module")
