@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,6 @@ from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
-
-if TYPE_CHECKING:
-    from fabric_lite._plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -163,23 +160,30 @@ class ParallelStrategy(Strategy):
         return len(self._parallel_devices) if self._parallel_devices is not None else 0
 
     @override
-    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+    def _complete(
+        self,
+        devices: list[torch.device],
+        *,
+        environment: ClusterEnvironment,
+        num_nodes: int,
+        start_method: str | None,
+    ) -> None:
         if self.parallel_devices is None:
             self.parallel_devices = devices
         if self._cluster_environment is None:
-            self.cluster_environment = plan.cluster_environment
-        self.num_nodes = plan.num_nodes
+            self.cluster_environment = environment
+        self.num_nodes = num_nodes
         self._set_world_ranks()
         # imported here: a single-device run never needs the launchers (or multiprocessing, subprocess, ...)
         from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
 
         environment = self.cluster_environment
         started_by_us = isinstance(environment, LightningEnvironment) and environment.creates_processes_externally
-        if plan.start_method == "popen" or started_by_us:
+        if start_method == "popen" or started_by_us:
             # in a child of the script launcher, the launcher reports the child's errors to rank 0
             self._launcher = SubprocessScriptLauncher(self)
-        elif plan.start_method is not None:
-            self._launcher = MultiProcessingLauncher(self, start_method=plan.start_method)
+        elif start_method is not None:
+            self._launcher = MultiProcessingLauncher(self, start_method=start_method)
 
     @property
     def process_group_backend(self) -> str:

@@ -6,7 +6,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -24,10 +24,17 @@ from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
 
 if TYPE_CHECKING:
-    from fabric_lite._compile import Compiler
-    from fabric_lite._plan import Plan
     from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies.launchers.launcher import Launcher
+
+
+class _Compiler(Protocol):
+    """What :meth:`Strategy.compile_module` asks of the settings of a ``torch.compile`` call to apply again
+    (``fabric_lite._compile.Compiler`` is one): compile a module whole, or some of its submodules in place."""
+
+    def wrap(self, module: Module) -> Module: ...
+
+    def compile_units(self, root: Module, units: Iterable[Module]) -> None: ...
 
 
 class Strategy(ABC):
@@ -180,9 +187,17 @@ class Strategy(ABC):
         filled in by :meth:`_complete`."""
         return cls(**kwargs)
 
-    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
-        """Take what ``Fabric``'s plan decided and the strategy was not given (devices, environment, nodes, the
-        launcher). Nothing by default: one device, chosen at construction."""
+    def _complete(
+        self,
+        devices: list[torch.device],
+        *,
+        environment: ClusterEnvironment,
+        num_nodes: int,
+        start_method: str | None,
+    ) -> None:
+        """Take what ``Fabric``'s plan decided and the strategy was not given: the devices, the cluster environment,
+        the number of nodes and how the extra processes start (which makes the launcher). Nothing by default: one
+        device, chosen at construction."""
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
@@ -213,7 +228,7 @@ class Strategy(ABC):
         """Move the module's parameters and buffers to :attr:`root_device`."""
         module.to(self.root_device)
 
-    def compile_module(self, module: Module, compiler: Compiler) -> Module:
+    def compile_module(self, module: Module, compiler: _Compiler) -> Module:
         """Compile ``module``, just set up by this strategy, again with ``compiler``'s settings (those of the
         ``torch.compile`` the user applied before ``fabric.setup``); returns what calls of the model go through.
         By default ``torch.compile`` around the whole set-up module (DDP's hooks then run inside the graph).
@@ -610,7 +625,7 @@ class _Sharded(Strategy):
         return stack
 
     @override
-    def compile_module(self, module: Module, compiler: Compiler) -> Module:
+    def compile_module(self, module: Module, compiler: _Compiler) -> Module:
         """Compile each ``fully_shard`` unit of ``module`` below the root in place (block by block, as torchtitan
         does; the root only when it is the one unit), so the parameter all-gathers stay eager between compiled
         blocks and state dict keys are unchanged. Returns ``module``.
