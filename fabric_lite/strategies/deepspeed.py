@@ -176,6 +176,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        self._start_method = "popen"  # fabric.launch() runs the script again once per extra local device
         # the arguments are checked before DeepSpeed is imported, so that a typo fails at once, DeepSpeed or not
         _deepspeed_config.check_arguments(
             stage=stage,
@@ -252,12 +253,6 @@ class DeepSpeedStrategy(ParallelStrategy):
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
         self._precision = _deepspeed_runtime.deepspeed_precision(precision)
-
-    @property
-    @override
-    def start_method(self) -> str:
-        """``"popen"``: ``fabric.launch()`` runs the script again once per extra local device."""
-        return "popen"
 
     @classmethod
     @override

@@ -108,6 +108,7 @@ class ParallelStrategy(Strategy):
         self._parallel_devices = parallel_devices
         self._cluster_environment = cluster_environment
         self._process_group_backend = process_group_backend
+        self._start_method: str | None = None  # set by the subclasses that start processes (_set_start_method)
         self._timeout = timeout if timeout is not None else default_pg_timeout
         self._num_nodes = 1
         self._local_rank: int | None = None  # set by the spawn launcher in each worker
@@ -184,6 +185,19 @@ class ParallelStrategy(Strategy):
             self._launcher = SubprocessScriptLauncher(self)
         elif start_method is not None:
             self._launcher = MultiProcessingLauncher(self, start_method=start_method)
+
+    @property
+    @override
+    def start_method(self) -> str | None:
+        """How ``fabric.launch()`` starts the other local processes: ``"popen"`` (the script is run again),
+        ``"spawn"``, ``"fork"``; ``None`` when it starts none."""
+        return self._start_method
+
+    def _set_start_method(self, start_method: str, choices: tuple[str, ...] = ("popen", "spawn", "fork")) -> None:
+        """Take a subclass's ``start_method`` argument, or refuse one that is not among ``choices``."""
+        if start_method not in choices:
+            raise ValueError(f"{type(self).__name__}(start_method={start_method!r}) is not one of {choices}.")
+        self._start_method = start_method
 
     @property
     def process_group_backend(self) -> str:

@@ -24,6 +24,8 @@ from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce, _Stateful
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies.launchers.launcher import Launcher
 
@@ -521,14 +523,19 @@ class _Sharded(Strategy):
     * A compiled model is compiled again one ``fully_shard`` unit at a time.
     * Checkpoints are ``torch.distributed.checkpoint`` folders or gathered files, written by the strategy (no
       ``CheckpointIO``); :attr:`state_dict_type` says which.
+    * ``setup_environment`` builds the device mesh (:meth:`_build_mesh`) once the processes have joined;
+      ``teardown`` drops it.
 
     Example::
 
         class MyShardedStrategy(_Sharded, ParallelStrategy):
             state_dict_type = "sharded"
 
+            def _build_mesh(self):
+                return init_device_mesh(self.root_device.type, (self.world_size,))
+
             def setup_module(self, module):
-                module = my_shard(module, self.device_mesh)
+                module = my_shard(module, self._device_mesh)
                 self._modules.add(module)  # so that optimizers and checkpoints find it
                 return module
     """
@@ -545,6 +552,8 @@ class _Sharded(Strategy):
         # no_backward_sync skips FSDP2's gradient reduction (its reduce-scatter, and HSDP's all-reduce); nested
         # blocks switch it back on when the outermost one ends
         self._backward_sync_control: _NestedSyncSwitch = _NestedSyncSwitch(self._sync_target, _set_gradient_sync)
+        #: the mesh modules are sharded over, built by ``setup_environment`` once the processes have joined
+        self._device_mesh: DeviceMesh | None = None
 
     def _sync_target(self, module: Module) -> Module:
         """``module`` itself, for ``no_backward_sync``, if this strategy set it up.
@@ -558,6 +567,15 @@ class _Sharded(Strategy):
                 f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
             )
         return module
+
+    @abstractmethod
+    def _build_mesh(self) -> DeviceMesh:
+        """The device mesh of this run's ranks (the process group exists)."""
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._device_mesh = self._build_mesh()
 
     @property
     @abstractmethod
@@ -705,6 +723,7 @@ class _Sharded(Strategy):
 
     @override
     def teardown(self) -> None:
+        self._device_mesh = None
         self._modules = weakref.WeakSet()
         self._backward_sync_control.clear()
         super().teardown()
