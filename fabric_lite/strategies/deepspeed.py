@@ -27,8 +27,8 @@ from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
 from fabric_lite.strategies import _deepspeed_checkpoint, _deepspeed_config, _deepspeed_runtime
+from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
-from fabric_lite.strategies.strategy import _NestedSyncSwitch
 from fabric_lite.utilities.rank_zero import rank_zero_info
 from fabric_lite.utilities.types import _PATH
 

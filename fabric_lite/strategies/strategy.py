@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Iterable
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
@@ -18,6 +18,7 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities.apply_func import move_data_to_device
 from fabric_lite.utilities.checkpoint import PRECISION_KEY, restore_entries
 from fabric_lite.utilities.init import _EmptyInit
@@ -442,73 +443,6 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"
-
-
-class _BackwardSyncControl(ABC):
-    """Skips the gradient synchronisation of backward passes, e.g. to accumulate gradients (Lightning Fabric's
-    interface): a strategy holds one as ``_backward_sync_control``, and :meth:`Strategy.no_backward_sync` goes
-    through it.
-
-    Example::
-
-        class NoSync(_BackwardSyncControl):
-            def no_backward_sync(self, module, enabled):
-                return module.no_sync() if enabled else nullcontext()
-
-        strategy._backward_sync_control = NoSync()
-    """
-
-    @abstractmethod
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
-        """A context in which backward passes through ``module`` do not synchronise gradients (when ``enabled``);
-        the first backward outside it synchronises what they accumulated."""
-
-
-class _NestedSyncSwitch(_BackwardSyncControl):
-    """Gradient synchronisation switched off per target (a module, a DeepSpeed engine) for nested blocks:
-    ``switch(target, False)`` when the outermost block for it starts, ``switch(target, True)`` when that block ends,
-    whatever it raised. ``target_of(module)`` finds the target, or raises ``TypeError`` for a module the strategy
-    did not set up.
-
-    Example::
-
-        control = _NestedSyncSwitch(lambda module: module, lambda m, on: m.set_requires_gradient_sync(on))
-        with control.no_backward_sync(model, enabled=True), control.no_backward_sync(model, enabled=True):
-            ...  # switched off once, on again when the outer block ends
-    """
-
-    def __init__(self, target_of: Callable[[Module], Any], switch: Callable[[Any, bool], None]) -> None:
-        self._target_of = target_of
-        self._switch = switch
-        self._depths: dict[int, int] = {}  # open blocks per target
-
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
-        if not enabled:
-            return nullcontext()
-        return self._switched_off(self._target_of(module))
-
-    def is_off(self, target: Any) -> bool:
-        """Whether a block for ``target`` is open (its synchronisation is off)."""
-        return id(target) in self._depths
-
-    def clear(self) -> None:
-        """Forget every open block (at teardown)."""
-        self._depths.clear()
-
-    @contextmanager
-    def _switched_off(self, target: Any) -> Generator[None, None, None]:
-        key = id(target)
-        depth = self._depths.get(key, 0)
-        if depth == 0:
-            self._switch(target, False)
-        self._depths[key] = depth + 1
-        try:
-            yield
-        finally:
-            self._depths[key] -= 1
-            if self._depths[key] == 0:
-                del self._depths[key]
-                self._switch(target, True)
 
 
 class _Sharded(Strategy):
