@@ -80,12 +80,7 @@ class DataParallelStrategy(Strategy):
 
     @override
     def _complete(
-        self,
-        devices: list[torch.device],
-        *,
-        environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: str | None,
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
     ) -> None:
         if self._parallel_devices is None:
             self.parallel_devices = devices
@@ -100,12 +95,6 @@ class DataParallelStrategy(Strategy):
                 " parallel_devices=[torch.device('cuda', 0), ...]."
             )
         return self._parallel_devices[0]
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> None:
-        """``None``: one process sees every batch whole, so the data is not split with a ``DistributedSampler``."""
-        return None
 
     # ------------------------------------------------------------------ modules and batches
     @override

@@ -134,12 +134,7 @@ class HorovodStrategy(Strategy):
 
     @override
     def _complete(
-        self,
-        devices: list[torch.device],
-        *,
-        environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: str | None,
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
     ) -> None:
         if self._parallel_devices is None:
             self.parallel_devices = devices
@@ -181,11 +176,6 @@ class HorovodStrategy(Strategy):
                 " processes per node as there are devices."
             )
         return self._parallel_devices[local_rank]
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     @property
     def handles_gradient_accumulation(self) -> bool:

@@ -162,12 +162,7 @@ class ParallelStrategy(Strategy):
 
     @override
     def _complete(
-        self,
-        devices: list[torch.device],
-        *,
-        environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: str | None,
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
     ) -> None:
         if self.parallel_devices is None:
             self.parallel_devices = devices
@@ -265,11 +260,6 @@ class ParallelStrategy(Strategy):
     @override
     def world_size(self) -> int:
         return self._world_size
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def _set_world_ranks(self) -> None:
         """Work out this process's global rank and the world size from the environment and the settings."""

@@ -191,12 +191,7 @@ class Strategy(ABC):
         return cls(**kwargs)
 
     def _complete(
-        self,
-        devices: list[torch.device],
-        *,
-        environment: ClusterEnvironment,
-        num_nodes: int,
-        start_method: str | None,
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
     ) -> None:
         """Take what ``Fabric``'s plan decided and the strategy was not given: the devices, the cluster environment,
         the number of nodes and how the extra processes start (which makes the launcher). Nothing by default: one
@@ -204,8 +199,9 @@ class Strategy(ABC):
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
-        """``num_replicas`` and ``rank`` for a ``DistributedSampler``; ``None`` when the data is not split."""
-        return None
+        """``num_replicas`` and ``rank`` for a ``DistributedSampler``: one replica per process where the strategy
+        :attr:`is_parallel`; ``None`` where the data is not split (one process sees every batch)."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank} if self.is_parallel else None
 
     def setup_environment(self) -> None:
         """Prepare this process: select its device (and, for parallel strategies, join the process group)."""
