@@ -185,7 +185,7 @@ class ParallelStrategy(Strategy):
     @override
     def start_method(self) -> str | None:
         """How ``fabric.launch()`` starts the other local processes: ``"popen"`` (the script is run again),
-        ``"spawn"``, ``"fork"``; ``None`` when it starts none."""
+        ``"spawn"``, ``"fork"`` (or, for DDP, ``"forkserver"``); ``None`` when it starts none."""
         return self._start_method
 
     def _set_start_method(self, start_method: str, choices: tuple[str, ...] = ("popen", "spawn", "fork")) -> None:
