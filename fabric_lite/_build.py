@@ -81,5 +81,7 @@ def build_strategy(
     for plugin in plugins:
         if isinstance(plugin, CheckpointIO):
             instance.checkpoint_io = plugin  # strategies that write their own checkpoints (FSDP) refuse it here
-    instance._complete(plan, devices)
+    instance._complete(
+        devices, environment=plan.cluster_environment, num_nodes=plan.num_nodes, start_method=plan.start_method
+    )
     return instance

@@ -5,8 +5,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
@@ -23,11 +22,12 @@ from fabric_lite.plugins.precision import (
     MixedPrecision,
     Precision,
 )
+from fabric_lite.utilities._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
 
-_LAZY = {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"}
+__getattr__ = lazy_getattr(__name__, {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"})
 
 __all__ = [
     "BitsandbytesPrecision",
@@ -44,9 +44,3 @@ __all__ = [
     "TorchCheckpointIO",
     "TorchElasticEnvironment",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,14 +7,14 @@ are imported on first use (they pull in ``torch.nn.DataParallel``, DeepSpeed, ``
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric_lite.strategies.ddp import DDPStrategy
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
@@ -23,13 +23,16 @@ if TYPE_CHECKING:
     from fabric_lite.strategies.horovod import HorovodStrategy
     from fabric_lite.strategies.model_parallel import ModelParallelStrategy
 
-_LAZY = {
-    "DataParallelStrategy": "fabric_lite.strategies.dp",
-    "DeepSpeedStrategy": "fabric_lite.strategies.deepspeed",
-    "FSDPStrategy": "fabric_lite.strategies.fsdp",
-    "HorovodStrategy": "fabric_lite.strategies.horovod",
-    "ModelParallelStrategy": "fabric_lite.strategies.model_parallel",
-}
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "DataParallelStrategy": "fabric_lite.strategies.dp",
+        "DeepSpeedStrategy": "fabric_lite.strategies.deepspeed",
+        "FSDPStrategy": "fabric_lite.strategies.fsdp",
+        "HorovodStrategy": "fabric_lite.strategies.horovod",
+        "ModelParallelStrategy": "fabric_lite.strategies.model_parallel",
+    },
+)
 
 __all__ = [
     "STRATEGY_REGISTRY",
@@ -43,9 +46,3 @@ __all__ = [
     "SingleDeviceStrategy",
     "Strategy",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,7 +25,6 @@ from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.utilities.distributed import register_ddp_comm_hook
 from fabric_lite.utilities.types import ReduceOp
 
-_START_METHODS = ("popen", "spawn", "fork", "forkserver")
 # arguments of DistributedDataParallel that the strategy sets itself
 _OWN_DDP_ARGS = ("module", "device_ids")
 
@@ -122,8 +121,7 @@ class DDPStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        if start_method not in _START_METHODS:
-            raise ValueError(f"DDPStrategy(start_method={start_method!r}) is not one of {_START_METHODS}.")
+        self._set_start_method(start_method, ("popen", "spawn", "fork", "forkserver"))
         if not isinstance(sync_batchnorm, bool):
             raise TypeError(f"DDPStrategy(sync_batchnorm={sync_batchnorm!r}) must be True or False.")
         unknown = sorted(set(kwargs) - set(_ddp_arguments()))
@@ -157,7 +155,6 @@ class DDPStrategy(ParallelStrategy):
             )
         if not callable(ddp_comm_state):
             self._check_model_averaging(ddp_comm_state, model_averaging_period)
-        self._start_method = start_method
         kwargs.setdefault("find_unused_parameters", False)
         self._ddp_kwargs = kwargs
         self._sync_batchnorm = sync_batchnorm
@@ -183,12 +180,6 @@ class DDPStrategy(ParallelStrategy):
                 f" {type(state).__name__}. Pass ddp_comm_state=PostLocalSGDState(...) and"
                 " ddp_comm_hook=post_localSGD_hook, or drop model_averaging_period."
             )
-
-    @property
-    @override
-    def start_method(self) -> str:
-        """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
-        return self._start_method
 
     @property
     def ddp_kwargs(self) -> dict[str, Any]:

@@ -27,8 +27,8 @@ from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
 from fabric_lite.strategies import _deepspeed_config, _deepspeed_runtime
+from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
-from fabric_lite.strategies.strategy import _NestedSyncSwitch
 from fabric_lite.utilities.checkpoint import deepspeed as _deepspeed_checkpoint
 from fabric_lite.utilities.imports import import_deepspeed
 from fabric_lite.utilities.rank_zero import rank_zero_info
@@ -178,6 +178,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        self._start_method = "popen"  # fabric.launch() runs the script again once per extra local device
         # the arguments are checked before DeepSpeed is imported, so that a typo fails at once, DeepSpeed or not
         _deepspeed_config.check_arguments(
             stage=stage,
@@ -254,12 +255,6 @@ class DeepSpeedStrategy(ParallelStrategy):
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
         self._precision = _deepspeed_runtime.deepspeed_precision(precision)
-
-    @property
-    @override
-    def start_method(self) -> str:
-        """``"popen"``: ``fabric.launch()`` runs the script again once per extra local device."""
-        return "popen"
 
     @classmethod
     @override

@@ -20,7 +20,7 @@ from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
 if TYPE_CHECKING:
-    from fabric_lite._plan import Plan
+    from fabric_lite.plugins.environments import ClusterEnvironment
 
 _ReduceOp = torch.distributed.ReduceOp
 #: the reductions over the replicas' values; ``mean`` is ``_collectives``' marker for an average
@@ -79,7 +79,9 @@ class DataParallelStrategy(Strategy):
         self._parallel_devices = list(devices)
 
     @override
-    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+    def _complete(
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
+    ) -> None:
         if self._parallel_devices is None:
             self.parallel_devices = devices
 
@@ -93,12 +95,6 @@ class DataParallelStrategy(Strategy):
                 " parallel_devices=[torch.device('cuda', 0), ...]."
             )
         return self._parallel_devices[0]
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> None:
-        """``None``: one process sees every batch whole, so the data is not split with a ``DistributedSampler``."""
-        return None
 
     # ------------------------------------------------------------------ modules and batches
     @override

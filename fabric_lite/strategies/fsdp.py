@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import CPUOffload, CPUOffloadPolicy, MixedPrecisionPolicy, ShardingStrategy
     from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
 
-_START_METHODS = ("popen", "spawn", "fork")
 _STATE_DICT_TYPES = ("sharded", "full")
 #: arguments of ``fully_shard`` that the strategy sets itself
 _OWN_ARGUMENTS = ("module", "mesh", "reshard_after_forward", "mp_policy", "offload_policy")
@@ -157,8 +156,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
                 f"FSDPStrategy needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this is torch"
                 f" {torch.__version__}. Upgrade torch, or use strategy='ddp'."
             ) from err
-        if start_method not in _START_METHODS:
-            raise ValueError(f"FSDPStrategy(start_method={start_method!r}) is not one of {_START_METHODS}.")
+        self._set_start_method(start_method)
         if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
             raise TypeError(
                 f"FSDPStrategy(reshard_after_forward={reshard_after_forward!r}): expected True, False or None."
@@ -184,19 +182,11 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         self._cpu_offload: CPUOffloadPolicy | bool = _fsdp_options.cpu_offload_setting(cpu_offload)
         self._param_init_fn = param_init_fn
         self.state_dict_type = state_dict_type
-        self._start_method = start_method
         self._fsdp_kwargs = kwargs
         #: the mesh as given: a (replicate, shard) tuple is built into a ``DeviceMesh`` by ``setup_environment``
         self._mesh_argument = device_mesh
-        self._device_mesh: DeviceMesh | None = None
 
     # ------------------------------------------------------------------ configuration
-    @property
-    @override
-    def start_method(self) -> str:
-        """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
-        return self._start_method
-
     @property
     @override
     def state_dict_type(self) -> str:
@@ -244,6 +234,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             self._device_mesh = self._build_mesh()
         return self._device_mesh
 
+    @override
     def _build_mesh(self) -> DeviceMesh:
         import torch.distributed as dist
         from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -265,7 +256,6 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
-        self._device_mesh = self._build_mesh()
         if isinstance(self.precision, FSDPPrecision):  # its autocast (and created scaler) follow this device
             self.precision._set_device_type(self.root_device.type)
 
@@ -366,12 +356,6 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         from torch.distributed.tensor import DTensor
 
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
-
-    # ------------------------------------------------------------------ teardown
-    @override
-    def teardown(self) -> None:
-        self._device_mesh = None
-        super().teardown()
 
     def __repr__(self) -> str:
         return (

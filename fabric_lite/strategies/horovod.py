@@ -11,7 +11,7 @@ import importlib
 import sys
 from collections.abc import Generator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -32,9 +32,6 @@ from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
-
-if TYPE_CHECKING:
-    from fabric_lite._plan import Plan
 
 #: how to install Horovod with what fabric_lite needs (PyTorch, Gloo; no MPI, TensorFlow or MXNet)
 HOROVOD_INSTALL = (
@@ -136,11 +133,13 @@ class HorovodStrategy(Strategy):
         self._cluster_environment = environment
 
     @override
-    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+    def _complete(
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
+    ) -> None:
         if self._parallel_devices is None:
             self.parallel_devices = devices
         if self._cluster_environment is None:
-            self.cluster_environment = plan.cluster_environment
+            self.cluster_environment = environment
 
     # ------------------------------------------------------------------ ranks and devices
     @property
@@ -177,11 +176,6 @@ class HorovodStrategy(Strategy):
                 " processes per node as there are devices."
             )
         return self._parallel_devices[local_rank]
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     @property
     def handles_gradient_accumulation(self) -> bool:

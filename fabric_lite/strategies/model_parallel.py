@@ -38,7 +38,6 @@ TModel = TypeVar("TModel", bound=Module)
 
 #: the precisions the strategy runs in, as in Lightning Fabric
 _PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "16-true")
-_START_METHODS = ("popen", "spawn", "fork")
 #: mesh dimension names: Lightning's two, and the two that the data-parallel one is made of with HSDP
 DATA_PARALLEL, TENSOR_PARALLEL = "data_parallel", "tensor_parallel"
 REPLICATE, SHARD = "data_parallel_replicate", "data_parallel_shard"
@@ -174,15 +173,12 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
                 f"ModelParallelStrategy(save_distributed_checkpoint={save_distributed_checkpoint!r}): expected True"
                 " (a folder of shards) or False (one full file)."
             )
-        if start_method not in _START_METHODS:
-            raise ValueError(f"ModelParallelStrategy(start_method={start_method!r}) is not one of {_START_METHODS}.")
+        self._set_start_method(start_method)
         self._parallelize_fn: Callable[[Module, DeviceMesh], Module] = parallelize_fn  # type: ignore[assignment]
         self._data_parallel_size = data_parallel_size
         self._tensor_parallel_size = tensor_parallel_size
         self._replicate_size = data_parallel_replicate_size
         self._save_distributed_checkpoint = save_distributed_checkpoint
-        self._start_method = start_method
-        self._device_mesh: DeviceMesh | None = None
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -199,12 +195,6 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
                 f" {', '.join(_PRECISIONS)}."
             )
         self._precision = precision
-
-    @property
-    @override
-    def start_method(self) -> str:
-        """How the extra processes start: ``"popen"`` (the script is run again), ``"spawn"`` or ``"fork"``."""
-        return self._start_method
 
     @property
     @override
@@ -264,10 +254,6 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
             _ = self.mesh_shape
 
     @override
-    def setup_environment(self) -> None:
-        super().setup_environment()
-        self._device_mesh = self._build_mesh()
-
     def _build_mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -396,12 +382,6 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
             if is_timeout(err):
                 raise self._timed_out(f"barrier({name!r})" if name else "barrier", err) from err
             raise
-
-    # ------------------------------------------------------------------ teardown
-    @override
-    def teardown(self) -> None:
-        self._device_mesh = None
-        super().teardown()
 
     def __repr__(self) -> str:
         return (

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,6 @@ from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
-
-if TYPE_CHECKING:
-    from fabric_lite._plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +108,7 @@ class ParallelStrategy(Strategy):
         self._parallel_devices = parallel_devices
         self._cluster_environment = cluster_environment
         self._process_group_backend = process_group_backend
+        self._start_method: str | None = None  # set by the subclasses that start processes (_set_start_method)
         self._timeout = timeout if timeout is not None else default_pg_timeout
         self._num_nodes = 1
         self._local_rank: int | None = None  # set by the spawn launcher in each worker
@@ -163,23 +161,38 @@ class ParallelStrategy(Strategy):
         return len(self._parallel_devices) if self._parallel_devices is not None else 0
 
     @override
-    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
+    def _complete(
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
+    ) -> None:
         if self.parallel_devices is None:
             self.parallel_devices = devices
         if self._cluster_environment is None:
-            self.cluster_environment = plan.cluster_environment
-        self.num_nodes = plan.num_nodes
+            self.cluster_environment = environment
+        self.num_nodes = num_nodes
         self._set_world_ranks()
         # imported here: a single-device run never needs the launchers (or multiprocessing, subprocess, ...)
         from fabric_lite.strategies.launchers import MultiProcessingLauncher, SubprocessScriptLauncher
 
         environment = self.cluster_environment
         started_by_us = isinstance(environment, LightningEnvironment) and environment.creates_processes_externally
-        if plan.start_method == "popen" or started_by_us:
+        if start_method == "popen" or started_by_us:
             # in a child of the script launcher, the launcher reports the child's errors to rank 0
             self._launcher = SubprocessScriptLauncher(self)
-        elif plan.start_method is not None:
-            self._launcher = MultiProcessingLauncher(self, start_method=plan.start_method)
+        elif start_method is not None:
+            self._launcher = MultiProcessingLauncher(self, start_method=start_method)
+
+    @property
+    @override
+    def start_method(self) -> str | None:
+        """How ``fabric.launch()`` starts the other local processes: ``"popen"`` (the script is run again),
+        ``"spawn"``, ``"fork"`` (or, for DDP, ``"forkserver"``); ``None`` when it starts none."""
+        return self._start_method
+
+    def _set_start_method(self, start_method: str, choices: tuple[str, ...] = ("popen", "spawn", "fork")) -> None:
+        """Take a subclass's ``start_method`` argument, or refuse one that is not among ``choices``."""
+        if start_method not in choices:
+            raise ValueError(f"{type(self).__name__}(start_method={start_method!r}) is not one of {choices}.")
+        self._start_method = start_method
 
     @property
     def process_group_backend(self) -> str:
@@ -247,11 +260,6 @@ class ParallelStrategy(Strategy):
     @override
     def world_size(self) -> int:
         return self._world_size
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        return {"num_replicas": self.world_size, "rank": self.global_rank}
 
     def _set_world_ranks(self) -> None:
         """Work out this process's global rank and the world size from the environment and the settings."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Iterable
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -18,6 +18,7 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
 from fabric_lite.utilities.checkpoint import sharded
@@ -27,10 +28,19 @@ from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
 if TYPE_CHECKING:
-    from fabric_lite._compile import Compiler
-    from fabric_lite._plan import Plan
+    from torch.distributed.device_mesh import DeviceMesh
+
     from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies.launchers.launcher import Launcher
+
+
+class _Compiler(Protocol):
+    """What :meth:`Strategy.compile_module` asks of the settings of a ``torch.compile`` call to apply again
+    (``fabric_lite._compile.Compiler`` is one): compile a module whole, or some of its submodules in place."""
+
+    def wrap(self, module: Module) -> Module: ...
+
+    def compile_units(self, root: Module, units: Iterable[Module]) -> None: ...
 
 
 class Strategy(ABC):
@@ -183,14 +193,18 @@ class Strategy(ABC):
         filled in by :meth:`_complete`."""
         return cls(**kwargs)
 
-    def _complete(self, plan: Plan, devices: list[torch.device]) -> None:
-        """Take what ``Fabric``'s plan decided and the strategy was not given (devices, environment, nodes, the
-        launcher). Nothing by default: one device, chosen at construction."""
+    def _complete(
+        self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
+    ) -> None:
+        """Take what ``Fabric``'s plan decided and the strategy was not given: the devices, the cluster environment,
+        the number of nodes and how the extra processes start (which makes the launcher). Nothing by default: one
+        device, chosen at construction."""
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
-        """``num_replicas`` and ``rank`` for a ``DistributedSampler``; ``None`` when the data is not split."""
-        return None
+        """``num_replicas`` and ``rank`` for a ``DistributedSampler``: one replica per process where the strategy
+        :attr:`is_parallel`; ``None`` where the data is not split (one process sees every batch)."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank} if self.is_parallel else None
 
     def setup_environment(self) -> None:
         """Prepare this process: select its device (and, for parallel strategies, join the process group)."""
@@ -216,7 +230,7 @@ class Strategy(ABC):
         """Move the module's parameters and buffers to :attr:`root_device`."""
         module.to(self.root_device)
 
-    def compile_module(self, module: Module, compiler: Compiler) -> Module:
+    def compile_module(self, module: Module, compiler: _Compiler) -> Module:
         """Compile ``module``, just set up by this strategy, again with ``compiler``'s settings (those of the
         ``torch.compile`` the user applied before ``fabric.setup``); returns what calls of the model go through.
         By default ``torch.compile`` around the whole set-up module (DDP's hooks then run inside the graph).
@@ -417,73 +431,6 @@ class Strategy(ABC):
         return f"{type(self).__name__}(device={self.root_device})"
 
 
-class _BackwardSyncControl(ABC):
-    """Skips the gradient synchronisation of backward passes, e.g. to accumulate gradients (Lightning Fabric's
-    interface): a strategy holds one as ``_backward_sync_control``, and :meth:`Strategy.no_backward_sync` goes
-    through it.
-
-    Example::
-
-        class NoSync(_BackwardSyncControl):
-            def no_backward_sync(self, module, enabled):
-                return module.no_sync() if enabled else nullcontext()
-
-        strategy._backward_sync_control = NoSync()
-    """
-
-    @abstractmethod
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
-        """A context in which backward passes through ``module`` do not synchronise gradients (when ``enabled``);
-        the first backward outside it synchronises what they accumulated."""
-
-
-class _NestedSyncSwitch(_BackwardSyncControl):
-    """Gradient synchronisation switched off per target (a module, a DeepSpeed engine) for nested blocks:
-    ``switch(target, False)`` when the outermost block for it starts, ``switch(target, True)`` when that block ends,
-    whatever it raised. ``target_of(module)`` finds the target, or raises ``TypeError`` for a module the strategy
-    did not set up.
-
-    Example::
-
-        control = _NestedSyncSwitch(lambda module: module, lambda m, on: m.set_requires_gradient_sync(on))
-        with control.no_backward_sync(model, enabled=True), control.no_backward_sync(model, enabled=True):
-            ...  # switched off once, on again when the outer block ends
-    """
-
-    def __init__(self, target_of: Callable[[Module], Any], switch: Callable[[Any, bool], None]) -> None:
-        self._target_of = target_of
-        self._switch = switch
-        self._depths: dict[int, int] = {}  # open blocks per target
-
-    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
-        if not enabled:
-            return nullcontext()
-        return self._switched_off(self._target_of(module))
-
-    def is_off(self, target: Any) -> bool:
-        """Whether a block for ``target`` is open (its synchronisation is off)."""
-        return id(target) in self._depths
-
-    def clear(self) -> None:
-        """Forget every open block (at teardown)."""
-        self._depths.clear()
-
-    @contextmanager
-    def _switched_off(self, target: Any) -> Generator[None, None, None]:
-        key = id(target)
-        depth = self._depths.get(key, 0)
-        if depth == 0:
-            self._switch(target, False)
-        self._depths[key] = depth + 1
-        try:
-            yield
-        finally:
-            self._depths[key] -= 1
-            if self._depths[key] == 0:
-                del self._depths[key]
-                self._switch(target, True)
-
-
 class _Sharded(Strategy):
     """What the strategies that shard a module when they set it up (``FSDPStrategy``, ``ModelParallelStrategy``) do
     the same way, under the name of Lightning Fabric's interface of sharding strategies
@@ -496,14 +443,19 @@ class _Sharded(Strategy):
     * A compiled model is compiled again one ``fully_shard`` unit at a time.
     * Checkpoints are ``torch.distributed.checkpoint`` folders or gathered files, written by the strategy (no
       ``CheckpointIO``); :attr:`state_dict_type` says which.
+    * ``setup_environment`` builds the device mesh (:meth:`_build_mesh`) once the processes have joined;
+      ``teardown`` drops it.
 
     Example::
 
         class MyShardedStrategy(_Sharded, ParallelStrategy):
             state_dict_type = "sharded"
 
+            def _build_mesh(self):
+                return init_device_mesh(self.root_device.type, (self.world_size,))
+
             def setup_module(self, module):
-                module = my_shard(module, self.device_mesh)
+                module = my_shard(module, self._device_mesh)
                 self._modules.add(module)  # so that optimizers and checkpoints find it
                 return module
     """
@@ -520,6 +472,8 @@ class _Sharded(Strategy):
         # no_backward_sync skips FSDP2's gradient reduction (its reduce-scatter, and HSDP's all-reduce); nested
         # blocks switch it back on when the outermost one ends
         self._backward_sync_control: _NestedSyncSwitch = _NestedSyncSwitch(self._sync_target, _set_gradient_sync)
+        #: the mesh modules are sharded over, built by ``setup_environment`` once the processes have joined
+        self._device_mesh: DeviceMesh | None = None
 
     def _sync_target(self, module: Module) -> Module:
         """``module`` itself, for ``no_backward_sync``, if this strategy set it up.
@@ -533,6 +487,15 @@ class _Sharded(Strategy):
                 f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
             )
         return module
+
+    @abstractmethod
+    def _build_mesh(self) -> DeviceMesh:
+        """The device mesh of this run's ranks (the process group exists)."""
+
+    @override
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        self._device_mesh = self._build_mesh()
 
     @property
     @abstractmethod
@@ -600,7 +563,7 @@ class _Sharded(Strategy):
         return stack
 
     @override
-    def compile_module(self, module: Module, compiler: Compiler) -> Module:
+    def compile_module(self, module: Module, compiler: _Compiler) -> Module:
         """Compile each ``fully_shard`` unit of ``module`` below the root in place (block by block, as torchtitan
         does; the root only when it is the one unit), so the parameter all-gathers stay eager between compiled
         blocks and state dict keys are unchanged. Returns ``module``.
@@ -686,6 +649,7 @@ class _Sharded(Strategy):
 
     @override
     def teardown(self) -> None:
+        self._device_mesh = None
         self._modules = weakref.WeakSet()
         self._backward_sync_control.clear()
         super().teardown()

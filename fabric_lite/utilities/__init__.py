@@ -7,9 +7,9 @@ stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fabric_lite.utilities._lazy import lazy_getattr
 from fabric_lite.utilities.apply_func import apply_to_collection, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.data import AttributeDict, suggested_max_num_workers
@@ -25,14 +25,17 @@ if TYPE_CHECKING:
     from fabric_lite.utilities.progress import ProgressBar, progress_bar
     from fabric_lite.utilities.throughput import Throughput, ThroughputMonitor, measure_flops
 
-_LAZY = {
-    "consolidate_checkpoint": "fabric_lite.utilities.consolidate",
-    "ProgressBar": "fabric_lite.utilities.progress",
-    "progress_bar": "fabric_lite.utilities.progress",
-    "Throughput": "fabric_lite.utilities.throughput",
-    "ThroughputMonitor": "fabric_lite.utilities.throughput",
-    "measure_flops": "fabric_lite.utilities.throughput",
-}
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "consolidate_checkpoint": "fabric_lite.utilities.consolidate",
+        "ProgressBar": "fabric_lite.utilities.progress",
+        "progress_bar": "fabric_lite.utilities.progress",
+        "Throughput": "fabric_lite.utilities.throughput",
+        "ThroughputMonitor": "fabric_lite.utilities.throughput",
+        "measure_flops": "fabric_lite.utilities.throughput",
+    },
+)
 
 __all__ = [
     "AttributeDict",
@@ -58,9 +61,3 @@ __all__ = [
     "seed_everything",
     "suggested_max_num_workers",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -116,7 +116,8 @@ class ClusterEnvironment(ABC):
 
 class _LauncherEnvironment(ClusterEnvironment):
     """Processes that a launcher (torchrun, ``srun``, ``jsrun``, the Kubeflow operator) started with every rank
-    fixed: each rank is one variable it sets, named by the subclass; fabric_lite sets none of them.
+    fixed: each rank is one variable it sets, named by the subclass; fabric_lite sets none of them. Rank 0 is
+    reached at torch's ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` unless the subclass says where.
 
     Example::
 
@@ -134,6 +135,16 @@ class _LauncherEnvironment(ClusterEnvironment):
     @override
     def creates_processes_externally(self) -> bool:
         return True
+
+    @property
+    @override
+    def main_address(self) -> str:
+        return self._env.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    @override
+    def main_port(self) -> int:
+        return self._int("MASTER_PORT")
 
     @override
     def world_size(self) -> int:

@@ -33,11 +33,6 @@ class KubeflowEnvironment(_LauncherEnvironment):
     def main_address(self) -> str:
         return self._required("MASTER_ADDR")  # the PyTorchJob operator sets it
 
-    @property
-    @override
-    def main_port(self) -> int:
-        return self._int("MASTER_PORT")
-
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:

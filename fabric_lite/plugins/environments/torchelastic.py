@@ -26,16 +26,6 @@ class TorchElasticEnvironment(_LauncherEnvironment):
 
     _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK"
 
-    @property
-    @override
-    def main_address(self) -> str:
-        return self._env.get("MASTER_ADDR", "127.0.0.1")
-
-    @property
-    @override
-    def main_port(self) -> int:
-        return self._int("MASTER_PORT")
-
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:

@@ -7,8 +7,7 @@ DeepSpeed's, which leaves the casting of the model to its engine).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric_lite.plugins.precision.amp import MixedPrecision
 from fabric_lite.plugins.precision.deepspeed import DeepSpeedPrecision
@@ -16,11 +15,12 @@ from fabric_lite.plugins.precision.double import DoublePrecision
 from fabric_lite.plugins.precision.fsdp import FSDPPrecision
 from fabric_lite.plugins.precision.half import HalfPrecision
 from fabric_lite.plugins.precision.precision import Precision
+from fabric_lite.utilities._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
 
-_LAZY = {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"}
+__getattr__ = lazy_getattr(__name__, {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"})
 
 __all__ = [
     "BitsandbytesPrecision",
@@ -31,9 +31,3 @@ __all__ = [
     "MixedPrecision",
     "Precision",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -370,38 +370,22 @@ def _layer_classes() -> dict[str, type[Module]]:
             if weight is not self.weight:
                 self.quantize_(weight)
 
-    # classes rather than functools.partial, so that isinstance checks and attributes work
-    class _Int8LinearInference(_Linear8bitLt):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, has_fp16_weights=False, **kwargs)
+    def preset(base: type[Module], name: str, **settings: Any) -> type[Module]:
+        """A subclass of ``base`` named ``name`` whose constructor always passes ``settings`` (a class rather than a
+        ``functools.partial``, so that isinstance checks and attributes work)."""
 
-    class _Int8LinearTraining(_Linear8bitLt):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, has_fp16_weights=True, **kwargs)
+        def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
+            base.__init__(self, *args, **settings, **kwargs)
 
-    class _NF4Linear(_Linear4bit):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, quant_type="nf4", compress_statistics=False, **kwargs)
-
-    class _NF4DQLinear(_Linear4bit):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, quant_type="nf4", compress_statistics=True, **kwargs)
-
-    class _FP4Linear(_Linear4bit):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, quant_type="fp4", compress_statistics=False, **kwargs)
-
-    class _FP4DQLinear(_Linear4bit):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, quant_type="fp4", compress_statistics=True, **kwargs)
+        return type(name, (base,), {"__init__": __init__})
 
     return {
-        "nf4": _NF4Linear,
-        "nf4-dq": _NF4DQLinear,
-        "fp4": _FP4Linear,
-        "fp4-dq": _FP4DQLinear,
-        "int8": _Int8LinearInference,
-        "int8-training": _Int8LinearTraining,
+        "nf4": preset(_Linear4bit, "_NF4Linear", quant_type="nf4", compress_statistics=False),
+        "nf4-dq": preset(_Linear4bit, "_NF4DQLinear", quant_type="nf4", compress_statistics=True),
+        "fp4": preset(_Linear4bit, "_FP4Linear", quant_type="fp4", compress_statistics=False),
+        "fp4-dq": preset(_Linear4bit, "_FP4DQLinear", quant_type="fp4", compress_statistics=True),
+        "int8": preset(_Linear8bitLt, "_Int8LinearInference", has_fp16_weights=False),
+        "int8-training": preset(_Linear8bitLt, "_Int8LinearTraining", has_fp16_weights=True),
     }
 
 
