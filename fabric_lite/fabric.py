@@ -22,13 +22,13 @@ from fabric_lite._build import build_strategy
 from fabric_lite._cli_env import launched_by_cli
 from fabric_lite._compile import reapply_compile, take_apart_compiled, uncompiled
 from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
+from fabric_lite._metrics_gather import LoaderRegistry, gather_for_metrics
 from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.loggers._folder import _agree_on_versions, _attach_rank
 from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities._metrics_gather import LoaderRegistry, gather_for_metrics
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import convert_leaves, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.data import (

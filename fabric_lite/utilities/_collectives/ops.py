@@ -12,7 +12,7 @@ costs one collective, not 64. There is no barrier before a collective: a collect
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -168,6 +168,16 @@ def _store(reduced: Tensor, buffer: Tensor, members: list[Tensor]) -> None:
         members[0].view(-1).copy_(reduced)
     else:
         _write_back(reduced, members)
+
+
+def _columns(rows: Tensor, buffers: Sequence[Tensor]) -> Iterator[Tensor]:
+    """The columns of the gathered bytes ``rows`` (one row per rank) that carried each of ``buffers`` one after
+    another, each seen as its buffer's dtype: ``(world_size, numel)``."""
+    offset = 0
+    for buffer in buffers:
+        size = buffer.numel() * buffer.element_size()
+        yield rows[:, offset : offset + size].view(buffer.dtype)
+        offset += size
 
 
 # torch >= 2.12 renames all_gather_into_tensor to all_gather_single and deprecates the old name
