@@ -31,7 +31,7 @@ from fabric_lite.utilities._collectives.ops import (
     _group_by_device_dtype,
     _reduce_rows,
     _same_shape,
-    _store,
+    _write_back,
     all_reduce_,
 )
 from fabric_lite.utilities._collectives.state import GroupState
@@ -180,12 +180,11 @@ def check_collective(
 
 
 def _payload(
-    tensors: Sequence[Tensor], reduce_op: Any, groups: Sequence[Sequence[Tensor]], device: torch.device
+    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], device: torch.device
 ) -> tuple[list[list[Tensor]], list[Tensor]] | None:
-    """The tensors' aliases and flat buffers (on ``device``) when they can travel with the exchange and be reduced
-    locally (up to 480 bytes, of an op and dtypes that :func:`_reduce_rows` handles), else ``None``."""
-    fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
-    if not fusable or sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
+    """The tensors' aliases and flat buffers (on ``device``) when they can travel with the exchange (up to 480
+    bytes), else ``None``."""
+    if sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
         return None
     aliases = [[_alias(t) for t in members] for members in groups]
     return aliases, [_flat_buffer(a).to(device) for a in aliases]
@@ -206,7 +205,9 @@ def all_reduce_checked(
     ``reduce_call``); ``grouped`` is :func:`_grouped`'s answer, where the caller has it.
     """
     groups, signature = grouped or _grouped(group, call, tensors)
-    payload = _payload(tensors, reduce_op, groups, device)
+    # reduced locally: an op and dtypes that _reduce_rows handles
+    fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
+    payload = _payload(tensors, groups, device) if fusable else None
     buffers = payload[1] if payload is not None else None
     rows = _exchange(call, tensors, signature, group.group, device, buffers, group.check_group)
     _reduce_exchanged(tensors, reduce_op, group, rows, payload)
@@ -225,5 +226,5 @@ def _reduce_exchanged(
         all_reduce_(tensors, reduce_op, group.group, group.backend)
         return
     aliases, buffers = payload
-    for members, buffer, values in zip(aliases, buffers, _columns(rows, buffers), strict=True):
-        _store(_reduce_rows(values, reduce_op, rows.shape[0]).to(members[0].device), buffer, members)
+    for members, values in zip(aliases, _columns(rows, buffers), strict=True):
+        _write_back(_reduce_rows(values, reduce_op, rows.shape[0]).to(members[0].device), members)

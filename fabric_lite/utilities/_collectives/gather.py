@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.checked import _PAYLOAD_BYTES, _exchange, _grouped, check_collective
+from fabric_lite.utilities._collectives.checked import _exchange, _grouped, _payload, check_collective
 from fabric_lite.utilities._collectives.ops import (
     _DTYPE_CODE,
     _DTYPES,
@@ -41,21 +41,12 @@ def all_gather_checked(
         check_collective("all_gather", tensors, group.group, device, group.check_group)
         return _gather_after_check(tensors, group, sync_grads)
     groups, signature = grouped or _grouped(group, "all_gather", tensors)
-    buffers = _gather_payload(tensors, groups, device)
+    payload = _payload(tensors, groups, device)
+    buffers = payload[1] if payload is not None else None
     rows = _exchange("all_gather", tensors, signature, group.group, device, buffers, group.check_group)
     if rows is None or buffers is None:
         return _gather_after_check(tensors, group, False)
     return _from_exchange(tensors, groups, buffers, rows)
-
-
-def _gather_payload(
-    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], device: torch.device
-) -> list[Tensor] | None:
-    """The tensors' flat buffers (on ``device``) when they can travel with the check (up to 480 bytes), else
-    ``None``."""
-    if sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
-        return None
-    return [_flat_buffer([t.detach() for t in members]).to(device) for members in groups]
 
 
 def _from_exchange(

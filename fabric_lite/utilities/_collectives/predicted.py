@@ -62,7 +62,6 @@ from fabric_lite.utilities._collectives.ops import (
     _gather_buffers,
     _group_by_device_dtype,
     _reduce_rows,
-    _store,
     _write_back,
 )
 
@@ -84,13 +83,15 @@ class _Plan:
     __slots__ = ("backend", "flagged", "key", "kind", "layout", "nbytes", "numel", "op", "predictable")
 
     def __init__(
-        self, key: tuple[int, int, int], kind: str, op: Any, layout: tuple[tuple[torch.dtype, int], ...], backend: str
+        self, key: tuple[int, int, int], kind: str, op: Any, groups: Sequence[Sequence[Tensor]], backend: str
     ) -> None:
         self.key = key
         self.kind = kind
         self.op = op
-        self.layout = layout
         self.backend = backend
+        # (dtype, numel) of each flat buffer; none for device tensors: the probe would synchronise the device
+        cpu = all(m[0].device.type == "cpu" for m in groups)
+        self.layout = layout = tuple((m[0].dtype, sum(t.numel() for t in m)) for m in groups if cpu)
         self.numel = sum(numel for _, numel in layout)
         self.nbytes = sum(numel * dtype.itemsize for dtype, numel in layout)
         floats = all(dtype in _FLOATS for dtype, _ in layout)
@@ -175,14 +176,8 @@ def _plan(
     if plan is None:
         if len(group.plans) >= _MAX_PLANS:
             group.plans.clear()
-        plan = group.plans[signature] = _Plan(signature, kind, op, _layout(groups), group.backend)
+        plan = group.plans[signature] = _Plan(signature, kind, op, groups, group.backend)
     return plan
-
-
-def _layout(groups: Sequence[Sequence[Tensor]]) -> tuple[tuple[torch.dtype, int], ...]:
-    if any(m[0].device.type != "cpu" for m in groups):
-        return ()  # device tensors: the probe would synchronise the device with the host
-    return tuple((m[0].dtype, sum(t.numel() for t in m)) for m in groups)
 
 
 class _Agreement:
@@ -269,7 +264,7 @@ def _check(call: str, tensors: Sequence[Tensor], group: CheckedGroup, device: to
     takes part in it without real data first, so that every rank sees the mismatch."""
     groups = _by_element_size(_group_by_device_dtype(tensors)) if tensors else []
     signature = _signature(call, groups)
-    with _Agreement(group.history, _Plan(signature, "check", None, (), "")) as agreement:
+    with _Agreement(group.history, _Plan(signature, "check", None, [], "")) as agreement:
         if agreement.predicted is not None:
             _run_poisoned(agreement.predicted, group)
         _exchange(call, tensors, signature, group.group, device, None, group.check_group)
@@ -328,14 +323,14 @@ def _reduce_planned(
             clean = bool((rows[:, -8:].view(torch.int64) == 1).all())
             if not clean and aliases is None:
                 return False
-        for i, (buffer, values) in enumerate(zip(buffers, _columns(rows, buffers), strict=False)):
+        for i, values in enumerate(_columns(rows, buffers)):
             if i == 0 and not plan.flagged:
                 clean = _rows_start_clean(values, plan.op)
                 if not clean and aliases is None:
                     return False
             reduced = _reduce_rows(values, plan.op, world_size)
             if aliases is not None:
-                _store(reduced, buffer, aliases[i])
+                _write_back(reduced, aliases[i])
         return clean
     if plan.flagged:
         return _reduce_flagged(plan, buffers, aliases, group)
