@@ -22,13 +22,13 @@ from fabric_lite._build import build_strategy
 from fabric_lite._cli_env import launched_by_cli
 from fabric_lite._compile import reapply_compile, take_apart_compiled, uncompiled
 from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
+from fabric_lite._metrics_gather import LoaderRegistry, gather_for_metrics
 from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.loggers._folder import _agree_on_versions, _attach_rank
 from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities._metrics_gather import LoaderRegistry, gather_for_metrics
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import convert_leaves, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.data import (
@@ -381,26 +381,9 @@ class Fabric:
             model, optimizer = fabric.setup(model, optimizer)  # use these from now on
             model.module  # your Linear, without the DistributedDataParallel around it
         """
-        self._validate_launched()
-        if is_wrapped(module):
-            raise ValueError("A model should be passed only once to the `setup` method. It is already set up.")
-        if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
-            raise ValueError("An optimizer should be passed only once to the `setup` method. It is already set up.")
-        _check_optimizers_own_parameters(module, optimizers)
-        module, original, compiler = take_apart_compiled(module, _reapply_compile)
-        module = self._strategy.precision.convert_module(module)
-        if move_to_device:
-            self._strategy.module_to_device(module)
-        if optimizers:
-            module, wrapped = self._strategy.setup_module_and_optimizers(module, list(optimizers))
-        else:
-            module, wrapped = self._strategy.setup_module(module), []
-        if compiler is not None:
-            module = reapply_compile(self._strategy, module, compiler)
-        fabric_module = _FabricModule(module, self._strategy, original_module=original)
+        fabric_module, wrapped = self._setup_module("setup", module, optimizers, move_to_device, _reapply_compile)
         fabric_optimizers = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in wrapped]
-        self._models_setup += 1
-        self._attach_lightning_module(original, fabric_optimizers)
+        self._attach_lightning_module(fabric_module._original_module, fabric_optimizers)
         self.call("on_after_setup", fabric=self, module=fabric_module)
         if scheduler is not None:
             return (fabric_module, *fabric_optimizers, scheduler)
@@ -417,20 +400,34 @@ class Fabric:
             model = fabric.setup_module(MyModel())
             optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
         """
+        fabric_module, _ = self._setup_module("setup_module", module, (), move_to_device, _reapply_compile)
+        self._attach_lightning_module(fabric_module._original_module, None)
+        return fabric_module
+
+    def _setup_module(
+        self, method: str, module: nn.Module, optimizers: Sequence[Optimizer], move_to_device: bool, reapply: bool
+    ) -> tuple[_FabricModule, list[Optimizer]]:
+        """What :meth:`setup` and :meth:`setup_module` (``method``) share: the module (uncompiled, converted to the
+        precision, moved, wrapped by the strategy with ``optimizers`` if any, and compiled again) and the strategy's
+        optimizers."""
         self._validate_launched()
         if is_wrapped(module):
-            raise ValueError("A model should be passed only once to the `setup_module` method. It is already set up.")
-        module, original, compiler = take_apart_compiled(module, _reapply_compile)
+            raise ValueError(f"A model should be passed only once to the `{method}` method. It is already set up.")
+        if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup` method. It is already set up.")
+        _check_optimizers_own_parameters(module, optimizers)
+        module, original, compiler = take_apart_compiled(module, reapply)
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
-        module = self._strategy.setup_module(module)
+        if optimizers:
+            module, wrapped = self._strategy.setup_module_and_optimizers(module, list(optimizers))
+        else:
+            module, wrapped = self._strategy.setup_module(module), []
         if compiler is not None:
             module = reapply_compile(self._strategy, module, compiler)
-        fabric_module = _FabricModule(module, self._strategy, original_module=original)
-        self._attach_lightning_module(original, None)
         self._models_setup += 1
-        return fabric_module
+        return _FabricModule(module, self._strategy, original_module=original), wrapped
 
     def _attach_lightning_module(self, module: nn.Module, optimizers: list[_FabricOptimizer] | None) -> None:
         """What Lightning Fabric does for a ``LightningModule`` (recognised, as there, by its ``_fabric`` attribute):
@@ -789,15 +786,7 @@ class Fabric:
         self._validate_launched()
         if isinstance(data, Tensor):
             return self._strategy.all_gather(convert_to_tensors(data, self.device), group=group, sync_grads=sync_grads)
-        # walk the collection once: convert its numbers, gather its tensors as one flat list, put the results back
-        leaves, spec = flatten(data)
-        converted = convert_leaves(leaves, self.device)
-        positions = [i for i, leaf in enumerate(converted) if isinstance(leaf, Tensor)]
-        gathered = self._strategy.all_gather([converted[i] for i in positions], group, sync_grads)
-        results = list(converted)
-        for i, value in zip(positions, gathered, strict=True):
-            results[i] = value
-        return unflatten(spec, results)
+        return _on_tensors(data, self.device, lambda tensors: self._strategy.all_gather(tensors, group, sync_grads))
 
     def gather_for_metrics(self, data: Any, dataloader: Any | None = None) -> Any:
         """Gather per-sample results (e.g. predictions and targets) from every process, for a metric over exactly
@@ -854,13 +843,9 @@ class Fabric:
             return self._strategy.all_reduce(
                 data if data.device == device else convert_to_tensors(data, device), group=group, reduce_op=reduce_op
             )
-        # walk the collection once: convert its numbers, then reduce its tensors (in place) as one flat list
-        leaves, spec = flatten(data)
-        converted = convert_leaves(leaves, self.device)
-        # the strategy returns the list it was given, reduced in place, or (DataParallel) a list of new tensors
-        reduced = iter(self._strategy.all_reduce([x for x in converted if isinstance(x, Tensor)], group, reduce_op))
-        results = [next(reduced) if isinstance(leaf, Tensor) else leaf for leaf in converted]
-        return unflatten(spec, results)  # a new collection holding the reduced tensors, as in Lightning
+        # the strategy returns the list it was given, reduced in place, or (DataParallel) a list of new tensors; the
+        # result is a new collection holding them, as in Lightning
+        return _on_tensors(data, self.device, lambda tensors: self._strategy.all_reduce(tensors, group, reduce_op))
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective.
@@ -1018,6 +1003,15 @@ class Fabric:
             fabric.seed_everything(42)  # random, NumPy and torch, and every dataloader worker set up afterwards
         """
         return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
+
+
+def _on_tensors(data: Any, device: torch.device, collective: Callable[[list[Tensor]], list[Tensor]]) -> Any:
+    """``data`` (a nested collection) with its numbers converted to tensors on ``device`` and all its tensors run
+    through ``collective`` as one flat list: the collection is walked once, and the results are put back in place."""
+    leaves, spec = flatten(data)
+    converted = convert_leaves(leaves, device)
+    results = iter(collective([x for x in converted if isinstance(x, Tensor)]))
+    return unflatten(spec, [next(results) if isinstance(leaf, Tensor) else leaf for leaf in converted])
 
 
 def _check_optimizers_own_parameters(module: nn.Module, optimizers: Sequence[Optimizer]) -> None:

@@ -156,33 +156,28 @@ class _ExperimentWriter:
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
         # a URL: the whole file is kept here and uploaded whole by every save (object stores cannot append)
-        self._remote_text: str | None = None
-        if _is_remote(log_dir):
-            self._remote_text = ""
+        remote = _is_remote(log_dir)
+        self._remote_text: str | None = "" if remote else None
+        if remote:
             fs, fs_path = _filesystem(log_dir)
-            if fs.exists(fs_path) and fs.ls(fs_path):
-                warnings.warn(
-                    f"The log folder {log_dir} exists and is not empty. Its metrics.csv, if any, is replaced by this"
-                    " run's. Pass another `version` (or none, for the next free one) to keep it.",
-                    UserWarning,
-                    stacklevel=4,
-                )
-                metrics_file = f"{fs_path.rstrip('/')}/{self.NAME_METRICS_FILE}"
-                if fs.isfile(metrics_file):
-                    fs.rm(metrics_file)
-            if not _is_object_store(log_dir):
-                fs.makedirs(fs_path, exist_ok=True)
-            return
-        if os.path.isdir(log_dir) and os.listdir(log_dir):
+            occupied = fs.exists(fs_path) and bool(fs.ls(fs_path))
+            exists, remove, metrics_file = fs.isfile, fs.rm, f"{fs_path.rstrip('/')}/{self.NAME_METRICS_FILE}"
+        else:
+            occupied = os.path.isdir(log_dir) and bool(os.listdir(log_dir))
+            exists, remove, metrics_file = os.path.isfile, os.remove, self.metrics_file_path
+        if occupied:
             warnings.warn(
                 f"The log folder {log_dir} exists and is not empty. Its metrics.csv, if any, is replaced by this"
                 " run's. Pass another `version` (or none, for the next free one) to keep it.",
                 UserWarning,
                 stacklevel=4,
             )
-            if os.path.isfile(self.metrics_file_path):
-                os.remove(self.metrics_file_path)
-        os.makedirs(log_dir, exist_ok=True)
+            if exists(metrics_file):
+                remove(metrics_file)
+        if not remote:
+            os.makedirs(log_dir, exist_ok=True)
+        elif not _is_object_store(log_dir):
+            fs.makedirs(fs_path, exist_ok=True)
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         """Buffer one row."""

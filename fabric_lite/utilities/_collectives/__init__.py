@@ -6,14 +6,17 @@ of its checked collectives for as long as the group lives. The modules, each imp
 
 * ``ops``: reduce ops, the backends' gaps (gloo's missing ``AVG``, NCCL's missing ``bool``), flat buffers, and the
   plain (unchecked) collectives.
-* ``state``: :class:`CheckedGroup`, one process group's state: its history of agreed calls, cached plans, the gloo
-  group that carries the checks beside NCCL, predicted broadcasts, and whether calls are predicted.
+* ``state``: :class:`GroupState`, one process group and its checked core's state: the gloo group that carries the
+  checks beside NCCL, and the signatures of the calls seen. Each layer above adds its own state in a subclass.
 * ``checked``: the checked core: every rank's signature exchanged first, and the mismatch error on every rank.
 * ``gather``: checked gathers, the differentiable all-gather, and gathers of tensors of different sizes.
+* ``broadcasts``: the broadcast's wire format, and broadcasts predicted from the last one (their state:
+  ``BroadcastGroup``).
 * ``marks``: how a rank without real data in a predicted call is marked (marks, flags) and seen (probes).
-* ``predicted``: the optional prediction layer over the checked core, and the entry points :func:`all_reduce` and
-  :func:`all_gather`, which are the checked core's alone with prediction off (debug mode).
-* ``broadcasts``: the broadcast's wire format, and broadcasts predicted from the last one.
+* ``predicted``: the optional prediction layer over the checked core, with :class:`CheckedGroup` (the whole state,
+  which the strategy holds: the history of agreed calls, cached plans, and whether calls are predicted), and the
+  entry points :func:`all_reduce` and :func:`all_gather`, which are the checked core's alone with prediction off
+  (debug mode).
 """
 
 from fabric_lite.utilities._collectives.broadcasts import broadcast
@@ -31,8 +34,7 @@ from fabric_lite.utilities._collectives.ops import (
     reduce_op_name,
     resolve_reduce_op,
 )
-from fabric_lite.utilities._collectives.predicted import all_gather, all_reduce
-from fabric_lite.utilities._collectives.state import CheckedGroup
+from fabric_lite.utilities._collectives.predicted import CheckedGroup, all_gather, all_reduce
 
 __all__ = [
     "_MEAN",

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fabric_lite.utilities._collectives.ops import _DTYPE_CODE, _DTYPES, _MAX_HEADER_DIMS
-from fabric_lite.utilities._collectives.state import CheckedGroup
+from fabric_lite.utilities._collectives.state import GroupState
 
 # broadcast's header, in int64 words: kind, dtype code, ndim, flags, payload bytes, then the shape; padded to
 # 16 words (128 bytes) so that the payload after it is aligned for every dtype
@@ -36,7 +36,7 @@ _KIND_OBJECT, _KIND_TENSOR, _KIND_ERROR = 0, 1, 2
 _PREDICTED_PREFIX = 16  # bytes before a predicted broadcast's payload: aligned for every dtype
 
 
-def broadcast(obj: Any, src: int, group: CheckedGroup, device: torch.device) -> Any:
+def broadcast(obj: Any, src: int, group: BroadcastGroup, device: torch.device) -> Any:
     """Send ``obj`` from global rank ``src`` to every rank of ``group`` and return it.
 
     One fixed-size message carries a header (what follows: a tensor's dtype, shape and ``requires_grad``, or a
@@ -72,9 +72,7 @@ def broadcast(obj: Any, src: int, group: CheckedGroup, device: torch.device) -> 
     kind, nbytes = header[0], header[_NBYTES_AT]
     _remember_broadcast(group, src, header, device)
     if kind == _KIND_TENSOR and raw is not None and 0 < nbytes <= _INLINE_BYTES:
-        dtype = _DTYPES[header[1]]
-        received = torch.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=_HEADER_BYTES)
-        return _as_received(received.reshape(header[_SHAPE_AT : _SHAPE_AT + header[2]]), header[3])
+        return _tensor_in(raw, _HEADER_BYTES, header)
     if nbytes <= _INLINE_BYTES:
         data = message.narrow(0, _HEADER_BYTES, nbytes)
     else:  # too large for the header message: a second broadcast, sized from the header
@@ -84,12 +82,22 @@ def broadcast(obj: Any, src: int, group: CheckedGroup, device: torch.device) -> 
         return pickle.loads(data.cpu().numpy().tobytes())
     if kind == _KIND_ERROR:
         _raise_unpicklable(src, data.cpu().numpy().tobytes().decode(errors="replace"), None)
-    received = data.view(_DTYPES[header[1]]).reshape(header[_SHAPE_AT : _SHAPE_AT + header[2]])
-    return _as_received(received if nbytes > _INLINE_BYTES else received.clone(), header[3])
+    received = data.view(_DTYPES[header[1]])
+    return _as_received(received if nbytes > _INLINE_BYTES else received.clone(), header)
 
 
-def _as_received(received: Tensor, flags: int) -> Tensor:
-    """A received tensor as it was sent: an ``nn.Parameter`` or not, requiring grad or not (header flags)."""
+def _tensor_in(raw: bytearray, offset: int, header: Sequence[int]) -> Tensor:
+    """The tensor that ``header`` describes, from its bytes at ``offset`` in ``raw`` (which it owns: no copy)."""
+    dtype = _DTYPES[header[1]]
+    received = torch.frombuffer(raw, dtype=dtype, count=header[_NBYTES_AT] // dtype.itemsize, offset=offset)
+    return _as_received(received, header)
+
+
+def _as_received(received: Tensor, header: Sequence[int]) -> Tensor:
+    """A received flat tensor as it was sent (``header``): its shape, an ``nn.Parameter`` or not, requiring grad
+    or not."""
+    received = received.reshape(header[_SHAPE_AT : _SHAPE_AT + header[2]])
+    flags = header[3]
     if flags & 2:
         return torch.nn.Parameter(received, requires_grad=bool(flags & 1))
     return received.requires_grad_(bool(flags & 1))
@@ -119,7 +127,7 @@ class _PredictedBroadcast:
             and int(obj.requires_grad) | (int(kind is torch.nn.Parameter) << 1) == self.flags
         )
 
-    def send(self, obj: Tensor, src: int, group: CheckedGroup) -> Tensor:
+    def send(self, obj: Tensor, src: int, group: BroadcastGroup) -> Tensor:
         """Broadcast ``obj``, which :meth:`holds`: its bytes behind the prefix, in one message. The message is reused
         (the call returns when it was sent; receivers keep buffers of their own), so this costs one copy."""
         if self.message is None:
@@ -134,14 +142,26 @@ class _PredictedBroadcast:
         return obj
 
 
-def _remember_broadcast(group: CheckedGroup, src: int, header: Sequence[int], device: torch.device) -> None:
+class BroadcastGroup(GroupState):
+    """:class:`GroupState` and the broadcasts predicted in the group: the last one from each source rank, which the
+    next one from it is predicted to be like, and how many took the predicted path (for tests and benchmarks)."""
+
+    __slots__ = ("broadcast_hits", "broadcasts")
+
+    def __init__(self, group: Any, *, check_group: Any = None) -> None:
+        super().__init__(group, check_group=check_group)
+        self.broadcasts: dict[int, _PredictedBroadcast] = {}
+        self.broadcast_hits = 0
+
+
+def _remember_broadcast(group: BroadcastGroup, src: int, header: Sequence[int], device: torch.device) -> None:
     if device.type == "cpu" and header[0] == _KIND_TENSOR and 0 < header[_NBYTES_AT] <= _INLINE_BYTES:
         group.broadcasts[src] = _PredictedBroadcast(tuple(header))
     else:
         group.broadcasts.pop(src, None)
 
 
-def _receive_predicted(predicted: tuple[int, ...], src: int, group: CheckedGroup) -> Tensor | None:
+def _receive_predicted(predicted: tuple[int, ...], src: int, group: BroadcastGroup) -> Tensor | None:
     """Receive a broadcast predicted to carry a tensor with header ``predicted``; ``None`` when ``src`` says it
     does not (the header message follows)."""
     nbytes = predicted[_NBYTES_AT]
@@ -150,13 +170,11 @@ def _receive_predicted(predicted: tuple[int, ...], src: int, group: CheckedGroup
     if raw[0] != 1:
         return None
     group.broadcast_hits += 1
-    dtype = _DTYPES[predicted[1]]
-    received = torch.frombuffer(raw, dtype=dtype, count=nbytes // dtype.itemsize, offset=_PREDICTED_PREFIX)
-    return _as_received(received.reshape(predicted[_SHAPE_AT : _SHAPE_AT + predicted[2]]), predicted[3])
+    return _tensor_in(raw, _PREDICTED_PREFIX, predicted)
 
 
 def _broadcast_send(
-    obj: Any, src: int, group: CheckedGroup, device: torch.device, predicted: tuple[int, ...] | None
+    obj: Any, src: int, group: BroadcastGroup, device: torch.device, predicted: tuple[int, ...] | None
 ) -> Any:
     header = [0] * _HEADER_WORDS
     error: BaseException | None = None

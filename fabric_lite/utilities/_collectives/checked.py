@@ -26,14 +26,15 @@ from fabric_lite.utilities._collectives.ops import (
     _alias,
     _all_gather_flat,
     _by_element_size,
+    _columns,
     _flat_buffer,
     _group_by_device_dtype,
     _reduce_rows,
     _same_shape,
-    _store,
+    _write_back,
     all_reduce_,
 )
-from fabric_lite.utilities._collectives.state import CheckedGroup
+from fabric_lite.utilities._collectives.state import GroupState
 
 _SIGNATURE_BYTES = 32
 _SIGNATURE_FORMAT = "<4q"  # count, two 64-bit halves of the digest, payload bytes (or -1)
@@ -71,7 +72,7 @@ def _signature(call: str, groups: Sequence[Sequence[Tensor]]) -> tuple[int, int,
 
 
 def _grouped(
-    group: CheckedGroup, call: str, tensors: Sequence[Tensor]
+    group: GroupState, call: str, tensors: Sequence[Tensor]
 ) -> tuple[list[list[Tensor]], tuple[int, int, int]]:
     """The tensors grouped by device and dtype (largest elements first), and the call's signature.
 
@@ -179,28 +180,34 @@ def check_collective(
 
 
 def _payload(
-    tensors: Sequence[Tensor], reduce_op: Any, groups: Sequence[Sequence[Tensor]], device: torch.device
+    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], device: torch.device
 ) -> tuple[list[list[Tensor]], list[Tensor]] | None:
-    """The tensors' aliases and flat buffers (on ``device``) when they can travel with the exchange and be reduced
-    locally (up to 480 bytes, of an op and dtypes that :func:`_reduce_rows` handles), else ``None``."""
-    fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
-    if not fusable or sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
+    """The tensors' aliases and flat buffers (on ``device``) when they can travel with the exchange (up to 480
+    bytes), else ``None``."""
+    if sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
         return None
     aliases = [[_alias(t) for t in members] for members in groups]
     return aliases, [_flat_buffer(a).to(device) for a in aliases]
 
 
 def all_reduce_checked(
-    tensors: Sequence[Tensor], reduce_op: Any, group: CheckedGroup, device: torch.device, call: str
+    tensors: Sequence[Tensor],
+    reduce_op: Any,
+    group: GroupState,
+    device: torch.device,
+    call: str,
+    grouped: tuple[list[list[Tensor]], tuple[int, int, int]] | None = None,
 ) -> None:
     """:func:`all_reduce_`, after checking that every rank reduces the same shapes and dtypes with the same op.
 
     One small all-gather checks the signatures first, carrying up to 480 bytes of tensors (reduced locally,
     identically on every rank); larger ones follow in the backend's all-reduce. ``call`` names the call (see
-    ``reduce_call``).
+    ``reduce_call``); ``grouped`` is :func:`_grouped`'s answer, where the caller has it.
     """
-    groups, signature = _grouped(group, call, tensors)
-    payload = _payload(tensors, reduce_op, groups, device)
+    groups, signature = grouped or _grouped(group, call, tensors)
+    # reduced locally: an op and dtypes that _reduce_rows handles
+    fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
+    payload = _payload(tensors, groups, device) if fusable else None
     buffers = payload[1] if payload is not None else None
     rows = _exchange(call, tensors, signature, group.group, device, buffers, group.check_group)
     _reduce_exchanged(tensors, reduce_op, group, rows, payload)
@@ -209,7 +216,7 @@ def all_reduce_checked(
 def _reduce_exchanged(
     tensors: Sequence[Tensor],
     reduce_op: Any,
-    group: CheckedGroup,
+    group: GroupState,
     rows: Tensor | None,
     payload: tuple[list[list[Tensor]], list[Tensor]] | None,
 ) -> None:
@@ -218,10 +225,6 @@ def _reduce_exchanged(
     if rows is None or payload is None:
         all_reduce_(tensors, reduce_op, group.group, group.backend)
         return
-    world_size = rows.shape[0]
-    offset = 0
-    for members, buffer in zip(*payload, strict=True):
-        size = buffer.numel() * buffer.element_size()
-        values = rows[:, offset : offset + size].view(buffer.dtype)
-        offset += size
-        _store(_reduce_rows(values, reduce_op, world_size).to(members[0].device), buffer, members)
+    aliases, buffers = payload
+    for members, values in zip(aliases, _columns(rows, buffers), strict=True):
+        _write_back(_reduce_rows(values, reduce_op, rows.shape[0]).to(members[0].device), members)

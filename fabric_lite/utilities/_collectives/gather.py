@@ -10,68 +10,54 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.checked import _PAYLOAD_BYTES, _exchange, _grouped, check_collective
+from fabric_lite.utilities._collectives.checked import _exchange, _grouped, _payload, check_collective
 from fabric_lite.utilities._collectives.ops import (
     _DTYPE_CODE,
     _DTYPES,
     _MAX_HEADER_DIMS,
     ReduceOp,
     _all_gather_flat,
+    _columns,
     _flat_buffer,
     _gather_buffers,
     _group_by_device_dtype,
 )
-from fabric_lite.utilities._collectives.state import CheckedGroup
+from fabric_lite.utilities._collectives.state import GroupState
 
 
 def all_gather_checked(
-    tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device, sync_grads: bool
+    tensors: Sequence[Tensor],
+    group: GroupState,
+    device: torch.device,
+    sync_grads: bool,
+    grouped: tuple[list[list[Tensor]], tuple[int, int, int]] | None = None,
 ) -> list[Tensor]:
     """Gather each tensor from every rank of ``group`` into a new tensor of shape ``(world_size, *shape)``, after
     checking that every rank gathers the same shapes and dtypes (up to 480 bytes of tensors travel with the check).
 
-    With ``sync_grads`` the results are differentiable (see :class:`_AllGatherGrad`)."""
+    With ``sync_grads`` the results are differentiable (see :class:`_AllGatherGrad`). ``grouped`` is ``_grouped``'s
+    answer, where the caller has it."""
     if sync_grads or not tensors:
         check_collective("all_gather", tensors, group.group, device, group.check_group)
         return _gather_after_check(tensors, group, sync_grads)
-    groups, signature = _grouped(group, "all_gather", tensors)
-    buffers = _gather_payload(tensors, groups, device)
+    groups, signature = grouped or _grouped(group, "all_gather", tensors)
+    payload = _payload(tensors, groups, device)
+    buffers = payload[1] if payload is not None else None
     rows = _exchange("all_gather", tensors, signature, group.group, device, buffers, group.check_group)
     if rows is None or buffers is None:
         return _gather_after_check(tensors, group, False)
     return _from_exchange(tensors, groups, buffers, rows)
 
 
-def _gather_payload(
-    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], device: torch.device
-) -> list[Tensor] | None:
-    """The tensors' flat buffers (on ``device``) when they can travel with the check (up to 480 bytes), else
-    ``None``."""
-    if sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
-        return None
-    return [_flat_buffer([t.detach() for t in members]).to(device) for members in groups]
-
-
 def _from_exchange(
     tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], buffers: Sequence[Tensor], rows: Tensor
 ) -> list[Tensor]:
     """The gathered tensors, cut from the exchanged ``rows`` that carried the ``buffers`` of every rank."""
-    world_size = rows.shape[0]
-    results: dict[int, Tensor] = {}
-    offset = 0
-    for buffer, members in zip(buffers, groups, strict=True):
-        size = buffer.numel() * buffer.element_size()
-        values = rows[:, offset : offset + size].view(buffer.dtype)
-        offset += size
-        start = 0
-        for t in members:
-            n = t.numel()
-            results[id(t)] = values[:, start : start + n].reshape(world_size, *t.shape).to(t.device)
-            start += n
-    return [results[id(t)] for t in tensors]
+    outs = [values.to(m[0].device) for values, m in zip(_columns(rows, buffers), groups, strict=True)]
+    return _split_gathered(tensors, groups, outs, rows.shape[0])
 
 
-def _gather_after_check(tensors: Sequence[Tensor], group: CheckedGroup, sync_grads: bool) -> list[Tensor]:
+def _gather_after_check(tensors: Sequence[Tensor], group: GroupState, sync_grads: bool) -> list[Tensor]:
     """Gather ``tensors``, which every rank was checked to hold alike: one collective per device and dtype."""
     if sync_grads:
         return [_AllGatherGrad.apply(t, group.group) for t in tensors]  # type: ignore[no-untyped-call]
@@ -90,7 +76,7 @@ def _split_gathered(
     results: dict[int, Tensor] = {}
     for members, rows in zip(groups, outs, strict=True):
         if len(members) == 1:
-            results[id(members[0])] = rows.view(world_size, *members[0].shape)
+            results[id(members[0])] = rows.reshape(world_size, *members[0].shape)
             continue
         offset = 0
         for t in members:

@@ -66,34 +66,25 @@ _EXPONENT_BITS = {
 }
 
 
-def _first_is_finite(buffer: Tensor) -> bool:
-    """Whether the first element of the float CPU tensor ``buffer`` is finite, read from its memory (the probe of a
-    predicted call: indexing a tensor and ``item()`` cost about 5 us, this well under one)."""
-    word, exponent = _EXPONENT_BITS[buffer.dtype]
-    return word.from_address(buffer.data_ptr()).value & exponent != exponent
-
-
-def _rows_start_finite(rows: Tensor) -> bool:
-    """Whether the first element of every row of the 2-D float CPU tensor ``rows`` is finite (every rank's probe in
-    a gathered message), read from memory as :func:`_first_is_finite` does."""
-    word, exponent = _EXPONENT_BITS[rows.dtype]
-    base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
-    return all(word.from_address(base + r * step).value & exponent != exponent for r in range(rows.shape[0]))
-
-
 def _rows_start_clean(rows: Tensor, op: Any) -> bool:
-    """Whether no row of the 2-D CPU tensor ``rows`` (float, or an integer reduced with max or min) starts with the
-    mark of a rank without real data (see :func:`_mark`)."""
+    """Whether no row of the 2-D CPU tensor ``rows`` (every rank's part of a gathered message) starts with the mark
+    of a rank without real data (see :func:`_mark`; for floats, whatever ``op``: a value that is not finite), read
+    from memory as :func:`_first_is_clean` does."""
+    base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
     word = _INT_WORDS.get(rows.dtype)
     if word is None:
-        return _rows_start_finite(rows)
-    mark, base, step = _mark(op, rows.dtype), rows.data_ptr(), rows.stride(0) * rows.element_size()
+        word, exponent = _EXPONENT_BITS[rows.dtype]
+        return all(word.from_address(base + r * step).value & exponent != exponent for r in range(rows.shape[0]))
+    mark = _mark(op, rows.dtype)
     return all(word.from_address(base + r * step).value != mark for r in range(rows.shape[0]))
 
 
 def _first_is_clean(buffer: Tensor, op: Any) -> bool:
-    """Whether the first element of the reduced CPU tensor ``buffer`` is not the mark of :func:`_mark`."""
+    """Whether the first element of the reduced CPU tensor ``buffer`` (the probe of a predicted call) is not the mark
+    of :func:`_mark` (for floats: is finite), read from its memory: indexing a tensor and ``item()`` cost about 5 us,
+    this well under one."""
     word = _INT_WORDS.get(buffer.dtype)
     if word is None:
-        return _first_is_finite(buffer)
+        word, exponent = _EXPONENT_BITS[buffer.dtype]
+        return word.from_address(buffer.data_ptr()).value & exponent != exponent
     return bool(word.from_address(buffer.data_ptr()).value != _mark(op, buffer.dtype))

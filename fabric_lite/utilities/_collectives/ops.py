@@ -12,7 +12,7 @@ costs one collective, not 64. There is no barrier before a collective: a collect
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -152,7 +152,11 @@ def _flat_buffer(aliases: Sequence[Tensor]) -> Tensor:
 
 
 def _write_back(buffer: Tensor, aliases: Sequence[Tensor]) -> None:
-    if len(aliases) == 1 and aliases[0].is_contiguous() and buffer.data_ptr() == aliases[0].data_ptr():
+    """Copy the flat ``buffer`` (a result) into the tensors (given as :func:`_alias`es); nothing to copy where it is
+    the storage of the one tensor itself."""
+    if len(aliases) == 1 and aliases[0].is_contiguous():
+        if buffer.data_ptr() != aliases[0].data_ptr():
+            aliases[0].view(-1).copy_(buffer)
         return
     # one C++ call for the views and one for the copies: slicing per tensor in Python costs microseconds each
     if _same_shape(aliases):
@@ -162,21 +166,19 @@ def _write_back(buffer: Tensor, aliases: Sequence[Tensor]) -> None:
     torch._foreach_copy_(list(aliases), list(sources))
 
 
-def _store(reduced: Tensor, buffer: Tensor, members: list[Tensor]) -> None:
-    """Write ``reduced`` (the reduction of ``buffer``, the flat buffer of ``members``) into ``members``."""
-    if len(members) == 1 and members[0].is_contiguous() and buffer.data_ptr() == members[0].data_ptr():
-        members[0].view(-1).copy_(reduced)
-    else:
-        _write_back(reduced, members)
+def _columns(rows: Tensor, buffers: Sequence[Tensor]) -> Iterator[Tensor]:
+    """The columns of the gathered bytes ``rows`` (one row per rank) that carried each of ``buffers`` one after
+    another, each seen as its buffer's dtype: ``(world_size, numel)``."""
+    offset = 0
+    for buffer in buffers:
+        size = buffer.numel() * buffer.element_size()
+        yield rows[:, offset : offset + size].view(buffer.dtype)
+        offset += size
 
 
-# torch >= 2.12 renames all_gather_into_tensor to all_gather_single and deprecates the old name
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _all_gather_flat(output: Tensor, flat: Tensor, group: Any) -> None:
-    """Gather the 1-D ``flat`` of every rank into the 1-D ``output`` of ``world_size * flat.numel()`` elements."""
-    _all_gather_single(output, flat, group=group)
+# ``(output, flat, group)``: gather the 1-D ``flat`` of every rank into the 1-D ``output`` of ``world_size *
+# flat.numel()`` elements (torch >= 2.12 renames all_gather_into_tensor to all_gather_single, deprecating the old name)
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _gather_buffers(buffers: Sequence[Tensor], group: Any, world_size: int) -> list[Tensor]:

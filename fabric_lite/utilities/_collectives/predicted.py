@@ -26,18 +26,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from fabric_lite.utilities._collectives.broadcasts import BroadcastGroup
 from fabric_lite.utilities._collectives.checked import (
     _exchange,
     _grouped,
-    _payload,
-    _reduce_exchanged,
     _signature,
     all_reduce_checked,
 )
 from fabric_lite.utilities._collectives.gather import (
-    _from_exchange,
     _gather_after_check,
-    _gather_payload,
     _split_gathered,
     all_gather_checked,
 )
@@ -51,7 +48,6 @@ from fabric_lite.utilities._collectives.marks import (
     _flag,
     _mark,
     _rows_start_clean,
-    _rows_start_finite,
 )
 from fabric_lite.utilities._collectives.ops import (
     _BOOL_OPS,
@@ -61,14 +57,13 @@ from fabric_lite.utilities._collectives.ops import (
     _all_gather_flat,
     _all_reduce_mean,
     _by_element_size,
+    _columns,
     _flat_buffer,
     _gather_buffers,
     _group_by_device_dtype,
     _reduce_rows,
-    _store,
     _write_back,
 )
-from fabric_lite.utilities._collectives.state import CheckedGroup, _History
 
 # gathering and reducing locally beats gloo's all-reduce up to this many gathered bytes (measured on 2 and 3 CPU ranks:
 # an all-gather and a local sum took 0.56-0.81x the all-reduce for payloads of 64-512 KiB on 2 ranks and 0.57-0.64x
@@ -77,6 +72,9 @@ from fabric_lite.utilities._collectives.state import CheckedGroup, _History
 _LOCAL_REDUCE_BYTES = 1 << 20
 # the most plans a group keeps (a loop repeats a handful)
 _MAX_PLANS = 1024
+#: the history's "previous call" before the first one
+_START = (0, 0, 0)
+_MAX_HISTORY = 256
 
 
 class _Plan:
@@ -85,13 +83,15 @@ class _Plan:
     __slots__ = ("backend", "flagged", "key", "kind", "layout", "nbytes", "numel", "op", "predictable")
 
     def __init__(
-        self, key: tuple[int, int, int], kind: str, op: Any, layout: tuple[tuple[torch.dtype, int], ...], backend: str
+        self, key: tuple[int, int, int], kind: str, op: Any, groups: Sequence[Sequence[Tensor]], backend: str
     ) -> None:
         self.key = key
         self.kind = kind
         self.op = op
-        self.layout = layout
         self.backend = backend
+        # (dtype, numel) of each flat buffer; none for device tensors: the probe would synchronise the device
+        cpu = all(m[0].device.type == "cpu" for m in groups)
+        self.layout = layout = tuple((m[0].dtype, sum(t.numel() for t in m)) for m in groups if cpu)
         self.numel = sum(numel for _, numel in layout)
         self.nbytes = sum(numel * dtype.itemsize for dtype, numel in layout)
         floats = all(dtype in _FLOATS for dtype, _ in layout)
@@ -110,6 +110,64 @@ class _Plan:
         )
 
 
+class _History:
+    """The calls every rank of one process group agreed on, as "which call followed which"."""
+
+    __slots__ = ("hits", "last", "next")
+
+    def __init__(self) -> None:
+        self.last: tuple[int, int, int] = _START
+        self.next: dict[tuple[int, int, int], _Plan] = {}
+        self.hits = 0  # calls that took the predicted path and needed nothing else (for tests and benchmarks)
+
+    def predicted(self) -> _Plan | None:
+        plan = self.next.get(self.last)
+        return plan if plan is not None and plan.predictable else None
+
+    def advance(self, plan: _Plan, hit: bool = False) -> None:
+        self.hits += hit
+        if len(self.next) >= _MAX_HISTORY and self.last not in self.next:
+            self.next.clear()
+        self.next[self.last] = plan
+        self.last = plan.key
+
+    def forget(self) -> None:
+        self.next.clear()
+        self.last = _START
+
+
+class CheckedGroup(BroadcastGroup):
+    """A process group and the state of its checked collectives: made by the strategy for each group it runs
+    collectives on, and dropped with the group, so that no state outlives the group or is shared between strategies.
+    The checked core's state (:class:`~fabric_lite.utilities._collectives.state.GroupState`) and the predicted
+    broadcasts' (:class:`~fabric_lite.utilities._collectives.broadcasts.BroadcastGroup`), with this layer's: the
+    history of agreed calls, the plans of the calls seen, and whether calls are predicted at all.
+
+    Args:
+        group: the process group (``None``: the default group).
+        predicting: whether checked calls may be predicted from the history of agreed calls (off in debug mode,
+            where every collective takes the fixed exchange of signatures).
+        check_group: a gloo group of the same ranks that carries the checks on the host, for NCCL (see
+            :class:`~fabric_lite.utilities._collectives.state.GroupState`).
+
+    Example::
+
+        checked = CheckedGroup(None, predicting=not debug)  # the default group
+        op = resolve_reduce_op("mean")
+        all_reduce([loss], op, checked, torch.device("cpu"), reduce_call(op))  # loss: the ranks' mean, in place
+        checked.history.hits  # how many calls so far took the predicted path
+    """
+
+    __slots__ = ("history", "plans", "predicting")
+
+    def __init__(self, group: Any, *, predicting: bool = True, check_group: Any = None) -> None:
+        super().__init__(group, check_group=check_group)
+        self.predicting = predicting
+        self.history = _History()
+        # signature -> the plan of the call
+        self.plans: dict[tuple[int, int, int], _Plan] = {}
+
+
 def _plan(
     group: CheckedGroup, signature: tuple[int, int, int], kind: str, op: Any, groups: Sequence[Sequence[Tensor]]
 ) -> _Plan:
@@ -118,14 +176,8 @@ def _plan(
     if plan is None:
         if len(group.plans) >= _MAX_PLANS:
             group.plans.clear()
-        plan = group.plans[signature] = _Plan(signature, kind, op, _layout(groups), group.backend)
+        plan = group.plans[signature] = _Plan(signature, kind, op, groups, group.backend)
     return plan
-
-
-def _layout(groups: Sequence[Sequence[Tensor]]) -> tuple[tuple[torch.dtype, int], ...]:
-    if any(m[0].device.type != "cpu" for m in groups):
-        return ()  # device tensors: the probe would synchronise the device with the host
-    return tuple((m[0].dtype, sum(t.numel() for t in m)) for m in groups)
 
 
 class _Agreement:
@@ -165,67 +217,46 @@ def all_reduce(tensors: Sequence[Tensor], reduce_op: Any, group: CheckedGroup, d
     if not group.predicting:
         all_reduce_checked(tensors, reduce_op, group, device, call)
         return
-    groups, signature = _grouped(group, call, tensors)
+    grouped = groups, signature = _grouped(group, call, tensors)
     plan = _plan(group, signature, "all_reduce", reduce_op, groups)
-    consumed = False
     with _Agreement(group.history, plan) as agreement:
         predicted = agreement.predicted
+        if predicted is not None and predicted.key == plan.key:
+            aliases = [[_alias(t) for t in members] for members in groups]
+            agreement.hit = _reduce_planned(plan, [_flat_buffer(a) for a in aliases], aliases, group)
+            if not agreement.hit:
+                # reduced already: the probe says that a value is not finite, or a mismatch. The exchange raises the
+                # mismatch; when the signatures agree, every rank matched the prediction and the reduction stands
+                _exchange(call, tensors, signature, group.group, device, None, group.check_group)
+            return
         if predicted is not None:
-            if predicted.key == plan.key:
-                aliases = [[_alias(t) for t in members] for members in groups]
-                if _reduce_planned(plan, [_flat_buffer(a) for a in aliases], aliases, group):
-                    agreement.hit = True
-                    return
-                consumed = True  # reduced already: the probe only says that a value is not finite, or a mismatch
-            else:
-                _run_poisoned(predicted, group)
-        payload = None if consumed else _payload(tensors, reduce_op, groups, device)
-        buffers = payload[1] if payload is not None else None
-        rows = _exchange(call, tensors, signature, group.group, device, buffers, group.check_group)
-    if consumed:
-        return  # every rank matched the prediction (the signatures agree), so the reduction that ran is the result
-    _reduce_exchanged(tensors, reduce_op, group, rows, payload)
+            _run_poisoned(predicted, group)
+        all_reduce_checked(tensors, reduce_op, group, device, call, grouped)
 
 
 def all_gather(tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device, sync_grads: bool) -> list[Tensor]:
     """:func:`all_gather_checked`: gather each tensor from every rank of ``group`` into a new tensor of shape
     ``(world_size, *shape)``, after checking that every rank gathers the same shapes and dtypes; at once when every
-    rank's history predicts the call (and ``group.predicting`` is on)."""
+    rank's history predicts the call (and ``group.predicting`` is on), otherwise in the check's own collective for up
+    to 480 bytes of tensors."""
     if not group.predicting:
         return all_gather_checked(tensors, group, device, sync_grads)
     if sync_grads or not tensors:
         _check("all_gather", tensors, group, device)
         return _gather_after_check(tensors, group, sync_grads)
-    gathered = _all_gather_fused(tensors, group, device)
-    return gathered if gathered is not None else _gather_after_check(tensors, group, False)
-
-
-def _all_gather_fused(tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device) -> list[Tensor] | None:
-    """Check the ranks' shapes and gather: at once when the call was predicted, in the check's own collective for up
-    to 480 bytes of tensors.
-
-    Returns the gathered tensors, or ``None`` when they did not travel yet (the check has then passed)."""
-    groups, signature = _grouped(group, "all_gather", tensors)
+    grouped = groups, signature = _grouped(group, "all_gather", tensors)
     plan = _plan(group, signature, "all_gather", None, groups)
-    early: list[Tensor] | None = None
     with _Agreement(group.history, plan) as agreement:
         predicted = agreement.predicted
+        if predicted is not None and predicted.key == plan.key:
+            clean, outs = _gather_planned([_flat_buffer([t.detach() for t in m]) for m in groups], group)
+            agreement.hit = clean
+            if not clean:  # the exchange raises a mismatch; when the signatures agree, a value was not finite
+                _exchange("all_gather", tensors, signature, group.group, device, None, group.check_group)
+            return _split_gathered(tensors, groups, outs, outs[0].shape[0])
         if predicted is not None:
-            if predicted.key == plan.key:
-                clean, outs = _gather_planned([_flat_buffer([t.detach() for t in m]) for m in groups], group)
-                early = _split_gathered(tensors, groups, outs, outs[0].shape[0])
-                if clean:
-                    agreement.hit = True
-                    return early
-            else:
-                _run_poisoned(predicted, group)
-        buffers = None if early is not None else _gather_payload(tensors, groups, device)
-        rows = _exchange("all_gather", tensors, signature, group.group, device, buffers, group.check_group)
-    if early is not None:
-        return early  # every rank gathered its real tensors (the signatures agree): a value was not finite
-    if rows is None or buffers is None:
-        return None
-    return _from_exchange(tensors, groups, buffers, rows)
+            _run_poisoned(predicted, group)
+        return all_gather_checked(tensors, group, device, False, grouped)
 
 
 def _check(call: str, tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device) -> None:
@@ -233,7 +264,7 @@ def _check(call: str, tensors: Sequence[Tensor], group: CheckedGroup, device: to
     takes part in it without real data first, so that every rank sees the mismatch."""
     groups = _by_element_size(_group_by_device_dtype(tensors)) if tensors else []
     signature = _signature(call, groups)
-    with _Agreement(group.history, _Plan(signature, "check", None, (), "")) as agreement:
+    with _Agreement(group.history, _Plan(signature, "check", None, [], "")) as agreement:
         if agreement.predicted is not None:
             _run_poisoned(agreement.predicted, group)
         _exchange(call, tensors, signature, group.group, device, None, group.check_group)
@@ -264,7 +295,7 @@ def _gather_planned(buffers: list[Tensor], group: CheckedGroup) -> tuple[bool, l
     if not clean:
         first = outs[0]
         fast = first.dtype in _EXPONENT_BITS and first.device.type == "cpu"
-        clean = _rows_start_finite(first) if fast else _finite(first[:, 0])
+        clean = _rows_start_clean(first, None) if fast else _finite(first[:, 0])
     return clean, outs
 
 
@@ -292,18 +323,14 @@ def _reduce_planned(
             clean = bool((rows[:, -8:].view(torch.int64) == 1).all())
             if not clean and aliases is None:
                 return False
-        offset = 0
-        for i, buffer in enumerate(buffers):
-            size = buffer.numel() * buffer.element_size()
-            values = rows[:, offset : offset + size].view(buffer.dtype)
-            offset += size
+        for i, values in enumerate(_columns(rows, buffers)):
             if i == 0 and not plan.flagged:
                 clean = _rows_start_clean(values, plan.op)
                 if not clean and aliases is None:
                     return False
             reduced = _reduce_rows(values, plan.op, world_size)
             if aliases is not None:
-                _store(reduced, buffer, aliases[i])
+                _write_back(reduced, aliases[i])
         return clean
     if plan.flagged:
         return _reduce_flagged(plan, buffers, aliases, group)
