@@ -12,22 +12,19 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabric_lite.loggers.logger import Logger
+from fabric_lite.utilities._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from fabric_lite.loggers.csv_logs import CSVLogger
     from fabric_lite.loggers.tensorboard import TensorBoardLogger
 
-# imported on first use, so that `import fabric_lite` stays fast
-_LAZY = {"CSVLogger": "fabric_lite.loggers.csv_logs", "TensorBoardLogger": "fabric_lite.loggers.tensorboard"}
-
 __all__ = ["CSVLogger", "Logger", "TensorBoardLogger"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# imported on first use, so that `import fabric_lite` stays fast
+__getattr__ = lazy_getattr(
+    __name__,
+    {"CSVLogger": "fabric_lite.loggers.csv_logs", "TensorBoardLogger": "fabric_lite.loggers.tensorboard"},
+)

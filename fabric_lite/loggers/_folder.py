@@ -72,6 +72,14 @@ class _FolderLogger(Logger):
         version = self.version if isinstance(self.version, str) else f"version_{self.version}"
         return os.path.join(self._root_dir, self._name, version)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the subclass's writer (_experiment) and its exit hook (_at_exit) belong to this process; a copy sent to
+        # another process starts afresh
+        state = self.__dict__.copy()
+        state["_experiment"] = None
+        state["_at_exit"] = None
+        return state
+
     def _is_global_zero(self) -> bool:
         if self._global_rank is not None:
             return self._global_rank == 0

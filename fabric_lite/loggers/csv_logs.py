@@ -137,13 +137,6 @@ class CSVLogger(_FolderLogger):
         """Write the buffered rows. Logging may go on afterwards (into the same file)."""
         self.save()
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the writer and its exit hook belong to this process; a copy sent to another process starts afresh
-        state = self.__dict__.copy()
-        state["_experiment"] = None
-        state["_at_exit"] = None
-        return state
-
 
 class _ExperimentWriter:
     """Buffers rows and writes them to ``log_dir/metrics.csv``."""

@@ -248,13 +248,6 @@ class TensorBoardLogger(_FolderLogger):
         self._experiment = None
         self._at_exit = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        # the writer and its exit hook belong to this process; a copy sent to another process starts afresh
-        state = self.__dict__.copy()
-        state["_experiment"] = None
-        state["_at_exit"] = None
-        return state
-
 
 def _prepare_remote(log_dir: str, backend: _Backend) -> None:
     """Make ``SummaryWriter`` write to the URL ``log_dir`` through fsspec.

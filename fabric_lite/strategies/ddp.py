@@ -94,6 +94,8 @@ class DDPStrategy(ParallelStrategy):
         )
     """
 
+    _wrappers = (DistributedDataParallel,)
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
@@ -310,18 +312,6 @@ class DDPStrategy(ParallelStrategy):
         if not isinstance(tensor, Tensor):
             return tensor
         return self.all_reduce(tensor, group=group, reduce_op=reduce_op)
-
-    @override
-    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
-        if isinstance(module, DistributedDataParallel):
-            module = module.module
-        return module.state_dict()
-
-    @override
-    def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
-        if isinstance(module, DistributedDataParallel):
-            module = module.module
-        module.load_state_dict(state_dict, strict=strict)
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the strategy into each new process, before any process group exists there

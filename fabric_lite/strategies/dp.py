@@ -58,6 +58,7 @@ class DataParallelStrategy(Strategy):
     """
 
     drives_several_devices = True
+    _wrappers = (DataParallel,)
 
     def __init__(
         self,
@@ -189,26 +190,6 @@ class DataParallelStrategy(Strategy):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``decision`` itself: there is one process."""
         return bool(decision)
-
-    # ------------------------------------------------------------------ checkpoints
-    @override
-    def get_module_state_dict(self, module: Module) -> dict[str, Any]:
-        """The module's state dict without ``DataParallel``'s ``module.`` prefix.
-
-        Example::
-
-            strategy.get_module_state_dict(DataParallel(nn.Linear(2, 1)))  # keys: weight, bias
-        """
-        if isinstance(module, DataParallel):
-            module = module.module
-        return module.state_dict()
-
-    @override
-    def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Load a state dict without the ``module.`` prefix into the module, wrapped in ``DataParallel`` or not."""
-        if isinstance(module, DataParallel):
-            module = module.module
-        module.load_state_dict(state_dict, strict=strict)
 
     def __repr__(self) -> str:
         devices = [str(d) for d in self._parallel_devices] if self._parallel_devices is not None else None

@@ -28,10 +28,9 @@ from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGather
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._tree import flatten, unflatten
-from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.rank_zero import rank_zero_only
-from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
+from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
 #: how to install Horovod with what fabric_lite needs (PyTorch, Gloo; no MPI, TensorFlow or MXNet)
 HOROVOD_INSTALL = (
@@ -446,22 +445,8 @@ class HorovodStrategy(Strategy):
 
     # ------------------------------------------------------------------ checkpoints and teardown
     @override
-    def save_checkpoint(
-        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, filter: Any = None
-    ) -> None:
-        """Rank 0 writes atomically; every process then learns the outcome, so a failed write raises everywhere
-        and no process returns before the file is complete."""
-        message: str | None = None
-        error: Exception | None = None
-        try:
-            super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
-        except Exception as err:
-            error, message = err, f"{type(err).__name__}: {err}"
-        message = self.broadcast(message, src=0)
-        if error is not None:
-            raise error
-        if message is not None:
-            raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
+    def _share_save_outcome(self, message: str | None) -> str | None:
+        return self.broadcast(message, src=0)
 
     @override
     def teardown(self) -> None:

@@ -22,9 +22,8 @@ from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._tree import flatten, unflatten
-from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.rank_zero import rank_zero_only
-from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
+from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
 log = logging.getLogger(__name__)
 
@@ -563,20 +562,5 @@ class ParallelStrategy(Strategy):
 
     # ------------------------------------------------------------------ checkpoints
     @override
-    def save_checkpoint(
-        self, path: _PATH, state: dict[str, Any], storage_options: Any | None = None, filter: Any = None
-    ) -> None:
-        """Rank 0 writes atomically; then every rank learns the outcome, so a failed write raises on every rank,
-        and no rank returns before the file is complete."""
-        message: str | None = None
-        error: Exception | None = None
-        try:
-            super().save_checkpoint(path, state, storage_options=storage_options, filter=filter)
-        except Exception as err:
-            error, message = err, f"{type(err).__name__}: {err}"
-        if dist.is_initialized() and self.world_size > 1:
-            message = self.broadcast(message, src=0)
-        if error is not None:
-            raise error
-        if message is not None:
-            raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
+    def _share_save_outcome(self, message: str | None) -> str | None:
+        return self.broadcast(message, src=0) if dist.is_initialized() and self.world_size > 1 else message

@@ -21,7 +21,7 @@ from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
-from fabric_lite.utilities.checkpoint import sharded
+from fabric_lite.utilities.checkpoint import CheckpointError, sharded
 from fabric_lite.utilities.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
 from fabric_lite.utilities.checkpoint.folders import is_sharded_checkpoint
 from fabric_lite.utilities.init import _EmptyInit
@@ -84,6 +84,9 @@ class Strategy(ABC):
     #: how :meth:`no_backward_sync` skips the gradient synchronisation (Lightning Fabric's attribute); ``None``: it
     #: is a no-op
     _backward_sync_control: _BackwardSyncControl | None = None
+    #: the wrapper that ``setup_module`` puts around a module (``DataParallel``, ``DistributedDataParallel``), left
+    #: out of the state dict methods so that checkpoints hold the plain module's keys
+    _wrappers: ClassVar[tuple[type[Module], ...]] = ()
 
     def __init__(
         self,
@@ -346,12 +349,20 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ checkpoints
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
-        """The module's state dict, without any wrapper prefix."""
-        return module.state_dict()
+        """The module's state dict, without any wrapper prefix.
+
+        Example::
+
+            DataParallelStrategy().get_module_state_dict(DataParallel(nn.Linear(2, 1)))  # keys: weight, bias
+        """
+        return self._unwrapped(module).state_dict()
 
     def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Load ``state_dict`` into the module (unwrapped)."""
-        module.load_state_dict(state_dict, strict=strict)
+        """Load a state dict without any wrapper prefix into the module, wrapped (:attr:`_wrappers`) or not."""
+        self._unwrapped(module).load_state_dict(state_dict, strict=strict)
+
+    def _unwrapped(self, module: Module) -> Module:
+        return module.module if isinstance(module, self._wrappers) else module  # type: ignore[return-value]
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's state dict."""
@@ -367,12 +378,28 @@ class Strategy(ABC):
         """Save ``state`` to ``path``: modules and optimizers by state dict, stateful objects by ``state_dict()``,
         other values as they are. The precision's own state (a loss scaler's) is saved with them, under
         ``PRECISION_KEY``. Global rank 0 writes, through :attr:`checkpoint_io` (atomically by default), passing it
-        ``storage_options``."""
-        checkpoint = to_state_dicts(
-            state, filter or {}, self.get_module_state_dict, self.get_optimizer_state, self.precision.state_dict()
-        )
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(checkpoint=checkpoint, path=path, storage_options=storage_options)
+        ``storage_options``; then every process learns the outcome (:meth:`_share_save_outcome`), so a failed write
+        raises everywhere and no process returns before the file is complete."""
+        message: str | None = None
+        error: Exception | None = None
+        try:
+            checkpoint = to_state_dicts(
+                state, filter or {}, self.get_module_state_dict, self.get_optimizer_state, self.precision.state_dict()
+            )
+            if self.is_global_zero:
+                self.checkpoint_io.save_checkpoint(checkpoint=checkpoint, path=path, storage_options=storage_options)
+        except Exception as err:
+            error, message = err, f"{type(err).__name__}: {err}"
+        message = self._share_save_outcome(message)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
+
+    def _share_save_outcome(self, message: str | None) -> str | None:
+        """Rank 0's outcome of :meth:`save_checkpoint` (``None``, or the error it raised), on every process: a
+        broadcast from rank 0 in a strategy of several processes; ``message`` itself in one process."""
+        return message
 
     def load_checkpoint(
         self,

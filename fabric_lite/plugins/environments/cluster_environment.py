@@ -115,9 +115,10 @@ class ClusterEnvironment(ABC):
 
 
 class _LauncherEnvironment(ClusterEnvironment):
-    """Processes that a launcher (torchrun, ``srun``, ``jsrun``, the Kubeflow operator) started with every rank
-    fixed: each rank is one variable it sets, named by the subclass; fabric_lite sets none of them. Rank 0 is
-    reached at torch's ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` unless the subclass says where.
+    """Processes that a launcher (torchrun, ``srun``, ``jsrun``, the Kubeflow operator, ``mpirun``) started with
+    every rank fixed: each rank is one variable it sets, named by the subclass; fabric_lite sets none of them. Rank 0
+    is reached at torch's ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` unless the subclass says where.
+    A launcher that tells the ranks another way (``MPIEnvironment``: MPI's ``COMM_WORLD``) overrides the readers.
 
     Example::
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
 
 #: variables that MPI launchers set in the processes they start (Open MPI, MPICH/Hydra and Intel MPI, PMIx,
 #: MVAPICH); without one of them this process was not started by an MPI launcher and mpi4py is never imported
@@ -38,7 +38,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class MPIEnvironment(ClusterEnvironment):
+class MPIEnvironment(_LauncherEnvironment):
     """Processes started by ``mpirun``/``mpiexec``, with ranks from MPI's ``COMM_WORLD`` (through ``mpi4py``).
 
     * the global rank and the world size are ``COMM_WORLD``'s;
@@ -74,11 +74,6 @@ class MPIEnvironment(ClusterEnvironment):
         self._node_rank: int | None = None
         self._num_nodes: int | None = None
         self._main: tuple[str, int] | None = None
-
-    @property
-    @override
-    def creates_processes_externally(self) -> bool:
-        return True
 
     def _main_address_and_port(self) -> tuple[str, int]:
         if self._main is None:
@@ -125,16 +120,8 @@ class MPIEnvironment(ClusterEnvironment):
         return int(self._comm_world.Get_size())
 
     @override
-    def set_world_size(self, size: int) -> None:
-        pass  # mpirun decides
-
-    @override
     def global_rank(self) -> int:
         return int(self._comm_world.Get_rank())
-
-    @override
-    def set_global_rank(self, rank: int) -> None:
-        pass  # mpirun decides
 
     def _init_comm_local(self) -> None:
         # sorted distinct host names: every rank computes the same node index for the same host
