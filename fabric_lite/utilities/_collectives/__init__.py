@@ -20,30 +20,21 @@ of its checked collectives for as long as the group lives. The modules, each imp
 """
 
 from fabric_lite.utilities._collectives.broadcasts import broadcast
-from fabric_lite.utilities._collectives.checked import CollectiveMismatchError, all_reduce_checked, check_collective
-from fabric_lite.utilities._collectives.gather import all_gather_checked, gather_uneven
-from fabric_lite.utilities._collectives.ops import (
-    all_reduce_,
-    reduce_boolean_decision,
-    reduce_call,
-    reduce_op_name,
-    resolve_reduce_op,
-)
+from fabric_lite.utilities._collectives.checked import CollectiveMismatchError, check_collective
+from fabric_lite.utilities._collectives.gather import gather_uneven
+from fabric_lite.utilities._collectives.ops import all_reduce_, reduce_boolean_decision, reduce_call, resolve_reduce_op
 from fabric_lite.utilities._collectives.predicted import CheckedGroup, all_gather, all_reduce
 
 __all__ = [
     "CheckedGroup",
     "CollectiveMismatchError",
     "all_gather",
-    "all_gather_checked",
     "all_reduce",
     "all_reduce_",
-    "all_reduce_checked",
     "broadcast",
     "check_collective",
     "gather_uneven",
     "reduce_boolean_decision",
     "reduce_call",
-    "reduce_op_name",
     "resolve_reduce_op",
 ]

@@ -27,17 +27,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fabric_lite.utilities._collectives.broadcasts import BroadcastGroup
-from fabric_lite.utilities._collectives.checked import (
-    _exchange,
-    _grouped,
-    _signature,
-    all_reduce_checked,
-)
-from fabric_lite.utilities._collectives.gather import (
-    _gather_after_check,
-    _split_gathered,
-    all_gather_checked,
-)
+from fabric_lite.utilities._collectives.checked import _exchange, _grouped, _signature, all_reduce_checked
+from fabric_lite.utilities._collectives.gather import _gather_after_check, _split_gathered, all_gather_checked
 from fabric_lite.utilities._collectives.marks import (
     _EXPONENT_BITS,
     _FLAGGED,
