@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._collectives.ops import _MEAN
 
 _ReduceOp = torch.distributed.ReduceOp
 # Horovod matches the processes' collectives by name; these run one at a time, so a fixed name per kind is unique
@@ -51,7 +51,7 @@ _REDUCE_WIRE = {
 def all_reduce_(hvd: Any, buffer: Tensor, op: Any, world_size: int) -> None:
     """Reduce the contiguous ``buffer`` in place over every process (``op`` from ``resolve_reduce_op``)."""
     if buffer.is_complex():
-        if op not in (_collectives._MEAN, _ReduceOp.SUM):
+        if op not in (_MEAN, _ReduceOp.SUM):
             raise ValueError(f"Complex tensors can only be summed or averaged, not reduced with {op}.")
         all_reduce_(hvd, torch.view_as_real(buffer), op, world_size)  # a view: reduced in place
         return
@@ -59,7 +59,7 @@ def all_reduce_(hvd: Any, buffer: Tensor, op: Any, world_size: int) -> None:
         op = _ReduceOp.MIN if op in (_ReduceOp.PRODUCT, _ReduceOp.MIN) else _ReduceOp.MAX
     wire_dtype = _REDUCE_WIRE.get(buffer.dtype)
     wire = buffer if wire_dtype is None else buffer.to(wire_dtype)
-    if op == _collectives._MEAN:
+    if op == _MEAN:
         hvd.allreduce_(wire, op=hvd.Sum, name=_REDUCE_NAME)
         if wire.is_floating_point():
             wire.div_(world_size)

@@ -13,7 +13,7 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import move_data_to_device
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
@@ -197,8 +197,8 @@ class DataParallelStrategy(Strategy):
 
 
 def _replica_reduce_op(reduce_op: str | ReduceOp | None) -> Any:
-    op = _collectives.resolve_reduce_op(reduce_op)
-    if op == _collectives._MEAN or op in (_ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+    op = ops.resolve_reduce_op(reduce_op)
+    if op == ops._MEAN or op in (_ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
         return op
     raise InvalidReduceOpError(
         f"DataParallelStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of"
@@ -212,7 +212,7 @@ def _reduce_replicas(t: Tensor, op: Any) -> Tensor:
     if dtype == torch.bool:
         # "any" for sum, mean and max; "all" for product and min: the multi-process strategies' meaning
         return t.all() if op in (_ReduceOp.PRODUCT, _ReduceOp.MIN) else t.any()
-    if op == _collectives._MEAN:
+    if op == ops._MEAN:
         if t.is_floating_point() or t.is_complex():
             return t.mean()
         # integers stay integers, truncated toward zero, as the multi-process strategies do (exact, no float)

@@ -26,7 +26,7 @@ from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities import _collectives
+from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.rank_zero import rank_zero_only
@@ -360,8 +360,8 @@ class HorovodStrategy(Strategy):
             strategy.all_reduce(t)  # every rank: tensor([2.])
         """
         self._check_group("all_reduce", group)
-        op = _collectives.resolve_reduce_op(reduce_op)
-        if op not in (_collectives._MEAN, _ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+        op = ops.resolve_reduce_op(reduce_op)
+        if op not in (ops._MEAN, _ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
             raise InvalidReduceOpError(
                 f"HorovodStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of 'mean',"
                 " 'sum', 'max', 'min', 'product'."
@@ -369,11 +369,11 @@ class HorovodStrategy(Strategy):
         if not self._initialised:
             return tensor
         tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
-        for members in _collectives._group_by_device_dtype(tensors) if tensors else []:
-            aliases = [_collectives._alias(t) for t in members]
-            buffer = _collectives._flat_buffer(aliases)
+        for members in ops._group_by_device_dtype(tensors) if tensors else []:
+            aliases = [ops._alias(t) for t in members]
+            buffer = ops._flat_buffer(aliases)
             all_reduce_(self._hvd, buffer, op, self.world_size)
-            _collectives._write_back(buffer, aliases)
+            ops._write_back(buffer, aliases)
         return tensor
 
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> Any:

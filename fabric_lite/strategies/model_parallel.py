@@ -25,7 +25,7 @@ from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
 from fabric_lite.strategies import _fsdp_setup, _model_parallel_ops
-from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout, is_timeout
+from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.strategies.strategy import _Sharded
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities.types import TBroadcast
@@ -366,8 +366,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         try:
             return _collectives.broadcast(obj, src, self._checked(group), self._comm_device())  # type: ignore[no-any-return]
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out(f"broadcast(src={src})", err) from err
+            self._raise_if_timed_out(f"broadcast(src={src})", err)
             raise
 
     @override
@@ -379,8 +378,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         try:
             dist.barrier(group=group)
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out(f"barrier({name!r})" if name else "barrier", err) from err
+            self._raise_if_timed_out(f"barrier({name!r})" if name else "barrier", err)
             raise
 
     def __repr__(self) -> str:

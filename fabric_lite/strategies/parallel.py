@@ -327,13 +327,16 @@ class ParallelStrategy(Strategy):
             world = _collectives.CheckedGroup(None, check_group=dist.new_group(backend="gloo"))
             self._checked_groups[world.group] = world
 
-    def _timed_out(self, name: str, err: BaseException) -> CollectiveTimeoutError:
-        """The error for a collective that timed out, naming it and, where the store can tell, the missing ranks.
+    def _raise_if_timed_out(self, name: str, err: BaseException) -> None:
+        """Raise the error for a collective that timed out, naming it and, where the store can tell, the missing
+        ranks; return if ``err`` is not a timeout (the caller re-raises it).
 
         Every rank whose collective timed out records it in the rendezvous store; after a short wait, the ranks
         that did not are the ones that never took part (stuck elsewhere, dead, or calling another collective).
         Only runs after a failure: nothing of this is on the normal path.
         """
+        if not is_timeout(err):
+            return
         self._timeouts += 1
         store = getattr(self, "_diagnosis_store", None)
         found: list[list[int]] = []
@@ -362,11 +365,11 @@ class ParallelStrategy(Strategy):
             else " To see what every rank calls, run again with FABRIC_LITE_DEBUG=1 (or Fabric(debug=True)): ranks"
             " calling different collectives then raise at once with a per-rank table."
         )
-        return CollectiveTimeoutError(
+        raise CollectiveTimeoutError(
             f"{name} on {self.world_size} ranks timed out after {self._timeout}: {who} (stuck elsewhere, dead, or"
             f" calling a different collective). Every rank must call the same collectives in the same order.{hint}"
             f" (backend: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
-        )
+        ) from err
 
     def _create_store(self, is_master: bool) -> Any:
         environment = self.cluster_environment
@@ -456,8 +459,7 @@ class ParallelStrategy(Strategy):
             if checked.world_size > 1 and tensors:  # over one rank every reduction is the identity
                 _collectives.all_reduce(tensors, op, checked, self._comm_device(), _collectives.reduce_call(op))
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out("all_reduce", err) from err
+            self._raise_if_timed_out("all_reduce", err)
             raise
         return tensor
 
@@ -481,8 +483,7 @@ class ParallelStrategy(Strategy):
         try:
             gathered = _collectives.all_gather([leaves[i] for i in positions], checked, device, sync_grads)
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out("all_gather", err) from err
+            self._raise_if_timed_out("all_gather", err)
             raise
         if spec is None:
             return gathered[0]
@@ -507,8 +508,7 @@ class ParallelStrategy(Strategy):
                 _collectives.check_collective(f"broadcast(src={src})", [], None, device, checked.check_group)
             return _collectives.broadcast(obj, src, checked, device)  # type: ignore[no-any-return]
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out(f"broadcast(src={src})", err) from err
+            self._raise_if_timed_out(f"broadcast(src={src})", err)
             raise
 
     @override
@@ -527,8 +527,7 @@ class ParallelStrategy(Strategy):
             else:
                 dist.barrier()
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out(f"barrier({name!r})" if name else "barrier", err) from err
+            self._raise_if_timed_out(f"barrier({name!r})" if name else "barrier", err)
             raise
 
     @override
@@ -547,8 +546,7 @@ class ParallelStrategy(Strategy):
                 )
             return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out("reduce_boolean_decision", err) from err
+            self._raise_if_timed_out("reduce_boolean_decision", err)
             raise
 
     @override
@@ -556,8 +554,7 @@ class ParallelStrategy(Strategy):
         try:
             super().backward(tensor, module, *args, **kwargs)
         except RuntimeError as err:
-            if is_timeout(err):
-                raise self._timed_out("the gradient all-reduce in backward", err) from err
+            self._raise_if_timed_out("the gradient all-reduce in backward", err)
             raise
 
     # ------------------------------------------------------------------ checkpoints

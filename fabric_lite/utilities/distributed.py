@@ -83,11 +83,11 @@ class AllGatherGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: Tensor, group: Any | None = None) -> Tensor:
-        return _collectives._AllGatherGrad.forward(ctx, tensor, group)
+        return _collectives.gather._AllGatherGrad.forward(ctx, tensor, group)
 
     @staticmethod
     def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
-        return _collectives._AllGatherGrad.backward(ctx, *grad_output)
+        return _collectives.gather._AllGatherGrad.backward(ctx, *grad_output)
 
 
 def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:

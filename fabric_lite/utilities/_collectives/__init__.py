@@ -6,9 +6,9 @@ of its checked collectives for as long as the group lives. The modules, each imp
 
 * ``ops``: reduce ops, the backends' gaps (gloo's missing ``AVG``, NCCL's missing ``bool``), flat buffers, and the
   plain (unchecked) collectives.
-* ``state``: :class:`GroupState`, one process group and its checked core's state: the gloo group that carries the
-  checks beside NCCL, and the signatures of the calls seen. Each layer above adds its own state in a subclass.
-* ``checked``: the checked core: every rank's signature exchanged first, and the mismatch error on every rank.
+* ``checked``: the checked core: every rank's signature exchanged first, and the mismatch error on every rank; and
+  its state, :class:`GroupState` (one process group, the gloo group that carries the checks beside NCCL, and the
+  signatures of the calls seen), which each layer above extends in a subclass.
 * ``gather``: checked gathers, the differentiable all-gather, and gathers of tensors of different sizes.
 * ``broadcasts``: the broadcast's wire format, and broadcasts predicted from the last one (their state:
   ``BroadcastGroup``).
@@ -20,41 +20,21 @@ of its checked collectives for as long as the group lives. The modules, each imp
 """
 
 from fabric_lite.utilities._collectives.broadcasts import broadcast
-from fabric_lite.utilities._collectives.checked import CollectiveMismatchError, all_reduce_checked, check_collective
-from fabric_lite.utilities._collectives.gather import _AllGatherGrad, all_gather_checked, gather_uneven
-from fabric_lite.utilities._collectives.ops import (
-    _MEAN,
-    _alias,
-    _flat_buffer,
-    _group_by_device_dtype,
-    _write_back,
-    all_reduce_,
-    reduce_boolean_decision,
-    reduce_call,
-    reduce_op_name,
-    resolve_reduce_op,
-)
+from fabric_lite.utilities._collectives.checked import CollectiveMismatchError, check_collective
+from fabric_lite.utilities._collectives.gather import gather_uneven
+from fabric_lite.utilities._collectives.ops import all_reduce_, reduce_boolean_decision, reduce_call, resolve_reduce_op
 from fabric_lite.utilities._collectives.predicted import CheckedGroup, all_gather, all_reduce
 
 __all__ = [
-    "_MEAN",
     "CheckedGroup",
     "CollectiveMismatchError",
-    "_AllGatherGrad",
-    "_alias",
-    "_flat_buffer",
-    "_group_by_device_dtype",
-    "_write_back",
     "all_gather",
-    "all_gather_checked",
     "all_reduce",
     "all_reduce_",
-    "all_reduce_checked",
     "broadcast",
     "check_collective",
     "gather_uneven",
     "reduce_boolean_decision",
     "reduce_call",
-    "reduce_op_name",
     "resolve_reduce_op",
 ]

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.checked import _exchange, _grouped, _payload, check_collective
+from fabric_lite.utilities._collectives.checked import GroupState, _exchange, _grouped, _payload, check_collective
 from fabric_lite.utilities._collectives.ops import (
     _DTYPE_CODE,
     _DTYPES,
@@ -22,7 +22,6 @@ from fabric_lite.utilities._collectives.ops import (
     _gather_buffers,
     _group_by_device_dtype,
 )
-from fabric_lite.utilities._collectives.state import GroupState
 
 
 def all_gather_checked(

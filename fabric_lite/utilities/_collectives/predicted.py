@@ -27,17 +27,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fabric_lite.utilities._collectives.broadcasts import BroadcastGroup
-from fabric_lite.utilities._collectives.checked import (
-    _exchange,
-    _grouped,
-    _signature,
-    all_reduce_checked,
-)
-from fabric_lite.utilities._collectives.gather import (
-    _gather_after_check,
-    _split_gathered,
-    all_gather_checked,
-)
+from fabric_lite.utilities._collectives.checked import _exchange, _grouped, _signature, all_reduce_checked
+from fabric_lite.utilities._collectives.gather import _gather_after_check, _split_gathered, all_gather_checked
 from fabric_lite.utilities._collectives.marks import (
     _EXPONENT_BITS,
     _FLAGGED,
@@ -139,7 +130,7 @@ class _History:
 class CheckedGroup(BroadcastGroup):
     """A process group and the state of its checked collectives: made by the strategy for each group it runs
     collectives on, and dropped with the group, so that no state outlives the group or is shared between strategies.
-    The checked core's state (:class:`~fabric_lite.utilities._collectives.state.GroupState`) and the predicted
+    The checked core's state (:class:`~fabric_lite.utilities._collectives.checked.GroupState`) and the predicted
     broadcasts' (:class:`~fabric_lite.utilities._collectives.broadcasts.BroadcastGroup`), with this layer's: the
     history of agreed calls, the plans of the calls seen, and whether calls are predicted at all.
 
@@ -148,7 +139,7 @@ class CheckedGroup(BroadcastGroup):
         predicting: whether checked calls may be predicted from the history of agreed calls (off in debug mode,
             where every collective takes the fixed exchange of signatures).
         check_group: a gloo group of the same ranks that carries the checks on the host, for NCCL (see
-            :class:`~fabric_lite.utilities._collectives.state.GroupState`).
+            :class:`~fabric_lite.utilities._collectives.checked.GroupState`).
 
     Example::
 
