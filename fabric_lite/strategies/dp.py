@@ -186,11 +186,6 @@ class DataParallelStrategy(Strategy):
     def barrier(self, name: str | None = None) -> None:
         """Nothing to wait for: there is one process."""
 
-    @override
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        """``decision`` itself: there is one process."""
-        return bool(decision)
-
     def __repr__(self) -> str:
         devices = [str(d) for d in self._parallel_devices] if self._parallel_devices is not None else None
         return f"{type(self).__name__}(parallel_devices={devices})"
