@@ -438,10 +438,15 @@ class Strategy(ABC):
         return checkpoint
 
     def _load_sharded_checkpoint(
-        self, path: _PATH, state: Module | Optimizer | dict[str, Any] | None, strict: bool, weights_only: bool | None
+        self,
+        path: _PATH,
+        state: Module | Optimizer | dict[str, Any] | None,
+        strict: bool,
+        weights_only: bool | None,
+        modules: Iterable[Module] = (),
     ) -> dict[str, Any]:
-        """Read a sharded folder or a full file with the state dict API, every rank its own shards."""
-        modules = getattr(self, "_modules", ())  # where the sharding strategies keep the modules they set up
+        """Read a sharded folder or a full file with the state dict API, every rank its own shards; ``modules`` are
+        those a sharding strategy set up (none for the others)."""
         return sharded.load(
             path, state, strict, weights_only, load_precision=self.precision.load_state_dict, modules=modules
         )
@@ -672,7 +677,7 @@ class _Sharded(Strategy):
 
             remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
         """
-        return self._load_sharded_checkpoint(path, state, strict, weights_only)
+        return self._load_sharded_checkpoint(path, state, strict, weights_only, modules=self._modules)
 
     @override
     def teardown(self) -> None:
