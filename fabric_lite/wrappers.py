@@ -11,17 +11,22 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from fabric_lite._compile import clean_state_dict_keys, is_compiled, uncompiled
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities import _resume
+from fabric_lite.utilities._resume import EpochStart
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
+from fabric_lite.utilities.data import sized_len
 
 #: methods of a LightningModule that are routed through the strategy's forward without mark_forward_method
 _LIGHTNING_MODULE_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -272,15 +277,21 @@ class _FabricDataLoader:
     """Wraps a dataloader set up by ``Fabric.setup_dataloaders``.
 
     Every new iteration calls ``set_epoch(n)`` on its sampler (so a ``DistributedSampler`` reshuffles each epoch)
-    and moves each batch to the device, when one is given. Attributes are the wrapped loader's.
+    and moves each batch to the device, when one is given. Attributes are the wrapped loader's. It counts the
+    batches it hands out, so that a checkpoint taken inside an epoch resumes at the next batch (see
+    :meth:`state_dict`).
     """
 
     def __init__(self, dataloader: DataLoader[Any], device: torch.device | None = None) -> None:
         self._dataloader = dataloader
         self._device = device
-        self._num_iter_calls = 0
+        self._num_iter_calls = 0  # iterations (epochs) started
         # the index of the batch being processed, while an iteration is under way (for fabric.gather_for_metrics)
         self._batch_index: int | None = None
+        self._yielded = 0  # batches handed out in the current epoch
+        self._exhausted = True  # the current epoch ran to its end (or none has started)
+        self._epoch_start: EpochStart | None = None
+        self._pending: _PendingResume | None = None  # loaded by load_state_dict, used by the next iteration
 
     @property
     def device(self) -> torch.device | None:
@@ -290,26 +301,55 @@ class _FabricDataLoader:
         return len(self._dataloader)
 
     def state_dict(self) -> Any:
-        """The loader's state for a checkpoint, in the form Lightning Fabric writes where it writes one.
+        """The loader's state for a checkpoint: where it is, so that a resumed run goes on with the next batch.
 
         A loader with a ``state_dict`` of its own (torchdata's ``StatefulDataLoader``, litdata's
-        ``StreamingDataLoader``, which also resume mid-epoch) gives exactly that state, as Lightning saves it, so
-        that checkpoints move between the two libraries. A plain ``DataLoader`` (which Lightning saves as the
-        pickled object) gives ``{"epoch": n}``: how many epochs have started, so that a resumed run reshuffles as
-        the original did.
+        ``StreamingDataLoader``) gives exactly that state, as Lightning Fabric saves it, so that checkpoints move
+        between the two libraries. A plain ``DataLoader`` gives ``{"epoch": e, "batches_yielded": k, ...}``: the
+        epoch and the batches handed out in it. Inside an epoch it also holds every process's random states at
+        the epoch's start, which fix the epoch's order; they are gathered from every process, so with several
+        processes this is a collective (every process calls it, as ``fabric.save`` does). An ``IterableDataset``
+        with a ``state_dict`` (and no workers) adds the dataset's own state. Between epochs ``e`` is the next
+        epoch, as in earlier versions, which read only ``"epoch"``.
         """
         inner = getattr(self._dataloader, "state_dict", None)
         if callable(inner):
             return inner()
-        return {"epoch": self._num_iter_calls}
+        epoch, skip, start = self._position()
+        state: dict[str, Any] = {"epoch": epoch, "batches_yielded": skip, "fabric_lite_loader": _resume.FORMAT}
+        state["num_batches"] = sized_len(self._dataloader)
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        state["num_replicas"] = world_size
+        mine = start.to_state() if skip and start is not None else None
+        if world_size > 1:  # the same on every process, whatever each one's position
+            everyone: list[Any] = [None] * world_size
+            dist.all_gather_object(everyone, mine)
+        else:
+            everyone = [mine]
+        if skip and mine is not None:
+            state["rng_at_epoch_start"] = {"per_rank": everyone}
+        dataset = self._dataloader.dataset
+        if skip and _iterable_state(self._dataloader) is not None:
+            state["dataset"] = dataset.state_dict()  # type: ignore[attr-defined]
+        return state
+
+    def _position(self) -> tuple[int, int, EpochStart | None]:
+        """``(epoch, batches handed out in it, its start)``; between epochs the next epoch and 0."""
+        if self._pending is not None:
+            return self._pending.epoch, self._pending.skip, self._pending.start
+        if self._exhausted or not self._yielded:
+            return self._num_iter_calls, 0, None
+        return self._num_iter_calls - 1, self._yielded, self._epoch_start
 
     def load_state_dict(self, state_dict: Any) -> None:
-        """Restore what :meth:`state_dict` gave, or what Lightning Fabric saved for the loader.
+        """Restore what :meth:`state_dict` gave, or what Lightning Fabric or an earlier version saved.
 
         A loader with a ``load_state_dict`` of its own gets the saved state (earlier fabric_lite versions saved it as
-        ``{"epoch": n, "loader": state}``, which is read too). A plain loader restores its epoch count; from
-        a checkpoint of Lightning's, which holds the loader object itself and no position, it starts again from
-        the first epoch, with a warning.
+        ``{"epoch": n, "loader": state}``, which is read too). A plain loader's next iteration continues the saved
+        epoch at its next batch, skipping the batches already handed out without reading them. It restarts that
+        epoch, with a warning, where it cannot do so exactly: the number of batches or of processes changed, or an
+        ``IterableDataset`` keeps no state of its own. From a checkpoint of Lightning's, which holds the loader
+        object itself and no position, it starts again from the first epoch, with a warning.
         """
         inner = getattr(self._dataloader, "load_state_dict", None)
         if callable(inner):
@@ -318,37 +358,116 @@ class _FabricDataLoader:
                 state_dict = state_dict["loader"]
             inner(state_dict)
             return
-        if isinstance(state_dict, Mapping) and "epoch" in state_dict:
-            self._num_iter_calls = int(state_dict["epoch"])
+        if not (isinstance(state_dict, Mapping) and "epoch" in state_dict):
+            warnings.warn(
+                f"The checkpoint holds a {type(state_dict).__name__} for this dataloader, not a loader state"
+                " (Lightning Fabric saves a plain DataLoader object itself, without its position): the loader starts"
+                " again from the first epoch. A checkpoint saved by fabric_lite records the position.",
+                UserWarning,
+                stacklevel=2,
+            )
             return
+        self._num_iter_calls = int(state_dict["epoch"])
+        self._pending = None
+        skip = int(state_dict.get("batches_yielded", 0))
+        if skip:
+            self._pending = self._resume_from(state_dict, skip)
+
+    def _resume_from(self, state: Mapping[str, Any], skip: int) -> _PendingResume | None:
+        epoch = int(state["epoch"])
+        loader = self._dataloader
+        if _iterable_state(loader) is not None and "dataset" in state:
+            loader.dataset.load_state_dict(state["dataset"])  # type: ignore[attr-defined]
+            return _PendingResume(epoch, skip, None, replay=False)
+        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        per_rank = state.get("rng_at_epoch_start", {}).get("per_rank", [])
+        if not _resume.can_resume(loader):
+            why = (
+                "its IterableDataset has no state_dict/load_state_dict of its own, or runs in worker processes"
+                " (use torchdata's StatefulDataLoader to resume inside an epoch)"
+            )
+        elif (state.get("num_batches"), state.get("num_replicas")) != (sized_len(loader), world_size):
+            why = (
+                f"it was saved with {state.get('num_batches')} batches on {state.get('num_replicas')} process(es),"
+                f" and now has {sized_len(loader)} on {world_size}"
+            )
+        elif rank >= len(per_rank) or per_rank[rank] is None:
+            why = f"the checkpoint holds no epoch-start random state for process {rank}"
+        else:
+            return _PendingResume(epoch, skip, EpochStart.from_state(per_rank[rank]), replay=True)
         warnings.warn(
-            f"The checkpoint holds a {type(state_dict).__name__} for this dataloader, not a loader state (Lightning"
-            " Fabric saves a plain DataLoader object itself, without its position): the loader starts again from"
-            " the first epoch. A checkpoint saved by fabric_lite records the epoch.",
+            f"The checkpoint was saved after batch {skip} of epoch {epoch}, but the loader cannot continue from"
+            f" there: {why}. The epoch restarts from its first batch.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
+        return None
 
     def __iter__(self) -> Iterator[Any]:
-        _set_sampler_epoch(self._dataloader, self._num_iter_calls)
+        loader = self._dataloader
+        pending, self._pending = self._pending, None
+        _set_sampler_epoch(loader, self._num_iter_calls)
         self._num_iter_calls += 1
         iteration = self._num_iter_calls
+        source: Any = None
+        first = 0
+        if pending is not None:
+            first = pending.skip
+            self._epoch_start = pending.start
+            if not pending.replay:
+                source = loader  # the dataset positioned itself
+            elif pending.start is not None:
+                source = _resume.resume_iterator(loader, pending.start, pending.skip)
+            if source is None:  # cannot replay: the epoch restarts
+                first = 0
+        if source is None:
+            self._epoch_start = EpochStart.capture(loader) if _resume.can_resume(loader) else None
+            source = loader
+        self._yielded, self._exhausted = first, False
         device = self._device
-        index = -1
         try:
-            for batch in self._dataloader:
-                index += 1
-                self._batch_index = index
+            for batch in source:
+                self._batch_index = self._yielded
+                self._yielded += 1
                 yield batch if device is None else move_data_to_device(batch, device)
+            if self._num_iter_calls == iteration:
+                self._exhausted = True
         finally:
             # an abandoned iteration finishes when it is garbage collected: it must not end a newer one
             if self._num_iter_calls == iteration:
                 self._batch_index = None
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_dataloader", "_device", "_num_iter_calls", "_batch_index"):
+        if name.startswith("__") or name in _LOADER_SLOTS:
             raise AttributeError(name)
         return getattr(self._dataloader, name)
+
+
+#: the wrapper's own attributes, which are never looked up on the wrapped loader
+_LOADER_SLOTS = frozenset(
+    ("_dataloader", "_device", "_num_iter_calls", "_batch_index", "_yielded", "_exhausted", "_epoch_start", "_pending")
+)
+
+
+@dataclass
+class _PendingResume:
+    """A position loaded by ``_FabricDataLoader.load_state_dict``, for its next iteration."""
+
+    epoch: int
+    skip: int
+    start: EpochStart | None
+    replay: bool  # False: the dataset positioned itself (an IterableDataset with a state_dict)
+
+
+def _iterable_state(loader: Any) -> Any:
+    """The ``state_dict`` of the loader's ``IterableDataset`` when it can be saved from this process: the dataset
+    has ``state_dict``/``load_state_dict`` and runs in no worker (a worker's copy is out of reach)."""
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, IterableDataset) or getattr(loader, "num_workers", 0) > 0:
+        return None
+    method = getattr(dataset, "state_dict", None)
+    return method if callable(method) and callable(getattr(dataset, "load_state_dict", None)) else None
 
 
 def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
