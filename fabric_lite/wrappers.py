@@ -26,7 +26,7 @@ from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _resume
 from fabric_lite.utilities._resume import EpochStart
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
-from fabric_lite.utilities.data import sized_len
+from fabric_lite.utilities.data import SeedPerSample, sized_len
 
 #: methods of a LightningModule that are routed through the strategy's forward without mark_forward_method
 _LIGHTNING_MODULE_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -283,6 +283,12 @@ class _FabricDataLoader:
     """
 
     def __init__(self, dataloader: DataLoader[Any], device: torch.device | None = None) -> None:
+        if isinstance(dataloader.dataset, SeedPerSample) and dataloader.persistent_workers and dataloader.num_workers:
+            raise ValueError(
+                "A SeedPerSample dataset cannot run in persistent workers (persistent_workers=True): they keep the"
+                " dataset of the first epoch, and with it its epoch, so every epoch would draw the same numbers. Pass"
+                " persistent_workers=False to the DataLoader."
+            )
         self._dataloader = dataloader
         self._device = device
         self._num_iter_calls = 0  # iterations (epochs) started
@@ -408,6 +414,8 @@ class _FabricDataLoader:
         loader = self._dataloader
         pending, self._pending = self._pending, None
         _set_sampler_epoch(loader, self._num_iter_calls)
+        if isinstance(loader.dataset, SeedPerSample):
+            loader.dataset.set_epoch(self._num_iter_calls)
         self._num_iter_calls += 1
         iteration = self._num_iter_calls
         source: Any = None

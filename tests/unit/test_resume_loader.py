@@ -329,3 +329,76 @@ def test_the_wrapper_stays_picklable_and_warning_free() -> None:
         warnings.simplefilter("error")
         list(loader)
     assert pickle.loads(pickle.dumps(loader.state_dict()))["epoch"] == 1
+
+
+class Augmented(Dataset):  # type: ignore[type-arg]
+    """Adds noise drawn in whichever process reads the sample, as random augmentation does."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(index)]) + torch.rand(1)
+
+
+def _augmented_run(wrap: bool, stop_after: int | None) -> list[torch.Tensor]:
+    """Two epochs of 2-worker batches; with ``stop_after``, stopped, saved and resumed in a new loader."""
+    from fabric_lite.utilities.data import SeedPerSample
+
+    def make() -> _FabricDataLoader:
+        dataset = SeedPerSample(Augmented(), seed=3) if wrap else Augmented()
+        return _FabricDataLoader(DataLoader(dataset, batch_size=4, shuffle=True, **_workers(2)))
+
+    torch.manual_seed(0)
+    loader = make()
+    batches: list[torch.Tensor] = []
+    if stop_after is not None:
+        iterator = iter(loader)
+        batches += [next(iterator) for _ in range(stop_after)]
+        state, rng = checkpoint(loader.state_dict()), torch.get_rng_state()
+        del iterator
+        loader = make()
+        loader.load_state_dict(state)
+        torch.set_rng_state(rng)
+    for _ in range(2):
+        batches += list(loader)
+    return batches
+
+
+def test_seed_per_sample_makes_worker_side_augmentation_survive_a_resume() -> None:
+    def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    assert same(_augmented_run(True, None), _augmented_run(True, 3))
+    assert not same(_augmented_run(False, None), _augmented_run(False, 3))  # the control: workers' own streams
+    run = _augmented_run(True, None)
+    first_epoch, second_epoch = (torch.cat(half).flatten().sort().values for half in (run[:10], run[10:]))
+    assert not torch.equal(first_epoch, second_epoch)  # each epoch draws new numbers for the same samples
+
+
+def test_seed_per_sample_in_the_main_process_leaves_the_global_generators_alone() -> None:
+    import random
+
+    import numpy as np
+
+    from fabric_lite.utilities.data import SeedPerSample
+
+    dataset = SeedPerSample(Augmented(), seed=1)
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    expected = (torch.rand(1), random.random(), np.random.rand())
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    first = dataset[5]
+    assert (torch.rand(1), random.random(), np.random.rand()) == expected
+    assert torch.equal(first, dataset[5]) and not torch.equal(first, dataset[6])
+
+
+def test_seed_per_sample_refuses_persistent_workers() -> None:
+    from fabric_lite.utilities.data import SeedPerSample
+
+    loader = DataLoader(SeedPerSample(Augmented()), batch_size=4, num_workers=2, persistent_workers=True)
+    with pytest.raises(ValueError, match="persistent_workers=False"):
+        _FabricDataLoader(loader)
