@@ -467,12 +467,7 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
 
 
 def _get_default_process_group_backend_for_device(device: torch.device) -> str:
-    """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``.
-
-    Example::
-
-        _get_default_process_group_backend_for_device(torch.device("cpu"))  # 'gloo'
-    """
+    """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``."""
     return dist.Backend.default_device_backend_map.get(device.type, "gloo")
 
 
