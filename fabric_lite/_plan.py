@@ -137,11 +137,9 @@ def _available(machine: Machine) -> list[str]:
 
 
 def _resolve_accelerator(name: str, machine: Machine) -> AcceleratorName:
-    if name == "auto":
-        if machine.mps_available:
-            return "mps"
-        return "cuda" if machine.cuda_devices > 0 else "cpu"
     available = _available(machine)  # CUDA before MPS, as Lightning's "gpu" prefers
+    if name == "auto":
+        return "mps" if machine.mps_available else available[0]  # type: ignore[return-value]
     if name == "gpu" and available[0] != "cpu":
         return available[0]  # type: ignore[return-value]
     missing = {

@@ -85,7 +85,6 @@ class Throughput:
         if world_size < 1:
             raise ValueError(f"Throughput(world_size={world_size}): the world size must be at least 1.")
         if window_size < 2:
-            # the rates are differences between the first and the last value of the window
             raise ValueError(
                 f"Throughput(window_size={window_size}): the window must hold at least 2 updates (rates are"
                 " differences between the first and the last). Use window_size=2 or more."
