@@ -190,11 +190,8 @@ class Throughput:
 
             throughput.reset()  # e.g. after a validation loop, so that its time is not counted
         """
-        self._time.clear()
-        self._batches.clear()
-        self._samples.clear()
-        self._lengths.clear()
-        self._flops.clear()
+        for window in (self._time, self._batches, self._samples, self._lengths, self._flops):
+            window.clear()
 
 
 class ThroughputMonitor(Throughput):
