@@ -137,30 +137,19 @@ def _available(machine: Machine) -> list[str]:
 
 
 def _resolve_accelerator(name: str, machine: Machine) -> AcceleratorName:
+    available = _available(machine)  # CUDA before MPS, as Lightning's "gpu" prefers
     if name == "auto":
-        if machine.mps_available:
-            return "mps"
-        return "cuda" if machine.cuda_devices > 0 else "cpu"
-    if name == "gpu":
-        if machine.cuda_devices > 0:
-            return "cuda"
-        if machine.mps_available:
-            return "mps"
-        raise RuntimeError(
-            "accelerator='gpu' needs a CUDA or an MPS device, but this machine has neither."
-            f" Available accelerators: {_available(machine)}. Use accelerator='cpu' or 'auto'."
-        )
-    if name == "cuda" and machine.cuda_devices == 0:
-        raise RuntimeError(
-            "accelerator='cuda' was requested, but torch sees no CUDA device on this machine."
-            f" Available accelerators: {_available(machine)}. Use accelerator='cpu' or 'auto'."
-        )
-    if name == "mps" and not machine.mps_available:
-        raise RuntimeError(
-            "accelerator='mps' was requested, but MPS is not available on this machine."
-            f" Available accelerators: {_available(machine)}. Use accelerator='cpu' or 'auto'."
-        )
-    return name  # type: ignore[return-value]
+        return "mps" if machine.mps_available else available[0]  # type: ignore[return-value]
+    if name == "gpu" and available[0] != "cpu":
+        return available[0]  # type: ignore[return-value]
+    missing = {
+        "gpu": "accelerator='gpu' needs a CUDA or an MPS device, but this machine has neither.",
+        "cuda": "accelerator='cuda' was requested, but torch sees no CUDA device on this machine.",
+        "mps": "accelerator='mps' was requested, but MPS is not available on this machine.",
+    }
+    if name in available or name not in missing:
+        return name  # type: ignore[return-value]
+    raise RuntimeError(f"{missing[name]} Available accelerators: {available}. Use accelerator='cpu' or 'auto'.")
 
 
 def _is_ascii_int(text: str) -> bool:
@@ -234,10 +223,7 @@ def _gpu_indices(devices: Any, accelerator: str, available: int) -> tuple[int, .
             else:
                 value = int(text)
         except ValueError:
-            raise TypeError(
-                f"Fabric(devices={devices!r}) is not valid: use an int, -1, a list of GPU indices, a string such as"
-                " '0,1', or 'auto'."
-            ) from None
+            value = None  # not a number: the TypeError below
     if isinstance(value, (list, tuple)):
         if any(type(v) is not int for v in value):
             raise TypeError(f"Fabric(devices={devices!r}): GPU indices must be ints, e.g. devices=[0, 1].")
@@ -295,17 +281,13 @@ def _detect_environment(env: Mapping[str, str], plugins: Sequence[Any]) -> Clust
 
 def _external_local_count(environment: ClusterEnvironment) -> int | None:
     """How many processes the external launcher started on this node, where it says."""
-    if isinstance(environment, TorchElasticEnvironment):
+    if isinstance(environment, (TorchElasticEnvironment, HorovodEnvironment, MPIEnvironment)):
         return environment.local_world_size()
     if isinstance(environment, SLURMEnvironment):
         per_node = environment.tasks_per_node()
         if per_node is None and environment.num_nodes() is None:
             return environment.world_size()
         return per_node
-    if isinstance(environment, HorovodEnvironment):
-        return environment.local_world_size()
-    if isinstance(environment, MPIEnvironment):
-        return environment.local_world_size()
     if isinstance(environment, KubeflowEnvironment):
         return 1  # one process per pod
     return None  # LSF: jsrun does not say how many tasks it started on this node

@@ -33,11 +33,5 @@ def _check_one_element(tensor: Tensor, name: str, caller: str) -> None:
 
 
 def _to_scalars(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``metrics`` with every one-element tensor (also inside nested dicts) turned into a number.
-
-    Example::
-
-        >>> _to_scalars({"loss": torch.tensor(0.5), "lr": 0.1})
-        {'loss': 0.5, 'lr': 0.1}
-    """
+    """A copy of ``metrics`` with every one-element tensor (also inside nested dicts) turned into a number."""
     return {name: apply_to_collection(value, Tensor, Tensor.item) for name, value in metrics.items()}

@@ -1,13 +1,5 @@
-"""Lightning's (FSDP1-shaped) ``FSDPStrategy`` arguments, checked and mapped onto torch's ``fully_shard`` (FSDP2).
-
-* :func:`cpu_offload_setting`: ``None``/``bool``/``CPUOffloadPolicy``, or FSDP1's ``CPUOffload``.
-* :func:`mixed_precision_setting`: a ``MixedPrecisionPolicy``, or FSDP1's ``MixedPrecision`` (fields FSDP2 has no
-  equivalent for are dropped with a warning).
-* :func:`checkpointing_classes`: ``activation_checkpointing_policy``, or the deprecated ``activation_checkpointing``.
-* :func:`sharding_setting`: ``sharding_strategy`` (a name or FSDP1's ``ShardingStrategy``) with
-  ``reshard_after_forward`` and ``device_mesh``, as the strategy name, the ``reshard_after_forward`` to use and
-  whether the mesh is two-dimensional (replicate, shard).
-* :func:`mesh_shape`: the mesh shape for a world size, checked.
+"""Lightning's (FSDP1-shaped) ``FSDPStrategy`` arguments, checked and mapped onto torch's ``fully_shard`` (FSDP2):
+one function per argument, each taking FSDP1's classes too.
 
 ``torch.distributed.fsdp`` is imported inside the functions, never at module level.
 """
@@ -15,7 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 from torch.nn import Module
 
@@ -28,13 +20,7 @@ if TYPE_CHECKING:
 ShardingStrategyName: TypeAlias = Literal[
     "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"
 ]
-SHARDING_STRATEGIES: tuple[str, ...] = (
-    "FULL_SHARD",
-    "SHARD_GRAD_OP",
-    "NO_SHARD",
-    "HYBRID_SHARD",
-    "_HYBRID_SHARD_ZERO2",
-)
+SHARDING_STRATEGIES: tuple[str, ...] = get_args(ShardingStrategyName)
 _HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 #: the strategies that keep gathered parameters until backward (ZeRO-2): ``reshard_after_forward=False``
 _KEEP_GATHERED = ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD")

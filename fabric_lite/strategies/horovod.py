@@ -247,11 +247,7 @@ class HorovodStrategy(Strategy):
         hvd = self._hvd
         index = len(self._optimizers)
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        if module is not None:
-            owned = {id(p) for p in params}
-            names = {id(p): name for name, p in module.named_parameters() if id(p) in owned}
-        else:
-            names = {}
+        names = {id(p): name for name, p in module.named_parameters()} if module is not None else {}
         # unique across optimizers: Horovod matches the processes' all-reduces by name
         named = [(f"fabric_lite.opt{index}.{names.get(id(p), f'param{i}')}", p) for i, p in enumerate(params)]
         state = optimizer.state_dict()

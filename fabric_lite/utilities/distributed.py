@@ -339,17 +339,13 @@ class _DatasetSamplerWrapper(Dataset[Any]):
     pass, drawn afresh by :meth:`reset`."""
 
     def __init__(self, sampler: Sampler[Any] | Iterable[Any]) -> None:
-        if not isinstance(sampler, Sized):
+        sized = isinstance(sampler, Sized)
+        if not isinstance(sampler, Sized) or len(sampler) == float("inf"):
+            problem, fix = ("an infinite length", "a finite __len__") if sized else ("no __len__", "a __len__")
             raise TypeError(
-                f"The dataloader's sampler {type(sampler).__name__} has no __len__, so it cannot be split across"
-                " processes by DistributedSamplerWrapper. Give it a __len__, or pass use_distributed_sampler=False"
-                " to setup_dataloaders and split the data yourself."
-            )
-        if len(sampler) == float("inf"):
-            raise TypeError(
-                f"The dataloader's sampler {type(sampler).__name__} has an infinite length, so it cannot be split"
-                " across processes by DistributedSamplerWrapper. Give it a finite __len__, or pass"
-                " use_distributed_sampler=False to setup_dataloaders and split the data yourself."
+                f"The dataloader's sampler {type(sampler).__name__} has {problem}, so it cannot be split across"
+                f" processes by DistributedSamplerWrapper. Give it {fix}, or pass use_distributed_sampler=False to"
+                " setup_dataloaders and split the data yourself."
             )
         self._sampler = sampler
         self._sampler_list: list[Any] | None = None  # drawn on first use, not at construction
@@ -467,12 +463,7 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
 
 
 def _get_default_process_group_backend_for_device(device: torch.device) -> str:
-    """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``.
-
-    Example::
-
-        _get_default_process_group_backend_for_device(torch.device("cpu"))  # 'gloo'
-    """
+    """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``."""
     return dist.Backend.default_device_backend_map.get(device.type, "gloo")
 
 

@@ -86,14 +86,7 @@ def _materialize(module: Module, device: _DEVICE) -> None:
 
 
 def _materialize_meta_tensors(module: Module, device: _DEVICE) -> None:
-    """Materialise (see :func:`_materialize`) every submodule of ``module`` that holds meta-device tensors.
-
-    Example::
-
-        with torch.device("meta"):
-            block = Block(config)
-        _materialize_meta_tensors(block, torch.device("cpu"))
-    """
+    """Materialise (see :func:`_materialize`) every submodule of ``module`` that holds meta-device tensors."""
     for submodule in module.modules():
         if _has_meta_device_parameters_or_buffers(submodule, recurse=False):
             _materialize(submodule, device)

@@ -126,12 +126,8 @@ def _lazy_load(filename: _PATH, *, weights_only: bool = True) -> Any:
 
 
 def _materialize_tensors(collection: Any) -> Any:
-    """``collection`` with every :class:`_NotYetLoadedTensor` replaced by its tensor.
-
-    Example::
-
-        state = _materialize_tensors(_lazy_load("lit_model.pth"))  # a plain state dict of tensors
-    """
+    """``collection`` (e.g. what :func:`_lazy_load` returned) with every :class:`_NotYetLoadedTensor` replaced by its
+    tensor."""
     return apply_to_collection(collection, _NotYetLoadedTensor, lambda t: t._load_tensor())
 
 

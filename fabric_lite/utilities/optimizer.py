@@ -12,12 +12,7 @@ from fabric_lite.utilities.types import _DEVICE
 
 
 def _optimizers_to_device(optimizers: Iterable[Optimizer], device: _DEVICE) -> None:
-    """:func:`_optimizer_to_device` for each optimizer.
-
-    Example::
-
-        _optimizers_to_device([optimizer], "cuda:0")  # after loading a checkpoint onto the CPU
-    """
+    """:func:`_optimizer_to_device` for each optimizer (e.g. after loading a checkpoint onto the CPU)."""
     for optimizer in optimizers:
         _optimizer_to_device(optimizer, device)
 

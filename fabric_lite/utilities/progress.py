@@ -35,16 +35,8 @@ class ProgressBar(Generic[T]):
     shown (``enabled=False``) still yields every item and counts :attr:`n`; its other methods do nothing.
 
     Args:
-        iterable: what to iterate over; ``None`` for manual :meth:`update` calls.
-        total: the expected number of steps; taken from ``len(iterable)`` when not given and possible.
-        desc: a label in front of the progress.
+        iterable, total, desc, backend, interval, file, unit, leave: as for :func:`progress_bar`.
         enabled: whether to show anything.
-        backend: ``"auto"`` (tqdm when installed and ``file`` is a terminal, else plain lines), ``"tqdm"`` or
-            ``"plain"``.
-        interval: seconds between two plain lines (the last line is always printed when the bar closes).
-        file: where to write; standard output by default.
-        unit: what one step is called (``"it"``, ``"batch"``, ``"sample"``).
-        leave: keep the tqdm bar on screen when it closes.
 
     Example::
 

@@ -85,7 +85,6 @@ class Throughput:
         if world_size < 1:
             raise ValueError(f"Throughput(world_size={world_size}): the world size must be at least 1.")
         if window_size < 2:
-            # the rates are differences between the first and the last value of the window
             raise ValueError(
                 f"Throughput(window_size={window_size}): the window must hold at least 2 updates (rates are"
                 " differences between the first and the last). Use window_size=2 or more."
@@ -191,11 +190,8 @@ class Throughput:
 
             throughput.reset()  # e.g. after a validation loop, so that its time is not counted
         """
-        self._time.clear()
-        self._batches.clear()
-        self._samples.clear()
-        self._lengths.clear()
-        self._flops.clear()
+        for window in (self._time, self._batches, self._samples, self._lengths, self._flops):
+            window.clear()
 
 
 class ThroughputMonitor(Throughput):
@@ -278,175 +274,56 @@ def measure_flops(
     return int(counter.get_total_flops())
 
 
-# Peak dense FLOP/s from NVIDIA's data sheets (the same figures as Lightning Fabric 2.6.6's table).
-_CUDA_FLOPS: dict[str, dict[str | torch.dtype, float]] = {
+# Peak dense FLOP/s from NVIDIA's data sheets (the same figures as Lightning Fabric 2.6.6's table): one row a chip,
+# one column a dtype of _FLOPS_DTYPES; None where the data sheet gives no figure for that dtype.
+_FLOPS_DTYPES: tuple[torch.dtype | str, ...] = (
+    torch.float64,
+    torch.float32,
+    "tfloat32",
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    "int4",
+)
+_FLOPS_ROWS: dict[str, tuple[float | None, ...]] = {
     # Hopper
-    "h200 sxm1": {
-        torch.float64: 3.4e13,
-        torch.float32: 6.7e13,
-        "tfloat32": 9.9e14,
-        torch.bfloat16: 2.0e15,
-        torch.float16: 2.0e15,
-        torch.int8: 4.0e15,
-    },
-    "h200 nvl1": {
-        torch.float64: 3.0e13,
-        torch.float32: 6.0e13,
-        "tfloat32": 8.4e14,
-        torch.bfloat16: 1.7e15,
-        torch.float16: 1.7e15,
-        torch.int8: 3.3e15,
-    },
-    "h100 nvl": {
-        torch.float64: 67e12,
-        torch.float32: 133.8e12,
-        "tfloat32": 989.4e12,
-        torch.bfloat16: 1978.8e12,
-        torch.float16: 1978.8e12,
-        torch.int8: 3957.8e12,
-    },
-    "h100 sxm": {
-        torch.float64: 33.5e12,
-        torch.float32: 66.9e12,
-        "tfloat32": 494.7e12,
-        torch.bfloat16: 989.4e12,
-        torch.float16: 989.4e12,
-        torch.int8: 1978.9e12,
-    },
-    "h100 pcie": {
-        torch.float64: 25.6e12,
-        torch.float32: 51.2e12,
-        "tfloat32": 378e12,
-        torch.bfloat16: 756e12,
-        torch.float16: 756e12,
-        torch.int8: 1513e12,
-    },
+    "h200 sxm1": (3.4e13, 6.7e13, 9.9e14, 2.0e15, 2.0e15, 4.0e15, None),
+    "h200 nvl1": (3.0e13, 6.0e13, 8.4e14, 1.7e15, 1.7e15, 3.3e15, None),
+    "h100 nvl": (67e12, 133.8e12, 989.4e12, 1978.8e12, 1978.8e12, 3957.8e12, None),
+    "h100 sxm": (33.5e12, 66.9e12, 494.7e12, 989.4e12, 989.4e12, 1978.9e12, None),
+    "h100 pcie": (25.6e12, 51.2e12, 378e12, 756e12, 756e12, 1513e12, None),
     # Ada
-    "rtx 4090": {
-        torch.float32: 82.6e12,
-        "tfloat32": 82.6e12,
-        torch.bfloat16: 82.6e12,
-        torch.float16: 82.6e12,
-        torch.int8: 660.6e12,
-        "int4": 1321.2e12,
-    },
-    "rtx 4080": {
-        torch.float32: 48.7e12,
-        "tfloat32": 48.7e12,
-        torch.bfloat16: 48.7e12,
-        torch.float16: 48.7e12,
-        torch.int8: 389.9e12,
-        "int4": 779.8e12,
-    },
-    "rtx 4080 super": {
-        torch.float32: 52.2e12,
-        "tfloat32": 52.2e12,
-        torch.bfloat16: 52.2e12,
-        torch.float16: 52.2e12,
-        torch.int8: 417.6e12,
-        "int4": 835.2e12,
-    },
-    "l4": {
-        torch.float32: 30.3e12,
-        "tfloat32": 60e12,
-        torch.bfloat16: 121e12,
-        torch.float16: 121e12,
-        torch.int8: 242e12,
-        "int4": 484e12,
-    },
-    "l40": {
-        torch.float32: 90.5e12,
-        "tfloat32": 90.5e12,
-        torch.bfloat16: 181e12,
-        torch.float16: 181e12,
-        torch.int8: 362e12,
-        "int4": 724e12,
-    },
+    "rtx 4090": (None, 82.6e12, 82.6e12, 82.6e12, 82.6e12, 660.6e12, 1321.2e12),
+    "rtx 4080": (None, 48.7e12, 48.7e12, 48.7e12, 48.7e12, 389.9e12, 779.8e12),
+    "rtx 4080 super": (None, 52.2e12, 52.2e12, 52.2e12, 52.2e12, 417.6e12, 835.2e12),
+    "l4": (None, 30.3e12, 60e12, 121e12, 121e12, 242e12, 484e12),
+    "l40": (None, 90.5e12, 90.5e12, 181e12, 181e12, 362e12, 724e12),
     # Ampere
-    "a100": {
-        torch.float64: 9.7e12,
-        torch.float32: 19.5e12,
-        "tfloat32": 156e12,
-        torch.bfloat16: 312e12,
-        torch.float16: 312e12,
-        torch.int8: 624e12,
-    },
-    "a6000": {
-        torch.float32: 38.7e12,
-        "tfloat32": 77.4e12,
-        torch.bfloat16: 38.7e12,
-        torch.float16: 38.7e12,
-        torch.int8: 309.7e12,
-        "int4": 619.3e12,
-    },
-    "a40": {
-        torch.float32: 37.4e12,
-        "tfloat32": 74.8e12,
-        torch.bfloat16: 37.4e12,
-        torch.float16: 37.4e12,
-        torch.int8: 299.3e12,
-        "int4": 598.7e12,
-    },
-    "a10g": {
-        torch.float32: 31.2e12,
-        "tfloat32": 62.5e12,
-        torch.bfloat16: 125e12,
-        torch.float16: 125e12,
-        torch.int8: 250e12,
-        "int4": 500e12,
-    },
-    "rtx 3090 ti": {
-        torch.float32: 40e12,
-        "tfloat32": 40e12,
-        torch.bfloat16: 40e12,
-        torch.float16: 40e12,
-        torch.int8: 320e12,
-        "int4": 640e12,
-    },
-    "rtx 3090": {
-        torch.float32: 35.6e12,
-        "tfloat32": 35.6e12,
-        torch.bfloat16: 35.6e12,
-        torch.float16: 35.6e12,
-        torch.int8: 284e12,
-        "int4": 568e12,
-    },
-    "rtx 3080 ti": {
-        torch.float32: 34.1e12,
-        "tfloat32": 34.1e12,
-        torch.bfloat16: 34.1e12,
-        torch.float16: 34.1e12,
-        torch.int8: 272.8e12,
-        "int4": 546.6e12,
-    },
-    "rtx 3080": {
-        torch.float32: 29.8e12,
-        "tfloat32": 29.8e12,
-        torch.bfloat16: 29.8e12,
-        torch.float16: 29.8e12,
-        torch.int8: 238e12,
-        "int4": 476e12,
-    },
-    "rtx 3070": {
-        torch.float32: 20.3e12,
-        "tfloat32": 20.3e12,
-        torch.bfloat16: 20.3e12,
-        torch.float16: 20.3e12,
-        torch.int8: 162.6e12,
-        "int4": 325.2e12,
-    },
+    "a100": (9.7e12, 19.5e12, 156e12, 312e12, 312e12, 624e12, None),
+    "a6000": (None, 38.7e12, 77.4e12, 38.7e12, 38.7e12, 309.7e12, 619.3e12),
+    "a40": (None, 37.4e12, 74.8e12, 37.4e12, 37.4e12, 299.3e12, 598.7e12),
+    "a10g": (None, 31.2e12, 62.5e12, 125e12, 125e12, 250e12, 500e12),
+    "rtx 3090 ti": (None, 40e12, 40e12, 40e12, 40e12, 320e12, 640e12),
+    "rtx 3090": (None, 35.6e12, 35.6e12, 35.6e12, 35.6e12, 284e12, 568e12),
+    "rtx 3080 ti": (None, 34.1e12, 34.1e12, 34.1e12, 34.1e12, 272.8e12, 546.6e12),
+    "rtx 3080": (None, 29.8e12, 29.8e12, 29.8e12, 29.8e12, 238e12, 476e12),
+    "rtx 3070": (None, 20.3e12, 20.3e12, 20.3e12, 20.3e12, 162.6e12, 325.2e12),
     # Turing
-    "t4": {torch.float32: 8.1e12, torch.float16: 65e12, torch.int8: 130e12, "int4": 260e12},
-    "quadro rtx 5000": {torch.float32: 11.2e12, torch.float16: 89.2e12},
-    "rtx 2080 super": {torch.float32: 11.2e12, torch.float16: 22.3e12, torch.int8: 178.4e12, "int4": 356.8e12},
-    "rtx 2080 ti": {torch.float32: 14.2e12, torch.float16: 28.5e12, torch.int8: 227.7e12, "int4": 455.4e12},
-    "rtx 2080": {torch.float32: 10.6e12, torch.float16: 21.2e12, torch.int8: 169.6e12, "int4": 339.1e12},
-    "rtx 2070 super": {torch.float32: 9.1e12, torch.float16: 18.1e12, torch.int8: 145e12, "int4": 290e12},
-    "titan rtx": {torch.float32: 16.3e12, torch.float16: 32.6e12, torch.int8: 261e12, "int4": 522e12},
+    "t4": (None, 8.1e12, None, None, 65e12, 130e12, 260e12),
+    "quadro rtx 5000": (None, 11.2e12, None, None, 89.2e12, None, None),
+    "rtx 2080 super": (None, 11.2e12, None, None, 22.3e12, 178.4e12, 356.8e12),
+    "rtx 2080 ti": (None, 14.2e12, None, None, 28.5e12, 227.7e12, 455.4e12),
+    "rtx 2080": (None, 10.6e12, None, None, 21.2e12, 169.6e12, 339.1e12),
+    "rtx 2070 super": (None, 9.1e12, None, None, 18.1e12, 145e12, 290e12),
+    "titan rtx": (None, 16.3e12, None, None, 32.6e12, 261e12, 522e12),
     # Volta
-    "v100 sxm": {torch.float64: 7.8e12, torch.float32: 15.7e12, torch.float16: 125e12},
-    "v100 pcie": {torch.float64: 7e12, torch.float32: 14e12, torch.float16: 112e12},
-    "v100s pcie": {torch.float64: 8.2e12, torch.float32: 16.4e12, torch.float16: 130e12},
+    "v100 sxm": (7.8e12, 15.7e12, None, None, 125e12, None, None),
+    "v100 pcie": (7e12, 14e12, None, None, 112e12, None, None),
+    "v100s pcie": (8.2e12, 16.4e12, None, None, 130e12, None, None),
+}
+_CUDA_FLOPS: dict[str, dict[str | torch.dtype, float]] = {
+    chip: {dtype: flops for dtype, flops in zip(_FLOPS_DTYPES, row, strict=True) if flops is not None}
+    for chip, row in _FLOPS_ROWS.items()
 }
 
 # (substring of the lower-cased device name, table key), checked in order, for the chips whose name needs no parsing

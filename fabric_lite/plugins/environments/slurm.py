@@ -71,17 +71,9 @@ def _step_tasks(env: Mapping[str, str]) -> int | None:
 
 
 def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | None:
-    """A note for a process inside a SLURM job of several tasks that ``srun`` did not start as one of them.
-
-    This is the batch script itself (``python train.py`` in an ``sbatch`` script without ``srun``), an ``salloc``
-    shell, or a job named ``bash``/``interactive``. fabric_lite then runs ``processes`` processes on this node,
-    started by itself, rather than waiting for tasks that SLURM will never start. Returns ``None`` outside SLURM,
-    for a task of an ``srun`` step, and where the job (or the step) has one task.
-
-    Example:
-        >>> _note_not_started_by_srun({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "2"}, 2) is not None
-        True
-    """
+    """A note for a process inside a SLURM job of several tasks that ``srun`` did not start as one of them (the
+    cases :class:`SLURMEnvironment` lists), for which fabric_lite starts ``processes`` processes itself. ``None``
+    outside SLURM, for a task of an ``srun`` step, and where the job (or the step) has one task."""
     if "SLURM_JOB_ID" not in env or SLURMEnvironment.detect(env):
         return None
     ntasks = env.get("SLURM_NTASKS", "")
