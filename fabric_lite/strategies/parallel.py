@@ -315,6 +315,16 @@ class ParallelStrategy(Strategy):
         prefix = environment.store_prefix()
         store = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
         kwargs["store"] = store
+        if self.process_group_backend == "nccl" and self.world_size > 1 and _trail.trail_enabled():
+            # torch's flight recorder of NCCL calls, dumped by its watchdog on a timeout into the run folder, where the
+            # hang report reads each rank's last entry (the device's side, beside the trail's host side)
+            from fabric_lite.utilities._hang_report import FLIGHT_RECORDER_PREFIX
+
+            run_dir = self._resolve_run_dir()
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(run_dir, FLIGHT_RECORDER_PREFIX))
+            os.makedirs(run_dir, exist_ok=True)
         # kept for diagnosis: which ranks joined, which ranks a timed-out collective waited for
         self._diagnosis_store = store
         store.add(_JOINED_KEY, 1)
@@ -344,10 +354,9 @@ class ParallelStrategy(Strategy):
         self._close_trail(remove=True)
         if self.world_size < 2 or not _trail.trail_enabled():  # one rank cannot wait for another
             return
-        self._run_dir = self._run_dir or os.environ.get(_trail.ENV_RUN_DIR) or _trail.derived_run_dir(os.environ)
-        self._launcher_kind = self._launcher_kind or os.environ.get(_trail.ENV_LAUNCHER)
+        run_dir = self._resolve_run_dir()
         try:
-            self._trail = _trail.Trail(self._run_dir, self.global_rank, self.world_size)
+            self._trail = _trail.Trail(run_dir, self.global_rank, self.world_size)
         except OSError as err:  # a diagnosis aid: never a reason to fail the job
             log.warning("fabric_lite: no trail of collectives for the hang report (%s)", err)
             return
@@ -359,11 +368,17 @@ class ParallelStrategy(Strategy):
             from fabric_lite.utilities._hang_report import ReportOnTerm
 
             watch = ReportOnTerm(
-                self._run_dir,
+                run_dir,
                 self.global_rank,
                 lambda: self._collect_report(f"rank {self.global_rank} was stopped (SIGTERM) after another rank ended"),
             )
             self._report_on_term = watch if watch.install() else None
+
+    def _resolve_run_dir(self) -> str:
+        """The job's run folder: set by fabric_lite's launchers, else derived from the rendezvous settings (afresh
+        for every process group: a process may form several, one after the other)."""
+        self._launcher_kind = self._launcher_kind or os.environ.get(_trail.ENV_LAUNCHER)
+        return self._run_dir or os.environ.get(_trail.ENV_RUN_DIR) or _trail.derived_run_dir(os.environ)
 
     def _close_trail(self, remove: bool | None = None) -> None:
         """Close this rank's trail; ``remove`` its files (by default unless one of fabric_lite's launchers, which

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import pickle
 import re
 import signal
 import sys
@@ -104,8 +105,49 @@ def collect(
     now = time.monotonic_ns()
     dumped = fetch_stacks(run_dir, views, own_rank, deadline_s) if stacks else {}
     return format_report(
-        reason, views, now_ns=now, exit_codes=exit_codes or {}, pids=pids or {}, stacks=dumped, world_size=world_size
+        reason,
+        views,
+        now_ns=now,
+        exit_codes=exit_codes or {},
+        pids=pids or {},
+        stacks=dumped,
+        world_size=world_size,
+        flight=read_flight_recorder(run_dir),
     )
+
+
+#: where NCCL ranks have torch's flight recorder dump its entries on a timeout (``<run_dir>/fr_rank_<rank>``)
+FLIGHT_RECORDER_PREFIX = "fr_rank_"
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, strings and numbers only: a dump is data, and nothing in it may run code."""
+
+    def find_class(self, module: str, name: str) -> object:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def read_flight_recorder(run_dir: str) -> dict[int, str]:
+    """The last entry of each rank's NCCL flight-recorder dump in ``run_dir`` (written by torch's watchdog on a
+    timeout), as ``"nccl:all_reduce #12 (started), 3 entries"``; ranks without a readable dump are left out."""
+    found: dict[int, str] = {}
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return found
+    for name in names:
+        if not (name.startswith(FLIGHT_RECORDER_PREFIX) and name[len(FLIGHT_RECORDER_PREFIX) :].isdigit()):
+            continue
+        try:
+            with open(os.path.join(run_dir, name), "rb") as f:
+                dump = _PlainUnpickler(f).load()
+            entries = dump["entries"]
+            last = entries[-1]
+            text = f"{last['profiling_name']} #{last['collective_seq_id']} ({last['state']}), {len(entries)} entries"
+        except (OSError, pickle.UnpicklingError, EOFError, KeyError, IndexError, TypeError, ValueError):
+            continue
+        found[int(name[len(FLIGHT_RECORDER_PREFIX) :])] = text
+    return found
 
 
 def _alive(view: TrailView) -> bool:
@@ -344,6 +386,7 @@ def format_report(
     pids: Mapping[int, int],
     stacks: Mapping[int, list[list[tuple[str, int, str]]]],
     world_size: int | None = None,
+    flight: Mapping[int, str] | None = None,
 ) -> str:
     """The report block (see the module docstring) from trails read already: pure, so tests feed it synthetic ones."""
     if world_size is None:
@@ -379,6 +422,8 @@ def format_report(
             state = "waiting when it died" if record.state == WAITING else STATES[record.state]
             what = f"last: {record.desc} #{record.seq} at {record.where} ({state})"
         lines.append(_fit(head + what))
+        if flight and r in flight:
+            lines.append(_fit(f"    NCCL flight recorder: last {flight[r]}"))
         if view is not None and len(view.records) > 1:
             earlier = " · ".join(f"{x.op} #{x.seq} {x.where}" for x in reversed(view.records[-4:-1]))
             lines.append(_fit(f"    earlier: {earlier}"))

@@ -7,6 +7,7 @@ The jobs that really hang are in tests/distributed/test_hang_report.py.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -265,3 +266,33 @@ def test_stacks_of_a_live_process_through_the_stack_signal(tmp_path: Path) -> No
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+
+
+def test_the_last_entry_of_a_flight_recorder_dump_is_shown(tmp_path: Path) -> None:
+    """NCCL ranks have torch's watchdog dump its flight recorder into the run folder on a timeout (``fr_rank_<r>``,
+    a pickle of plain data, as ``torch.distributed.flight_recorder`` reads it); the report shows each rank's last
+    entry beside its trail. A dump that is not plain data is never unpickled."""
+    trail = Trail(str(tmp_path), rank=0, world_size=2)
+    trail.exit(trail.enter(group(), trail.describe("barrier"), 0))
+    entry = {
+        "record_id": 7,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": 12,
+        "p2p_seq_id": 0,
+        "op_id": 12,
+        "profiling_name": "nccl:all_reduce",
+        "time_created_ns": 1,
+        "input_sizes": [[4]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[4]],
+        "state": "started",
+        "frames": [],
+    }
+    dump = {"version": "2.9", "pg_config": {}, "entries": [dict(entry, collective_seq_id=11, state="completed"), entry]}
+    (tmp_path / "fr_rank_0").write_bytes(pickle.dumps(dump))
+    (tmp_path / "fr_rank_1").write_bytes(pickle.dumps({"entries": [Path("x")]}))  # not plain data: skipped
+    assert _hang_report.read_flight_recorder(str(tmp_path)) == {0: "nccl:all_reduce #12 (started), 2 entries"}
+    text = _hang_report.collect(str(tmp_path), reason="test", world_size=2, stacks=False)
+    assert text is not None and "    NCCL flight recorder: last nccl:all_reduce #12 (started), 2 entries" in text
+    trail.close(remove=False)
