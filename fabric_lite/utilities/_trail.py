@@ -108,10 +108,36 @@ def _tempdir() -> str:
 
 
 def make_run_dir() -> str:
-    """A new, empty run folder for a job started by one of fabric_lite's launchers (which removes it after)."""
+    """A new, empty run folder for a job started by one of fabric_lite's launchers (which removes it after), once
+    the folders of earlier jobs that nobody removed (a launcher killed with SIGKILL) are swept away."""
     import tempfile
 
-    return tempfile.mkdtemp(prefix=f"fabric_lite-{os.getuid()}-", dir=run_dir_base())
+    base = run_dir_base()
+    sweep_run_dirs(base)
+    return tempfile.mkdtemp(prefix=f"fabric_lite-{os.getuid()}-", dir=base)
+
+
+def sweep_run_dirs(base: str, min_age_s: float = 60.0) -> list[str]:
+    """Remove this user's run folders in ``base`` whose ranks are all dead (none younger than ``min_age_s``: a job
+    that is starting may not have written its trails yet, and an empty folder counts only after an hour).
+    Returns the folders removed."""
+    import shutil
+
+    removed = []
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            if not entry.name.startswith(f"fabric_lite-{os.getuid()}-") or not entry.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+                views = read_trails(entry.path)
+                if age < min_age_s or (not views and age < 3600):
+                    continue
+                if all(process_start_time(v.pid) != v.start_time for v in views.values()):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                    removed.append(entry.path)
+    return removed
 
 
 def derived_run_dir(environ: Any) -> str:

@@ -296,3 +296,23 @@ def test_the_last_entry_of_a_flight_recorder_dump_is_shown(tmp_path: Path) -> No
     text = _hang_report.collect(str(tmp_path), reason="test", world_size=2, stacks=False)
     assert text is not None and "    NCCL flight recorder: last nccl:all_reduce #12 (started), 2 entries" in text
     trail.close(remove=False)
+
+
+def test_run_folders_of_dead_jobs_are_swept(tmp_path: Path) -> None:
+    """A launcher killed with SIGKILL leaves its run folder: the next job's launcher removes it, and only it."""
+    uid = os.getuid()
+    dead, live, young = (tmp_path / f"fabric_lite-{uid}-{name}" for name in ("dead", "live", "young"))
+    trails = [Trail(str(live), rank=0, world_size=2), Trail(str(young), rank=0, world_size=2)]  # this process's
+    dead.mkdir()
+    raw = bytearray((live / "rank-0.trail").read_bytes())
+    raw[_trail.H_PID * 8 : _trail.H_PID * 8 + 8] = (2**22 + 7).to_bytes(8, "little")  # no such process
+    (dead / "rank-0.trail").write_bytes(raw)
+    other = tmp_path / "someone-else"
+    other.mkdir()
+    old = time.time() - 120
+    for folder in (dead, live, other):
+        os.utime(folder, (old, old))
+    assert _trail.sweep_run_dirs(str(tmp_path)) == [str(dead)]
+    assert live.exists() and young.exists() and other.exists() and not dead.exists()
+    for trail in trails:
+        trail.close(remove=True)
