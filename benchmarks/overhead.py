@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import timeit
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fabric_lite import Fabric
+from fabric_lite.utilities import _trail
 from fabric_lite.utilities._collectives import broadcasts, checked, gather, ops, predicted
 
 #: the collectives' modules that call torch.distributed
@@ -45,6 +47,41 @@ class _NoCommunication:
 def best_of(stmt: Callable[[], Any], number: int = 2000, repeat: int = 7) -> float:
     """Microseconds per call: the best of ``repeat`` runs of ``number`` calls (the least disturbed one)."""
     return min(timeit.repeat(stmt, number=number, repeat=repeat)) / number * 1e6
+
+
+# what a collective does for the trail, called as from Fabric (one frame of fabric_lite's above the strategy's, which
+# the site lookup walks past), and the same calls without it; compiled under fabric_lite's folder for that walk
+_TRAIL_CALLS = """
+def strategy_call(trail, group, tensors, key):
+    slot = trail.enter(group, trail.describe("all_reduce(reduce_op=sum)", tensors, key), 1)
+    trail.exit(slot)
+
+def fabric_call(trail, group, tensors, key):
+    strategy_call(trail, group, tensors, key)
+
+def strategy_bare(trail, group, tensors, key):
+    pass
+
+def fabric_bare(trail, group, tensors, key):
+    strategy_bare(trail, group, tensors, key)
+"""
+
+
+def trail_cost(number: int = 100_000) -> tuple[float, float]:
+    """Microseconds per collective with the trail's enter and exit, and without (the calls around them only)."""
+    calls: dict[str, Any] = {}
+    exec(compile(_TRAIL_CALLS, os.path.join(_trail._PACKAGE_ROOT, "_overhead_calls.py"), "exec"), calls)
+    with tempfile.TemporaryDirectory() as folder:
+        trail = _trail.Trail(folder, rank=0, world_size=2)
+        group = checked.GroupState.__new__(checked.GroupState)
+        group.seq, group.trail_index = 0, 0
+        tensors = [torch.tensor(1.0)]
+        key = checked.call_key("all_reduce(reduce_op=sum)", tensors)  # worked out for the checked core anyway
+        fabric_call, fabric_bare = calls["fabric_call"], calls["fabric_bare"]
+        mine = best_of(lambda: fabric_call(trail, group, tensors, key), number, 5)
+        theirs = best_of(lambda: fabric_bare(trail, group, tensors, key), number, 5)
+        trail.close(remove=True)
+    return mine, theirs
 
 
 def main() -> None:
@@ -98,6 +135,7 @@ def main() -> None:
         ("optimizer.zero_grad()", best_of(optimizer.zero_grad, 20000), best_of(raw_opt.zero_grad, 20000)),
     ]
     fabric.strategy.teardown()
+    rows.append(("trail of collectives (enter + exit)", *trail_cost()))
 
     print(f"{'call':<36}{'fabric_lite':>13}{'raw PyTorch':>13}{'added':>10}")
     for name, mine, theirs in rows:

@@ -425,17 +425,28 @@ Convert a sharded checkpoint folder (what fabric.save writes with FSDPStrategy()
 torch.load reads, without fabric_lite, a process group or a GPU (Lightning's `fabric consolidate`)."""
 
 
-def _run_torchrun(torchrun_args: list[str]) -> int:
+def _run_torchrun(torchrun_args: list[str], run_dir: str | None = None) -> int:
     # imported here: `fabric-lite --help` and flag errors should not wait for torch's elastic package
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    from fabric_lite.utilities import _hang_report
+
     try:
         run(parse_args(torchrun_args))  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
-        # the agent has stopped every process of this node; its report names the first failure: the root cause
-        print(f"fabric-lite run: the job failed.\n{err}", file=sys.stderr, flush=True)
+        # the agent has stopped every process of this node; its report names the first failure: the root cause.
+        # The failing rank printed the hang report already (or does so below): it is not repeated
+        print(f"fabric-lite run: the job failed.\n{_hang_report.without_block(str(err))}", file=sys.stderr, flush=True)
+        if run_dir is not None:
+            # no rank reported where every rank was (one died before it could): the trails still tell
+            codes = {rank: failure.exitcode for rank, failure in err.failures.items()}
+            block = _hang_report.collect(
+                run_dir, reason=f"rank(s) {sorted(codes)} ended", exit_codes=codes, stacks=False
+            )
+            if block:
+                print(block, file=sys.stderr, flush=True)
         return 1
     except SignalException as err:
         print(f"fabric-lite run: stopped by {err.sigval.name}; every process was stopped.", file=sys.stderr)
@@ -473,4 +484,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
 
     os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(command.nproc_per_node)))
-    return _run_torchrun(command.torchrun_args)
+    from fabric_lite.utilities import _trail
+
+    # the ranks' trails of collectives, for the hang report (see fabric_lite.utilities._hang_report)
+    run_dir = _trail.make_run_dir()
+    os.environ[_trail.ENV_RUN_DIR], os.environ[_trail.ENV_LAUNCHER] = run_dir, "cli"
+    try:
+        return _run_torchrun(command.torchrun_args, run_dir)
+    finally:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)

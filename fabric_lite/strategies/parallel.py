@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -20,7 +22,8 @@ from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnviro
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities import _collectives
+from fabric_lite.utilities import _collectives, _trail
+from fabric_lite.utilities._collectives.checked import call_key
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
@@ -123,6 +126,12 @@ class ParallelStrategy(Strategy):
         # process group -> the state of its checked collectives (history, plans, check group), for as long as the
         # group lives: the key holds the group, so a group made later cannot take a held one's place
         self._checked_groups: dict[Any, _collectives.CheckedGroup] = {}
+        # this rank's trail of collectives (fabric_lite.utilities._trail), for the hang report; made with the group.
+        # The run folder and who supervises the ranks ("script", "spawn", "cli") are set by fabric_lite's launchers
+        self._trail: _trail.Trail | None = None
+        self._report_on_term: Any = None  # a _hang_report.ReportOnTerm, under torchrun and `fabric-lite run`
+        self._run_dir: str | None = None
+        self._launcher_kind: str | None = None
 
     # ------------------------------------------------------------------ configuration (filled in by Fabric)
     @property
@@ -287,6 +296,7 @@ class ParallelStrategy(Strategy):
                     f" {dist.get_world_size()}, but Fabric expects rank {self.global_rank} of {self.world_size}."
                     " Destroy it first (torch.distributed.destroy_process_group()) or match the settings."
                 )
+            self._open_trail()
             return
         kwargs: dict[str, Any] = {
             "backend": self.process_group_backend,
@@ -305,6 +315,16 @@ class ParallelStrategy(Strategy):
         prefix = environment.store_prefix()
         store = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
         kwargs["store"] = store
+        if self.process_group_backend == "nccl" and self.world_size > 1 and _trail.trail_enabled():
+            # torch's flight recorder of NCCL calls, dumped by its watchdog on a timeout into the run folder, where the
+            # hang report reads each rank's last entry (the device's side, beside the trail's host side)
+            from fabric_lite.utilities._hang_report import FLIGHT_RECORDER_PREFIX
+
+            run_dir = self._resolve_run_dir()
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(run_dir, FLIGHT_RECORDER_PREFIX))
+            os.makedirs(run_dir, exist_ok=True)
         # kept for diagnosis: which ranks joined, which ranks a timed-out collective waited for
         self._diagnosis_store = store
         store.add(_JOINED_KEY, 1)
@@ -326,10 +346,57 @@ class ParallelStrategy(Strategy):
             # the collectives' checks (and barriers) travel on the host: the GPU's stream never waits for them
             world = _collectives.CheckedGroup(None, check_group=dist.new_group(backend="gloo"))
             self._checked_groups[world.group] = world
+        self._open_trail()
 
-    def _raise_if_timed_out(self, name: str, err: BaseException) -> None:
+    def _open_trail(self) -> None:
+        """Start this rank's trail of collectives in the job's run folder (see ``fabric_lite.utilities._trail``): set
+        by fabric_lite's launchers, else derived from the rendezvous settings, which every local rank shares."""
+        self._close_trail(remove=True)
+        if self.world_size < 2 or not _trail.trail_enabled():  # one rank cannot wait for another
+            return
+        run_dir = self._resolve_run_dir()
+        try:
+            self._trail = _trail.Trail(run_dir, self.global_rank, self.world_size)
+        except OSError as err:  # a diagnosis aid: never a reason to fail the job
+            log.warning("fabric_lite: no trail of collectives for the hang report (%s)", err)
+            return
+        self._trail.register_stacks()
+        # a process group made by the user is never destroyed by us: the files go at exit all the same
+        atexit.register(self._close_trail)
+        if self._launcher_kind not in _trail.SUPERVISING_LAUNCHERS:
+            # torchrun's agent ends the survivors of a death with SIGTERM, often before their collective fails
+            from fabric_lite.utilities._hang_report import ReportOnTerm
+
+            watch = ReportOnTerm(
+                run_dir,
+                self.global_rank,
+                lambda: self._collect_report(f"rank {self.global_rank} was stopped (SIGTERM) after another rank ended"),
+            )
+            self._report_on_term = watch if watch.install() else None
+
+    def _resolve_run_dir(self) -> str:
+        """The job's run folder: set by fabric_lite's launchers, else derived from the rendezvous settings (afresh
+        for every process group: a process may form several, one after the other)."""
+        self._launcher_kind = self._launcher_kind or os.environ.get(_trail.ENV_LAUNCHER)
+        return self._run_dir or os.environ.get(_trail.ENV_RUN_DIR) or _trail.derived_run_dir(os.environ)
+
+    def _close_trail(self, remove: bool | None = None) -> None:
+        """Close this rank's trail; ``remove`` its files (by default unless one of fabric_lite's launchers, which
+        removes the whole run folder after the job, started this process)."""
+        atexit.unregister(self._close_trail)
+        if remove is None:
+            remove = self._launcher_kind not in (*_trail.SUPERVISING_LAUNCHERS, "cli")
+        watch, self._report_on_term = self._report_on_term, None
+        if watch is not None:
+            watch.uninstall()
+        trail, self._trail = self._trail, None
+        if trail is not None:
+            trail.close(remove=remove)
+
+    def _raise_if_timed_out(self, name: str, err: BaseException, seq: int | None = None) -> None:
         """Raise the error for a collective that timed out, naming it and, where the store can tell, the missing
-        ranks; return if ``err`` is not a timeout (the caller re-raises it).
+        ranks, followed by the hang report (where every rank of this node was, and its stack); return if ``err`` is
+        not a timeout (the caller re-raises it). ``seq``: the collective's number in this rank's trail.
 
         Every rank whose collective timed out records it in the rendezvous store; after a short wait, the ranks
         that did not are the ones that never took part (stuck elsewhere, dead, or calling another collective).
@@ -365,10 +432,15 @@ class ParallelStrategy(Strategy):
             else " To see what every rank calls, run again with FABRIC_LITE_DEBUG=1 (or Fabric(debug=True)): ranks"
             " calling different collectives then raise at once with a per-rank table."
         )
+        number = f" #{seq}" if seq is not None else ""
+        block = self._hang_report(f"{name}{number} timed out after {self._timeout} on rank {self.global_rank}")
+        if block is None and self._trail is not None:
+            block = "(where every rank was: in the report of another rank of this node)"
         raise CollectiveTimeoutError(
             f"{name} on {self.world_size} ranks timed out after {self._timeout}: {who} (stuck elsewhere, dead, or"
             f" calling a different collective). Every rank must call the same collectives in the same order.{hint}"
             f" (backend: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
+            + (f"\n{block}" if block else "")
         ) from err
 
     def _create_store(self, is_master: bool) -> Any:
@@ -399,6 +471,9 @@ class ParallelStrategy(Strategy):
     def _destroy_process_group(self) -> None:
         self._devices_fixed = None
         self._checked_groups.clear()
+        # fabric_lite's launchers remove the whole run folder after the job (after reading it if a rank failed);
+        # under another launcher each rank removes its own files, and those of ranks that died
+        self._close_trail()
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
             # gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient
@@ -437,8 +512,63 @@ class ParallelStrategy(Strategy):
         checked = self._checked_groups.get(pg)
         if checked is None:
             checked = self._checked_groups[pg] = _collectives.CheckedGroup(pg)
+            if self._trail is not None and pg is not dist.group.WORLD:  # the world group is the trail's group 0
+                self._trail.register_group(checked, f"ranks {dist.get_process_group_ranks(pg)}")
         checked.predicting = not self.debug_collectives  # in debug mode every collective takes the fixed check
         return checked
+
+    def _collective_failed(self, slot: int, name: str, err: BaseException) -> None:
+        """A collective raised ``err``: mark its record in the trail failed, raise :class:`CollectiveTimeoutError`
+        (with the hang report) if it timed out, and report where every rank is when a peer went away under a
+        launcher that does not watch the ranks itself (torchrun, ``fabric-lite run``). Returns otherwise (the caller
+        re-raises ``err``)."""
+        trail = self._trail
+        seq = trail.seq_at(slot) if trail is not None and slot >= 0 else None
+        try:  # the report shows this rank waiting, as it was: the record is marked failed after it
+            self._raise_if_timed_out(name, err, seq=seq)
+            if trail is not None and self._launcher_kind not in _trail.SUPERVISING_LAUNCHERS:
+                # fabric_lite's own launchers see a death themselves, and report it; under the others, this rank does
+                self._report_lost_peer(name, seq, err)
+        finally:
+            if trail is not None and slot >= 0:
+                trail.exit(slot, _trail.FAILED)
+
+    def _report_lost_peer(self, name: str, seq: int | None, err: BaseException) -> None:
+        from fabric_lite.strategies.launchers.launcher import is_secondary
+
+        if not (isinstance(err, Exception) and is_secondary(err)):
+            return
+        what = f"{name}{f' #{seq}' if seq is not None else ''} failed on rank {self.global_rank}: a peer went away"
+        block = self._hang_report(what)
+        if block:
+            sys.stderr.write(block + "\n")
+            sys.stderr.flush()
+        if self._report_on_term is not None:
+            # the agent stops this rank in a moment: wait for that rather than race it with writing the error file
+            time.sleep(2.0)
+
+    def _hang_report(self, reason: str) -> str | None:
+        """The hang report (``fabric_lite.utilities._hang_report``) from this rank, or ``None`` when another process
+        of this node reports. A SIGTERM that comes meanwhile waits for it (see ``ReportOnTerm``)."""
+        watch = self._report_on_term
+        if watch is None:
+            return self._collect_report(reason)
+        with watch.lock:
+            return self._collect_report(reason)
+
+    def _collect_report(self, reason: str) -> str | None:
+        trail = self._trail
+        if trail is None:
+            return None
+        from fabric_lite.utilities import _hang_report
+
+        try:
+            return _hang_report.collect(
+                trail.run_dir, reason=reason, world_size=self.world_size, own_rank=self.global_rank
+            )
+        except Exception as err:  # a diagnosis aid: never in the way of the real error
+            log.warning("fabric_lite: could not build the hang report (%s)", err)
+            return None
 
     @override
     def all_reduce(
@@ -455,12 +585,21 @@ class ParallelStrategy(Strategy):
             return tensor
         checked = self._checked(group)
         tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
+        if checked.world_size == 1 or not tensors:  # over one rank every reduction is the identity
+            return tensor
+        call = _collectives.reduce_call(op)
+        trail = self._trail
+        key, slot = None, -1
+        if trail is not None:  # the key that the checked core looks the call up by describes it in the trail too
+            key = call_key(call, tensors)
+            slot = trail.enter(checked, trail.describe(call, tensors, key), 1)
         try:
-            if checked.world_size > 1 and tensors:  # over one rank every reduction is the identity
-                _collectives.all_reduce(tensors, op, checked, self._comm_device(), _collectives.reduce_call(op))
-        except RuntimeError as err:
-            self._raise_if_timed_out("all_reduce", err)
+            _collectives.all_reduce(tensors, op, checked, self._comm_device(), call, key)
+        except BaseException as err:
+            self._collective_failed(slot, "all_reduce", err)
             raise
+        if trail is not None:
+            trail.exit(slot)
         return tensor
 
     @override
@@ -480,11 +619,16 @@ class ParallelStrategy(Strategy):
         device = self._comm_device()
         leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
+        tensors = [leaves[i] for i in positions]
+        trail = self._trail
+        slot = trail.enter(checked, trail.describe("all_gather", tensors), 1) if trail is not None else -1
         try:
-            gathered = _collectives.all_gather([leaves[i] for i in positions], checked, device, sync_grads)
-        except RuntimeError as err:
-            self._raise_if_timed_out("all_gather", err)
+            gathered = _collectives.all_gather(tensors, checked, device, sync_grads)
+        except BaseException as err:
+            self._collective_failed(slot, "all_gather", err)
             raise
+        if trail is not None:
+            trail.exit(slot)
         if spec is None:
             return gathered[0]
         for i, value in zip(positions, gathered, strict=True):
@@ -502,22 +646,36 @@ class ParallelStrategy(Strategy):
             raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
         if not dist.is_initialized():
             return obj
+        call = f"broadcast(src={src})"
+        checked = self._checked(None)
+        trail = self._trail
+        slot = (
+            trail.enter(checked, trail.describe(call, [obj] if isinstance(obj, Tensor) else ()), 1)
+            if trail is not None
+            else -1
+        )
         try:
-            checked, device = self._checked(None), self._comm_device()
+            device = self._comm_device()
             if self.debug_collectives:
-                _collectives.check_collective(f"broadcast(src={src})", [], None, device, checked.check_group)
-            return _collectives.broadcast(obj, src, checked, device)  # type: ignore[no-any-return]
-        except RuntimeError as err:
-            self._raise_if_timed_out(f"broadcast(src={src})", err)
+                _collectives.check_collective(call, [], None, device, checked.check_group)
+            result: TBroadcast = _collectives.broadcast(obj, src, checked, device)
+        except BaseException as err:
+            self._collective_failed(slot, call, err)
             raise
+        if trail is not None:
+            trail.exit(slot)
+        return result
 
     @override
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process has entered the barrier. A no-op without a process group."""
         if not dist.is_initialized():
             return
+        checked = self._checked(None)
+        trail = self._trail
+        slot = trail.enter(checked, trail.describe("barrier"), 1) if trail is not None else -1
         try:
-            host_group = self._checked(None).check_group
+            host_group = checked.check_group
             if self.debug_collectives:
                 _collectives.check_collective("barrier", [], None, self._comm_device(), host_group)
             if host_group is not None:
@@ -526,36 +684,46 @@ class ParallelStrategy(Strategy):
                 dist.barrier(device_ids=[self.root_device.index])
             else:
                 dist.barrier()
-        except RuntimeError as err:
-            self._raise_if_timed_out(f"barrier({name!r})" if name else "barrier", err)
+        except BaseException as err:
+            self._collective_failed(slot, f"barrier({name!r})" if name else "barrier", err)
             raise
+        if trail is not None:
+            trail.exit(slot)
 
     @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` (or ``any``) of every process's decision, in one collective; the same on every process."""
         if not dist.is_initialized():
             return bool(decision)
+        call = f"reduce_boolean_decision(all={all})"
+        checked = self._checked(None)
+        trail = self._trail
+        slot = trail.enter(checked, trail.describe(call), 1) if trail is not None else -1
         try:
             if self.debug_collectives:
-                _collectives.check_collective(
-                    f"reduce_boolean_decision(all={all})",
-                    [],
-                    None,
-                    self._comm_device(),
-                    self._checked(None).check_group,
-                )
-            return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
-        except RuntimeError as err:
-            self._raise_if_timed_out("reduce_boolean_decision", err)
+                _collectives.check_collective(call, [], None, self._comm_device(), checked.check_group)
+            result = _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
+        except BaseException as err:
+            self._collective_failed(slot, "reduce_boolean_decision", err)
             raise
+        if trail is not None:
+            trail.exit(slot)
+        return result
 
     @override
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
+        # a synchronised DDP backward runs the gradient all-reduce (in C++): it is a collective of the trail too
+        trail = self._trail
+        slot = -1
+        if trail is not None and getattr(module, "require_backward_grad_sync", False) and dist.is_initialized():
+            slot = trail.enter(self._checked(None), trail.describe("backward (DDP gradient all-reduce)"), 1)
         try:
             super().backward(tensor, module, *args, **kwargs)
-        except RuntimeError as err:
-            self._raise_if_timed_out("the gradient all-reduce in backward", err)
+        except BaseException as err:
+            self._collective_failed(slot, "the gradient all-reduce in backward", err)
             raise
+        if trail is not None and slot >= 0:
+            trail.exit(slot)
 
     # ------------------------------------------------------------------ checkpoints
     @override

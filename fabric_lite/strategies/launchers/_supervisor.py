@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, is_secondary
+from fabric_lite.utilities._hang_report import without_block
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
 _MAX_REPORT = 60_000
@@ -103,6 +105,9 @@ class ProcessSupervisor:
         children: the processes to watch, with the pipes they report their errors into.
         teardown: releases rank 0's process group; called at a normal exit before waiting for the children, so
             that a child still waiting in a collective for rank 0 fails at once instead of at the timeout.
+        run_dir: the job's run folder, with the ranks' trails of collectives: on a failure, where every rank was
+            is reported from it before anyone is stopped; it is removed after the job.
+        world_size: the number of ranks, for that report.
     """
 
     def __init__(
@@ -112,8 +117,12 @@ class ProcessSupervisor:
         poll_interval: float = 0.05,
         grace: float = 3.0,
         secondary_window: float = 1.0,
+        run_dir: str | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.children = children
+        self.run_dir = run_dir
+        self.world_size = world_size
         self.teardown = teardown
         self.poll_interval = poll_interval
         self.grace = grace
@@ -194,7 +203,8 @@ class ProcessSupervisor:
                 name = f"signal {-code}"
             description = f"{who} was killed by {name}."
         else:
-            text = child.read_error().rstrip()
+            # the child printed its traceback itself: the hang report in it is not repeated
+            text = without_block(child.read_error()).rstrip()
             if text:
                 secondary = is_secondary(text)
                 description = f"{who} failed with exit code {code}. Its traceback:\n{text}"
@@ -239,13 +249,36 @@ class ProcessSupervisor:
             f"\nfabric_lite: the job failed. Root cause: {failure.description}\n"
             "fabric_lite: stopping the other ranks; errors they report from now on are consequences of this failure."
         )
+        self._report(f"rank {failure.child.global_rank} ended ({failure.description.splitlines()[0]})")
         self.terminate_children()
         # rank 0 usually fails on its own right away (its next collective loses its peer); if it is busy
         # elsewhere, end it so that the job does not outlive its failure
         if self._main_exiting.wait(self.grace):
             return
         _stderr(f"fabric_lite: rank 0 did not stop within {self.grace:.0f} s of the failure; exiting.")
+        self._remove_run_dir()
         os._exit(1)
+
+    def _report(self, reason: str) -> None:
+        """Print where every rank was (the hang report), unless a rank has printed it already."""
+        if self.run_dir is None:
+            return
+        from fabric_lite.utilities._hang_report import collect
+
+        codes = {c.global_rank: c.process.returncode for c in self.children if c.process.returncode is not None}
+        pids = {0: os.getpid(), **{c.global_rank: c.process.pid for c in self.children}}
+        try:
+            block = collect(
+                self.run_dir, reason=reason, exit_codes=codes, pids=pids, world_size=self.world_size, own_rank=0
+            )
+        except Exception as err:  # a diagnosis aid: never in the way of stopping the job
+            block = f"fabric_lite: no hang report ({type(err).__name__}: {err})"
+        if block:
+            _stderr(block)
+
+    def _remove_run_dir(self) -> None:
+        if self.run_dir is not None:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def terminate_children(self, grace: float = 3.0) -> None:
         """SIGTERM every running child, wait up to ``grace`` seconds, then SIGKILL what is left."""
@@ -280,7 +313,8 @@ class ProcessSupervisor:
             if isinstance(rank0_error, KeyboardInterrupt):
                 cause = "the job was interrupted (SIGINT / Ctrl+C); every rank was told."
             else:
-                cause = f"rank 0 failed: {type(rank0_error).__name__}: {rank0_error} (traceback above)."
+                message = without_block(str(rank0_error), "").rstrip()
+                cause = f"rank 0 failed: {type(rank0_error).__name__}: {message} (traceback above)."
             if self._claim(cause):
                 _stderr(
                     f"\nfabric_lite: the job failed. Root cause: {self.failure}\nfabric_lite: stopping the other ranks."
@@ -297,6 +331,7 @@ class ProcessSupervisor:
         for child in self.children:
             with contextlib.suppress(OSError):
                 os.close(child.error_fd)
+        self._remove_run_dir()
         if self.failure is not None and rank0_error is None:
             _stderr(f"fabric_lite: exiting with code 1: {self.failure.splitlines()[0]}")
             sys.stdout.flush()

@@ -7,7 +7,9 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,8 @@ from typing_extensions import override
 
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_parent, is_secondary
 from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
+from fabric_lite.utilities import _trail
+from fabric_lite.utilities._hang_report import BLOCK_START, find_block
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -80,6 +84,10 @@ class MultiProcessingLauncher(Launcher):
             port = store.port
         context = mp.get_context(self._start_method)
         results = context.SimpleQueue()  # rank 0's return value; read while joining, so a large one cannot block
+        # the ranks' trails of collectives, read here when a rank dies (the workers get the strategy, and so the
+        # folder, with their arguments); removed after the job
+        run_dir = _trail.make_run_dir()
+        strategy._run_dir, strategy._launcher_kind = run_dir, "spawn"
         try:
             processes = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
                 _worker,
@@ -89,21 +97,35 @@ class MultiProcessingLauncher(Launcher):
                 join=False,
             )
             received: list[Any] = []
-            _supervise(processes, results, received)
+            first_rank = strategy.node_rank * strategy.num_processes
+            _supervise(processes, results, received, run_dir=run_dir, first_rank=first_rank, world=strategy.world_size)
             if not received:
                 return None  # global rank 0 runs on another node
             return pickle.loads(received[0])
         finally:
             results.close()
             del store
+            strategy._run_dir = strategy._launcher_kind = None
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _supervise(processes: Any, results: Any, received: list[Any], window: float = 1.0, grace: float = 3.0) -> None:
+def _supervise(
+    processes: Any,
+    results: Any,
+    received: list[Any],
+    window: float = 1.0,
+    grace: float = 3.0,
+    run_dir: str | None = None,
+    first_rank: int = 0,
+    world: int | None = None,
+) -> None:
     """Wait for the workers, reading rank 0's result as it comes; on a failure, end the job with its root cause.
 
     ``torch.multiprocessing`` would report whichever failed worker it noticed first, often a rank that only lost
     its peer ("Connection closed by peer"). Here, as in the script launcher, a failure that only reports a lost peer
-    waits up to ``window`` seconds for the worker that really failed.
+    waits up to ``window`` seconds for the worker that really failed. Before the others are stopped, where every
+    rank was is reported from the trails in ``run_dir`` (unless a rank reported it already); ``first_rank`` is the
+    global rank of the first worker, ``world`` the number of ranks.
     """
     workers = processes.processes
     error_files = processes.error_files
@@ -158,9 +180,17 @@ def _supervise(processes: Any, results: Any, received: list[Any], window: float 
                 drain()
                 return
             multiprocessing.connection.wait([w.sentinel for w in workers if w.exitcode is None] or [], 0.05)
+        if run_dir is not None:
+            _report(run_dir, workers, root, first_rank, world)
         _stop(workers, grace)
         failed_worker = workers[root]
         text = trace(root)
+        if run_dir is not None and (text is None or BLOCK_START not in text):
+            # ranks that timed out together: the one that reported is not always the one reported as the cause
+            blocks = [find_block(trace(i) or "") for i in range(len(workers))]
+            block = next((b for b in blocks if b), None)
+            if block:
+                print(block, file=sys.stderr, flush=True)
         if text is not None:
             raise mp.ProcessRaisedException(  # type: ignore[attr-defined]
                 f"\n\n-- Process {root} terminated with the following error:\n{text}", root, failed_worker.pid
@@ -179,6 +209,30 @@ def _supervise(processes: Any, results: Any, received: list[Any], window: float 
         for path in error_files:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def _report(run_dir: str, workers: list[Any], root: int, first_rank: int, world: int | None) -> None:
+    """Print where every rank was when worker ``root`` ended (the hang report), unless a rank printed it already."""
+    from fabric_lite.utilities._hang_report import collect
+
+    code = workers[root].exitcode
+    how = (
+        f"killed by {signal.Signals(-code).name}"
+        if code < 0 and -code in signal.Signals._value2member_map_
+        else (f"exited with code {code}")
+    )
+    try:
+        block = collect(
+            run_dir,
+            reason=f"rank {first_rank + root} {how}",
+            exit_codes={first_rank + i: w.exitcode for i, w in enumerate(workers) if w.exitcode is not None},
+            pids={first_rank + i: w.pid for i, w in enumerate(workers) if w.pid is not None},
+            world_size=world,
+        )
+    except Exception as err:  # a diagnosis aid: never in the way of stopping the job
+        block = f"fabric_lite: no hang report ({type(err).__name__}: {err})"
+    if block:
+        print(block, file=sys.stderr, flush=True)
 
 
 def _stop(workers: list[Any], grace: float) -> None:
@@ -209,6 +263,8 @@ def _worker(
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(threads_per_process(strategy.num_processes))
     strategy._local_rank = process_index
+    if strategy._run_dir is not None:  # so that any other Fabric of this process records in the same run folder
+        os.environ[_trail.ENV_RUN_DIR], os.environ[_trail.ENV_LAUNCHER] = strategy._run_dir, "spawn"
     strategy._set_world_ranks()
     strategy._store = dist.TCPStore(  # type: ignore[attr-defined]
         address, port, world_size=strategy.world_size, is_master=False, timeout=strategy.timeout

@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from fabric_lite.strategies.launchers._supervisor import Child, ProcessSupervisor, record_child_errors
 from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_FD, ENV_PARENT_PID, Launcher
+from fabric_lite.utilities import _trail
 from fabric_lite.utilities.data import _num_cpus_available
 
 if TYPE_CHECKING:
@@ -96,6 +97,9 @@ class SubprocessScriptLauncher(Launcher):
             threads = threads_per_process(num_processes)
             torch.set_num_threads(threads)
         command = [sys.executable, "-c", CHILD_SHIM, *script_command()]
+        # the ranks' trails of collectives, read by the supervisor when a rank dies (removed after the job)
+        run_dir = _trail.make_run_dir()
+        strategy._run_dir, strategy._launcher_kind = run_dir, "script"
         for local_rank in range(1, num_processes):
             env = dict(os.environ)
             env.update(
@@ -105,6 +109,7 @@ class SubprocessScriptLauncher(Launcher):
                 LOCAL_RANK=str(local_rank),
                 WORLD_SIZE=str(strategy.world_size),
             )
+            env[_trail.ENV_RUN_DIR], env[_trail.ENV_LAUNCHER] = run_dir, "script"
             if threads is not None:
                 env["OMP_NUM_THREADS"] = str(threads)
             read_fd, write_fd = os.pipe()
@@ -117,5 +122,7 @@ class SubprocessScriptLauncher(Launcher):
             os.set_blocking(read_fd, False)
             global_rank = strategy.node_rank * num_processes + local_rank
             self.children.append(Child(global_rank, local_rank, process, read_fd))
-        self.supervisor = ProcessSupervisor(self.children, teardown=strategy._destroy_process_group)
+        self.supervisor = ProcessSupervisor(
+            self.children, teardown=strategy._destroy_process_group, run_dir=run_dir, world_size=strategy.world_size
+        )
         self.supervisor.start()

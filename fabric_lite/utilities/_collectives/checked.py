@@ -69,7 +69,7 @@ class GroupState:
             no payload travels with the check.
     """
 
-    __slots__ = ("backend", "calls", "check_group", "group", "world_size")
+    __slots__ = ("backend", "calls", "check_group", "group", "seq", "trail_index", "world_size")
 
     def __init__(self, group: Any, *, check_group: Any = None) -> None:
         self.group = group if group is not None else dist.group.WORLD
@@ -79,6 +79,10 @@ class GroupState:
         self.check_group = check_group
         # (call, the tensors' dtypes, devices and shapes) -> (their grouping, as indices, and the call's signature)
         self.calls: dict[tuple[Any, ...], tuple[list[list[int]], tuple[int, int, int]]] = {}
+        # this group's place in the rank's trail of collectives (fabric_lite.utilities._trail), and how many of its
+        # user-facing collectives this rank has entered: ranks in lockstep agree on the count
+        self.trail_index = 0
+        self.seq = 0
 
 
 def _describe(tensors: Sequence[Tensor]) -> list[tuple[str, tuple[int, ...]]]:
@@ -99,14 +103,21 @@ def _signature(call: str, groups: Sequence[Sequence[Tensor]]) -> tuple[int, int,
     return count, int.from_bytes(digest[:8], "little", signed=True), int.from_bytes(digest[8:], "little", signed=True)
 
 
+def call_key(call: str, tensors: Sequence[Tensor]) -> tuple[Any, ...]:
+    """What identifies a call: its name and its tensors' dtypes, devices and shapes (see :func:`_grouped`)."""
+    return (call, *[(t.dtype, t.device, t.shape) for t in tensors])
+
+
 def _grouped(
-    group: GroupState, call: str, tensors: Sequence[Tensor]
+    group: GroupState, call: str, tensors: Sequence[Tensor], key: tuple[Any, ...] | None = None
 ) -> tuple[list[list[Tensor]], tuple[int, int, int]]:
     """The tensors grouped by device and dtype (largest elements first), and the call's signature.
 
     Both depend on nothing but the call and the tensors' dtypes, devices and shapes, so a loop that repeats its calls
-    computes them (the signature costs tens of microseconds) once per group."""
-    key = (call, *[(t.dtype, t.device, t.shape) for t in tensors])
+    computes them (the signature costs tens of microseconds) once per group. ``key``: :func:`call_key`'s answer,
+    where the caller has it already (the strategy's trail of collectives uses it too)."""
+    if key is None:
+        key = call_key(call, tensors)
     entry = group.calls.get(key)
     if entry is None:
         groups = _by_element_size(_group_by_device_dtype(tensors))
@@ -225,14 +236,16 @@ def all_reduce_checked(
     device: torch.device,
     call: str,
     grouped: tuple[list[list[Tensor]], tuple[int, int, int]] | None = None,
+    key: tuple[Any, ...] | None = None,
 ) -> None:
     """:func:`all_reduce_`, after checking that every rank reduces the same shapes and dtypes with the same op.
 
     One small all-gather checks the signatures first, carrying up to 480 bytes of tensors (reduced locally,
     identically on every rank); larger ones follow in the backend's all-reduce. ``call`` names the call (see
-    ``reduce_call``); ``grouped`` is :func:`_grouped`'s answer, where the caller has it.
+    ``reduce_call``); ``grouped`` is :func:`_grouped`'s answer, and ``key`` :func:`call_key`'s, where the caller has
+    them.
     """
-    groups, signature = grouped or _grouped(group, call, tensors)
+    groups, signature = grouped or _grouped(group, call, tensors, key)
     # reduced locally: an op and dtypes that _reduce_rows handles
     fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)
     payload = _payload(tensors, groups, device) if fusable else None

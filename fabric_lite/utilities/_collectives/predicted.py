@@ -196,9 +196,17 @@ class _Agreement:
 
 
 # ---------------------------------------------------------------------------------------------- the entry points
-def all_reduce(tensors: Sequence[Tensor], reduce_op: Any, group: CheckedGroup, device: torch.device, call: str) -> None:
+def all_reduce(
+    tensors: Sequence[Tensor],
+    reduce_op: Any,
+    group: CheckedGroup,
+    device: torch.device,
+    call: str,
+    key: tuple[Any, ...] | None = None,
+) -> None:
     """:func:`all_reduce_checked`: reduce ``tensors`` across the ranks of ``group`` in place, after checking that
-    every rank reduces the same shapes and dtypes with the same op; ``call`` names it (see ``reduce_call``).
+    every rank reduces the same shapes and dtypes with the same op; ``call`` names it (see ``reduce_call``), and
+    ``key``, where the caller has it, is ``call_key(call, tensors)``.
 
     When every rank's history predicts this call, the data travel at once, in the backend's own collective, and the
     check costs nothing more; otherwise (and always with ``group.predicting`` off) one small all-gather checks the
@@ -206,9 +214,9 @@ def all_reduce(tensors: Sequence[Tensor], reduce_op: Any, group: CheckedGroup, d
     ones follow.
     """
     if not group.predicting:
-        all_reduce_checked(tensors, reduce_op, group, device, call)
+        all_reduce_checked(tensors, reduce_op, group, device, call, key=key)
         return
-    grouped = groups, signature = _grouped(group, call, tensors)
+    grouped = groups, signature = _grouped(group, call, tensors, key)
     plan = _plan(group, signature, "all_reduce", reduce_op, groups)
     with _Agreement(group.history, plan) as agreement:
         predicted = agreement.predicted
