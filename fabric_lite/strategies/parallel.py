@@ -397,6 +397,9 @@ class ParallelStrategy(Strategy):
             ) from err
 
     def _destroy_process_group(self) -> None:
+        io = self._async_io()
+        if io is not None:  # a checkpoint written in the background may still use the process group
+            io._join(self._timeout.total_seconds())
         self._devices_fixed = None
         self._checked_groups.clear()
         if self._owns_process_group and dist.is_initialized():
