@@ -25,6 +25,9 @@ time, which has no raw counterpart, the interquartile range in seconds). The fig
 * ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
   first ``all_reduce`` (``bench_startup.py``).
 * ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).
+* ``async_save/*``: ``AsyncCheckpointIO`` against blocking saves of a 268 MB model (``--quick``: 67 MB), two ranks,
+  DDP and FSDP (``bench_async_checkpoint.py``): the time ``fabric.save`` blocks, and the time of a step during the
+  background write; here "raw PyTorch" is the blocking save (the step without a write).
 
 The results, with the machine, the torch version and the date, are written as JSON (``--out``, by default
 ``benchmarks/out/results.json``), and their ratios as a chart next to it (the same name, ``.png``).
@@ -37,6 +40,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +55,7 @@ from _chart import write_chart
 from _common import IMPORTS, REPO, child_env, compared_impls, print_table, python_for, quartiles, summarise
 
 CORE = str(REPO / "benchmarks" / "bench_core.py")
+ASYNC_SAVE = str(REPO / "benchmarks" / "bench_async_checkpoint.py")
 #: the order of the table: by the part of a figure's name before the "/"
 FIGURES = [
     "import",
@@ -65,6 +70,7 @@ FIGURES = [
     "ops",
     "control",
     "memory",
+    "async_save",
 ]
 
 
@@ -107,6 +113,21 @@ def _core_table(impl: str, args: list[str], torchrun: bool, nproc: int = 2) -> l
     return summarise(_core(python_for(impl), args, torchrun, nproc))  # type: ignore[arg-type]
 
 
+def _async_save_table(quick: bool) -> list[dict]:
+    """``async_save/*``: asynchronous saves against blocking ones, two ranks, DDP and FSDP
+    (``bench_async_checkpoint.py``; ``raw`` is the blocking save there)."""
+    done = subprocess.run(
+        [sys.executable, ASYNC_SAVE, *(["--quick"] if quick else [])],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{ASYNC_SAVE} failed:\n{done.stdout}\n{done.stderr}")
+    return summarise([json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")])
+
+
 def machine() -> dict:
     return {
         "platform": platform.platform(),
@@ -123,6 +144,7 @@ def sections(impls: list[str], quick: bool) -> list[Callable[[], list[dict]]]:
     found: list[Callable[[], list[dict]]] = [
         lambda: summarise(bench_startup.measure(impls, runs=1 if quick else 7)),
         lambda: summarise(bench_memory.measure(impls, **memory)),  # type: ignore[arg-type]
+        partial(_async_save_table, quick),
     ]
     # Accelerate is compared single-process only; a quick run leaves Lightning's two-process figures out too (they
     # cost more than all of fabric_lite's, and the quick run only shows that the measurements work)

@@ -329,9 +329,12 @@ class Fabric:
         try:
             result = function(self, *args, **kwargs)
         except BaseException:
+            # a checkpoint still being written is finished (or its error printed); the training error is raised
+            self._strategy._finish_saves_after_failure()
             if self.is_global_zero:
                 finalize_loggers(self._loggers, "failed")
             raise
+        self._strategy._wait_for_saves()  # the run ends once its last checkpoint is published; a failed one raises
         if self.is_global_zero:
             finalize_loggers(self._loggers, "success")
         return result

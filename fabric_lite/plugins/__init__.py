@@ -13,7 +13,7 @@ from fabric_lite.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
-from fabric_lite.plugins.io import CheckpointIO, TorchCheckpointIO
+from fabric_lite.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from fabric_lite.plugins.precision import (
     DeepSpeedPrecision,
     DoublePrecision,
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_getattr(__name__, {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"})
 
 __all__ = [
+    "AsyncCheckpointIO",
     "BitsandbytesPrecision",
     "CheckpointIO",
     "ClusterEnvironment",

@@ -469,6 +469,9 @@ class ParallelStrategy(Strategy):
             ) from err
 
     def _destroy_process_group(self) -> None:
+        io = self._async_io()
+        if io is not None:  # a checkpoint written in the background may still use the process group
+            io._join(self._timeout.total_seconds())
         self._devices_fixed = None
         self._checked_groups.clear()
         # fabric_lite's launchers remove the whole run folder after the job (after reading it if a rank failed);

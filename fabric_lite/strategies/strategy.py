@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -15,6 +16,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
+from fabric_lite.plugins.io.async_io import AsyncCheckpointIO
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
@@ -81,6 +83,9 @@ class Strategy(ABC):
     #: DeepSpeed engine's) refuses one, saying how it writes in ``_own_checkpoints``
     accepts_checkpoint_io: ClassVar[bool] = True
     _own_checkpoints: ClassVar[str] = ""
+    #: whether a strategy that refuses a ``CheckpointIO`` takes ``AsyncCheckpointIO()`` (no inner IO) as the switch to
+    #: writing its own checkpoints in the background (the sharding strategies' DCP ``async_save``)
+    _saves_own_checkpoints_async: ClassVar[bool] = False
     #: how :meth:`no_backward_sync` skips the gradient synchronisation (Lightning Fabric's attribute); ``None``: it
     #: is a no-op
     _backward_sync_control: _BackwardSyncControl | None = None
@@ -167,6 +172,18 @@ class Strategy(ABC):
 
     @checkpoint_io.setter
     def checkpoint_io(self, io: CheckpointIO) -> None:
+        if not self.accepts_checkpoint_io and isinstance(io, AsyncCheckpointIO):
+            if self._saves_own_checkpoints_async and io.checkpoint_io is None:
+                self._checkpoint_io = io
+                return
+            hint = (
+                " Pass AsyncCheckpointIO() without a checkpoint_io: it switches the folders to DCP's async_save."
+                if self._saves_own_checkpoints_async
+                else " Save synchronously (remove AsyncCheckpointIO from Fabric(plugins=...)), or use strategy='ddp'."
+            )
+            raise NotImplementedError(
+                f"{type(self).__name__} cannot save through {io!r}: {self._own_checkpoints}.{hint}"
+            )
         if not self.accepts_checkpoint_io:
             raise NotImplementedError(
                 f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): {self._own_checkpoints}."
@@ -401,6 +418,52 @@ class Strategy(ABC):
         broadcast from rank 0 in a strategy of several processes; ``message`` itself in one process."""
         return message
 
+    def _async_io(self) -> AsyncCheckpointIO | None:
+        """The :class:`AsyncCheckpointIO` this strategy saves through, if any (read directly: strategies that refuse
+        a ``CheckpointIO`` raise on access to :attr:`checkpoint_io`)."""
+        io = self._checkpoint_io
+        return io if isinstance(io, AsyncCheckpointIO) else None
+
+    def _wait_for_saves(self) -> None:
+        """Wait for a checkpoint being written in the background, if any; every process must call it (where the
+        strategy saves through :class:`AsyncCheckpointIO`: the same on every process).
+
+        Rank 0's outcome reaches every process (:meth:`_share_save_outcome`), so no process goes on (reads the
+        checkpoint) before it is published, and a failed write raises :class:`CheckpointError` on every process.
+        """
+        io = self._async_io()
+        if io is None:
+            return
+        error: CheckpointError | None = None
+        message: str | None = None
+        try:
+            io.wait()
+        except CheckpointError as err:
+            error, message = err, str(err)
+        message = self._share_save_outcome(message)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"Rank 0's checkpoint was not saved: {message}")
+
+    def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
+        """After an error in training: wait up to ``timeout`` seconds for the write in flight, and print its error
+        instead of raising it (the training error stays the one raised). No collective."""
+        io = self._async_io()
+        if io is None:
+            return
+        if not io._join(timeout):
+            print(
+                f"fabric_lite: the checkpoint being written in the background was not finished within {timeout:.0f} s"
+                " of the failure; it is not published (the previous checkpoint stays).",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        error = io._take_error()
+        if error is not None:
+            print(f"fabric_lite: besides the error below, {error}", file=sys.stderr, flush=True)
+
     def load_checkpoint(
         self,
         path: _PATH,
@@ -421,7 +484,10 @@ class Strategy(ABC):
 
         A local sharded checkpoint folder (``torch.distributed.checkpoint``, as the FSDP and model-parallel
         strategies write by default) is read too, into plain modules and optimizers, by every rank.
+
+        A checkpoint being written in the background (:class:`AsyncCheckpointIO`) is waited for first, on every rank.
         """
+        self._wait_for_saves()
         if not _is_remote(path) and is_sharded_checkpoint(path):  # a local DCP folder (checked without fsspec)
             return self._load_sharded_checkpoint(path, state, strict, weights_only)
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
@@ -457,7 +523,7 @@ class Strategy(ABC):
         if self._accelerator is not None:
             self._accelerator.teardown()
         if self._checkpoint_io is not None:  # read directly: strategies that refuse a CheckpointIO raise on access
-            self._checkpoint_io.teardown()
+            self._checkpoint_io.teardown()  # AsyncCheckpointIO: waits for its write, and raises if it failed
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device={self.root_device})"
@@ -496,9 +562,13 @@ class _Sharded(Strategy):
     _own_checkpoints = (
         "every rank writes its shards of a folder through torch.distributed.checkpoint, or rank 0 a gathered file"
     )
+    _saves_own_checkpoints_async = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        #: the gloo process group of the saves written in the background, made at the first one (never used by
+        #: training collectives: the background's collectives run while training goes on)
+        self._checkpoint_group: Any | None = None
         #: the modules set up by this strategy, to find the module an optimizer belongs to
         self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
         # no_backward_sync skips FSDP2's gradient reduction (its reduce-scatter, and HSDP's all-reduce); nested
@@ -627,6 +697,9 @@ class _Sharded(Strategy):
           layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
 
         Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
+        With ``Fabric(plugins=[AsyncCheckpointIO()])`` every rank returns once the state is copied; the folder is
+        written with DCP's ``async_save`` and published in the background (on a gloo process group of its own), and
+        a failure raises at the next save or load on every rank.
 
         ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
         with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
@@ -639,16 +712,32 @@ class _Sharded(Strategy):
             fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
         """
         sharded.check_storage_options(type(self).__name__, path, storage_options)
+        full = self.state_dict_type == "full"
+        io = self._async_io()
         sharded.save(
             path,
             state,
             filter or {},
             storage_options,
-            full=self.state_dict_type == "full",
+            full=full,
             ranks=(self.global_rank, self.world_size, self.broadcast),
             precision_state=self.precision.state_dict(),
             modules=self._modules,
+            background=None if io is None else sharded.Background(io, None if full else self._background_group()),
         )
+
+    def _background_group(self) -> Any:
+        """The process group of the saves written in the background; made at the first one, by every rank."""
+        if self._checkpoint_group is None:
+            import torch.distributed as dist
+
+            self._checkpoint_group = dist.new_group(backend="gloo", timeout=self.timeout)  # type: ignore[attr-defined]
+        return self._checkpoint_group
+
+    @override
+    def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
+        # the background's collectives fail on their own within the timeout once a peer is gone
+        super()._finish_saves_after_failure(self.timeout.total_seconds())  # type: ignore[attr-defined]
 
     @override
     def load_checkpoint(
@@ -677,10 +766,12 @@ class _Sharded(Strategy):
 
             remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
         """
+        self._wait_for_saves()
         return self._load_sharded_checkpoint(path, state, strict, weights_only, modules=self._modules)
 
     @override
     def teardown(self) -> None:
+        self._checkpoint_group = None  # destroyed with the process group
         self._device_mesh = None
         self._modules = weakref.WeakSet()
         self._backward_sync_control.clear()

@@ -1,6 +1,7 @@
 """Checkpoint IO plugins: how a strategy writes, reads and removes checkpoint files."""
 
+from fabric_lite.plugins.io.async_io import AsyncCheckpointIO
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO"]
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO"]

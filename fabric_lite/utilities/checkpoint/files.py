@@ -27,6 +27,7 @@ import contextlib
 import io
 import os
 import pickle
+import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -114,8 +115,8 @@ def _host() -> str:
 
 
 def _remove_stale_temps(folder: Path, name: str) -> None:
-    """Delete temporary files left by saves to ``folder/name`` from processes of this host that no longer exist
-    (killed mid-write by SIGKILL, which no code can clean up after)."""
+    """Delete temporary files (and folders) left by saves to ``folder/name`` from processes of this host that no
+    longer exist (killed mid-write by SIGKILL, which no code can clean up after)."""
     prefix = f".{name}.{_host()}."
     try:
         candidates = [entry for entry in os.scandir(folder) if entry.name.startswith(prefix)]
@@ -124,6 +125,9 @@ def _remove_stale_temps(folder: Path, name: str) -> None:
     for entry in candidates:
         pid_text = entry.name[len(prefix) :].split(".", 1)[0]
         if not entry.name.endswith(".tmp") or not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        if entry.is_dir(follow_symlinks=False):  # a checkpoint folder's (folders.temp_folder_beside)
+            shutil.rmtree(entry.path, ignore_errors=True)
             continue
         with contextlib.suppress(OSError):
             os.unlink(entry.path)

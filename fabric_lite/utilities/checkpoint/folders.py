@@ -36,7 +36,15 @@ from typing import Any
 import torch
 
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint.files import CheckpointError, _file_mode, _first_line, _fsync_folder, safe_load
+from fabric_lite.utilities.checkpoint.files import (
+    CheckpointError,
+    _file_mode,
+    _first_line,
+    _fsync_folder,
+    _host,
+    _remove_stale_temps,
+    safe_load,
+)
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint
@@ -148,7 +156,8 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
 
 
 def temp_folder_beside(target: Path, kind: str, is_checkpoint: Callable[[Path], bool]) -> Path:
-    """A new, empty local folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives.
+    """A new, empty local folder beside ``target`` (``.<name>.<host>.<pid>.<random>.tmp``), with the mode a plain
+    ``mkdir`` gives; the folders such saves left behind when their process was killed are removed first.
 
     Raises:
         CheckpointError: ``target`` is a folder but not a ``kind`` checkpoint (``is_checkpoint``), which replacing it
@@ -161,7 +170,10 @@ def temp_folder_beside(target: Path, kind: str, is_checkpoint: Callable[[Path], 
         )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        # named after this host and process, so that the next save removes it if this process is killed mid-write
+        _remove_stale_temps(target.parent, target.name)
+        prefix = f".{target.name}.{_host()}.{os.getpid()}."
+        temp = Path(tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=target.parent))
         file_mode = _file_mode(target.parent / f".{target.name}.mode-probe")
         os.chmod(temp, file_mode | ((file_mode & 0o444) >> 2))  # rw for the file mode, x where it is readable
     except OSError as err:
@@ -297,15 +309,31 @@ def save_folder(
         ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
         save_folder(Path("ckpt"), "sharded", lambda: make_temp_folder("ckpt"), write, finish, ranks)
     """
+    temp = _folder(on_rank_zero(lambda: str(make_temp()), *ranks))
+    publish_written(target, kind, temp, write(temp), finish, ranks, storage_options)
+
+
+def publish_written(
+    target: Folder,
+    kind: str,
+    temp: Folder,
+    error: str | None,
+    finish: Callable[[Folder], None],
+    ranks: tuple[int, int, Callable[..., Any]],
+    storage_options: dict[str, Any] | None = None,
+    group: Any | None = None,
+) -> None:
+    """The second half of :func:`save_folder`, once every rank has written its part into ``temp`` (``error``: this
+    rank's failure, or ``None``): the ranks agree, and rank 0 publishes the folder or deletes it; every rank raises if
+    any failed. ``group``: the process group of the agreement (``ranks``' ``broadcast`` must use it too); ``None``
+    for the default group. A background save passes a group of its own, never used by training."""
     import torch.distributed as dist
 
     world_size = ranks[1]
-    temp = _folder(on_rank_zero(lambda: str(make_temp()), *ranks))
-    error = write(temp)
     errors: list[str | None] = [error]
     if dist.is_initialized() and world_size > 1:
         errors = [None] * world_size
-        dist.all_gather_object(errors, error)
+        dist.all_gather_object(errors, error, group=group)
     failed = sorted({e for e in errors if e is not None})
 
     def publish() -> None:

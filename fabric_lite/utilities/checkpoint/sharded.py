@@ -12,8 +12,10 @@ handles modules whose parameters are DTensors (sharded, tensor-parallel, or both
 
 from __future__ import annotations
 
+import copy
 import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -43,10 +45,14 @@ def save(
     ranks: Ranks,
     precision_state: dict[str, Any],
     modules: Iterable[Module],
+    background: Background | None = None,
 ) -> None:
     """Save ``state`` as one file gathered on rank 0 (``full``) or a sharded folder (see
     :meth:`FSDPStrategy.save_checkpoint`); every rank must call it. ``modules``: those set up by the strategy,
-    where an optimizer's module is looked for when ``state`` does not hold it."""
+    where an optimizer's module is looked for when ``state`` does not hold it.
+
+    ``background``: write in the background (:class:`Background`): the state is copied before this returns, the
+    file or folder is written and published afterwards; a failed write raises at the next save on every rank."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -63,17 +69,34 @@ def save(
     )
     if full:
 
-        def write_file() -> None:
+        def write_file(content: dict[str, Any]) -> None:
             if not _is_remote(path) and Path(_local_path(path)).is_dir():
                 raise CheckpointError(
                     f"Cannot save a full checkpoint file to {str(path)!r}: it is a folder. Choose a file path, or"
                     " save a sharded checkpoint (state_dict_type='sharded')."
                 )
-            atomic_save(checkpoint, path, storage_options)
+            atomic_save(content, path, storage_options)
 
-        folders.on_rank_zero(write_file, *ranks)
+        if background is None:
+            folders.on_rank_zero(lambda: write_file(checkpoint), *ranks)
+        else:  # rank 0 waits for its previous write (a failure raises on every rank), copies, writes in the back
+            folders.on_rank_zero(lambda: background.io._submit(write_file, checkpoint, str(path)), *ranks)
         return
-    _save_sharded(folders._folder(path), checkpoint, state, ranks, storage_options)
+    if background is None:
+        _save_sharded(folders._folder(path), checkpoint, state, ranks, storage_options)
+    else:
+        finish = _finisher(checkpoint, state, snapshot=True)
+        _save_sharded_async(folders._folder(path), checkpoint, finish, ranks, background, storage_options)
+
+
+@dataclass
+class Background:
+    """How a sharding strategy saves in the background: ``io`` runs one write at a time and copies the state
+    (:class:`~fabric_lite.plugins.io.AsyncCheckpointIO`); ``group`` is a gloo process group of the save's own, for
+    DCP's collectives and the publish, never used by training."""
+
+    io: Any
+    group: Any
 
 
 def load(
@@ -152,22 +175,85 @@ def _save_sharded(
         try:
             dcp_save(checkpoint, storage_writer=folders.writer(temp, storage_options))
         except folders.dcp_errors() as err:
-            # DCP raises the same CheckpointException on every rank when one rank failed
-            described = folders.describe(err)
-            return described if hasattr(err, "failures") else f"rank {ranks[0]}: {described}"
+            return _dcp_failure(err, ranks[0])
         return None
 
+    make_temp = partial(folders.make_temp_folder, target, storage_options)
+    folders.save_folder(target, "sharded", make_temp, write, _finisher(checkpoint, state), ranks, storage_options)
+
+
+def _dcp_failure(err: BaseException, rank: int) -> str:
+    # DCP raises the same CheckpointException on every rank when one rank failed; anything else is this rank's
+    described = folders.describe(err)
+    return described if hasattr(err, "failures") else f"rank {rank}: {described}"
+
+
+def _finisher(
+    checkpoint: dict[str, Any], state: dict[str, Any], snapshot: bool = False
+) -> Callable[[folders.Folder], None]:
+    """What rank 0 adds to a written folder before publishing it: the index and Lightning's ``meta.pt`` (of the
+    plain values as they are now, with ``snapshot``: the folder is finished later, in the background)."""
     modules = [key for key, obj in state.items() if isinstance(obj, Module)]
     optimizers = [key for key, obj in state.items() if isinstance(obj, Optimizer)]
+    plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
+    plain.pop(PRECISION_KEY, None)
+    if snapshot:
+        plain = copy.deepcopy(plain)
 
     def finish(temp: folders.Folder) -> None:
         folders.write_index(temp, modules, optimizers)
-        plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
-        plain.pop(PRECISION_KEY, None)
         folders.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
 
-    make_temp = partial(folders.make_temp_folder, target, storage_options)
-    folders.save_folder(target, "sharded", make_temp, write, finish, ranks, storage_options)
+    return finish
+
+
+def _save_sharded_async(
+    target: folders.Folder,
+    checkpoint: dict[str, Any],
+    finish: Callable[[folders.Folder], None],
+    ranks: Ranks,
+    background: Background,
+    storage_options: dict[str, Any] | None,
+) -> None:
+    """:func:`_save_sharded` with DCP's ``async_save``: on every rank, in the foreground, the previous write is waited
+    for (its error raises here, on every rank alike), rank 0 makes the temporary folder, and ``async_save`` copies the
+    state (the background's stager); in the background DCP writes, then the ranks agree and rank 0 publishes, all on
+    the background's own process group."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict_saver import async_save
+
+    io, group = background.io, background.group
+    io.wait()  # the outcome of the previous write is the same on every rank: it was agreed on in the background
+    temp = folders._folder(folders.on_rank_zero(lambda: str(folders.make_temp_folder(target, storage_options)), *ranks))
+    future: Any = None  # with a stager that copies at once, async_save returns the write's Future
+    try:
+        future = async_save(
+            checkpoint,
+            storage_writer=folders.writer(temp, storage_options),
+            process_group=group,
+            async_stager=io._dcp_stager,
+        )
+        error: str | None = None
+    except folders.dcp_errors() as err:  # staging failed on this rank: the others learn it in the agreement
+        future, error = None, _dcp_failure(err, ranks[0])
+
+    def group_broadcast(obj: Any, src: int = 0) -> Any:
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=src, group=group)
+        return holder[0]
+
+    def write_and_publish() -> None:
+        failure = error
+        if future is not None:
+            try:
+                future.result()
+            except folders.dcp_errors() as err:
+                failure = _dcp_failure(err, ranks[0])
+        folders.publish_written(
+            target, "sharded", temp, failure, finish, (ranks[0], ranks[1], group_broadcast), storage_options, group
+        )
+
+    io._run_in_background(write_and_publish, str(target))
 
 
 def _load_full(

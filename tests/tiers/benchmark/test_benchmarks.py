@@ -49,6 +49,10 @@ FIGURES = [
     "broadcast/tensor4M",
     "memory/tensor_peak",
     "memory/rss_peak",
+    "async_save/ddp_blocked",
+    "async_save/ddp_step_during_write",
+    "async_save/fsdp_blocked",
+    "async_save/fsdp_step_during_write",
 ]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
