@@ -23,6 +23,8 @@ Nothing here imports ``torch.distributed.checkpoint`` at module level: ``import 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import io
 import json
 import os
@@ -355,7 +357,9 @@ def publish_written(
 
 def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] | None = None) -> None:
     """Put the complete checkpoint folder ``temp`` at ``target``, replacing what was there (a previous checkpoint
-    folder or file). Locally the previous checkpoint is only deleted once the new one is in place.
+    folder or file). Locally the previous checkpoint is only deleted once the new one is in place: on Linux the two
+    are exchanged in one step, so that a process killed at any moment leaves one complete checkpoint at ``target``;
+    elsewhere the previous one is renamed aside first.
 
     On a URL there is no rename of folders (an object store copies every object), so the steps are: the previous
     checkpoint's ``.metadata`` is deleted first, then the rest of it, then the new files are copied in with
@@ -374,7 +378,11 @@ def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] 
     target = Path(_local_path(target))
     previous: Path | None = None
     try:
-        if target.exists() or target.is_symlink():
+        if (target.exists() or target.is_symlink()) and _exchange(Path(temp), target):
+            _fsync_folder(target.parent)
+            remove(temp)  # the previous checkpoint, now at the temporary name
+            return
+        if target.exists() or target.is_symlink():  # no exchange here: two renames, the previous one set aside
             previous = target.parent / f".{target.name}.{uuid.uuid4().hex}.old"
             os.replace(target, previous)
         try:
@@ -393,6 +401,28 @@ def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] 
         ) from err
     if previous is not None:
         remove(previous)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one step (Linux's ``renameat2(RENAME_EXCHANGE)``), so that no moment exists at which
+    ``b`` is missing; ``False`` where the system or the file system cannot (then nothing was changed).
+
+    Raises:
+        OSError: the exchange failed for another reason.
+    """
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not Linux, or a C library older than glibc 2.28
+        return False
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
 
 
 def _publish_url(temp: str, target: str, storage_options: dict[str, Any] | None) -> None:
