@@ -113,11 +113,12 @@ def format_value(value: float | None, unit: str) -> str:
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'measure':<26}{'implementation':<16}{'median':>12}{'raw PyTorch':>14}{'ratio':>9}{'spread':>9}")
+    width = max([len("measure"), *(len(row["measure"]) for row in table)]) + 1  # a name never runs into the next
+    print(f"{'measure':<{width}}{'implementation':<16}{'median':>12}{'raw PyTorch':>14}{'ratio':>9}{'spread':>9}")
     for row in table:
         unit = row.get("unit", "s")
         ratio = "" if row["ratio"] is None else f"{row['ratio']:.3f}x"
         print(
-            f"{row['measure']:<26}{row['impl']:<16}{format_value(row['median'], unit):>12}"
+            f"{row['measure']:<{width}}{row['impl']:<16}{format_value(row['median'], unit):>12}"
             f"{format_value(row['raw'], unit):>14}{ratio:>9}{row['spread']:>9.3f}"
         )

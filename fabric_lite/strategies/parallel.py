@@ -371,6 +371,8 @@ class ParallelStrategy(Strategy):
                 run_dir,
                 self.global_rank,
                 lambda: self._collect_report(f"rank {self.global_rank} was stopped (SIGTERM) after another rank ended"),
+                # no launcher of ours removes the run folder: the last rank out does, as at a clean exit
+                on_exit=self._trail.close if self._launcher_kind is None else None,
             )
             self._report_on_term = watch if watch.install() else None
 

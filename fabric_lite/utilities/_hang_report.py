@@ -268,12 +268,21 @@ class ReportOnTerm:
         run_dir: the job's run folder, with the ranks' trails.
         own_rank: this process's rank.
         build: builds and returns the report (``None``: another process reported).
+        on_exit: called with ``remove=True`` right before the process ends when every other rank of the folder is
+            dead (this rank's trail's ``close``, where nobody else removes the run folder).
     """
 
-    def __init__(self, run_dir: str, own_rank: int, build: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        own_rank: int,
+        build: Callable[[], str | None],
+        on_exit: Callable[..., None] | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.own_rank = own_rank
         self.build = build
+        self.on_exit = on_exit
         self.lock = threading.Lock()
         self._fds: tuple[int, int] | None = None
         self._thread: threading.Thread | None = None
@@ -329,6 +338,13 @@ class ReportOnTerm:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()
+            if self.on_exit is not None:
+                with contextlib.suppress(Exception):
+                    # only as the last rank alive: a live one may still be reading the trails for its own report
+                    if all(
+                        not _alive(view) for rank, view in read_trails(self.run_dir).items() if rank != self.own_rank
+                    ):
+                        self.on_exit(remove=True)
             os._exit(128 + signal.SIGTERM)
 
     def uninstall(self) -> None:
@@ -440,18 +456,16 @@ def format_report(
 def diagnose(last: Mapping[int, Record], statuses: Mapping[int, str]) -> str:
     """One sentence on what went wrong, from each rank's last collective and whether it is alive."""
     dead = [r for r, s in statuses.items() if s != "alive"]
-    parts: list[str] = []
-    if dead:
-        parts.append(
-            "; ".join(f"rank {r} died ({statuses[r]})" if statuses[r] != "gone" else f"rank {r} is gone" for r in dead)
-        )
+    died = "; ".join(f"rank {r} died ({statuses[r]})" if statuses[r] != "gone" else f"rank {r} is gone" for r in dead)
+    parts: list[str] = []  # the cause first: a death is often only how the launcher ended a rank that waited
     waiting = {r: x for r, x in last.items() if x.state == WAITING and statuses.get(r) == "alive"}
     live = {r: x for r, x in last.items() if statuses.get(r) == "alive"}
     if waiting:
         top = max(x.seq for x in waiting.values())
         waiter = min(r for r, x in waiting.items() if x.seq == top)
         behind = [r for r, x in live.items() if x.seq < top]
-        same = {r: x for r, x in live.items() if x.seq == top}
+        # a rank that died inside its collective still says which one it called
+        same = {r: x for r, x in last.items() if x.seq == top and (r in live or x.state == WAITING)}
         different = len({(x.op, x.where) for x in same.values()}) > 1
         if different:
             calls = ", ".join(f"rank {r} {x.op} at {x.where}" for r, x in sorted(same.items()))
@@ -464,11 +478,11 @@ def diagnose(last: Mapping[int, Record], statuses: Mapping[int, str]) -> str:
                 )
             else:
                 parts.append(f"rank {r} is behind (last #{x.seq} while rank {waiter} waits in #{top})")
-        if not parts:
+        if not parts and not died:
             parts.append(f"every live rank waits in #{top}: a rank of another node, or the backend, is stuck")
-    elif not parts:
+    elif not died:
         parts.append("no rank is waiting in a collective")
-    return "; ".join(parts)
+    return "; ".join([*parts, died] if died else parts)
 
 
 __all__ = ["BLOCK_START", "DONE", "FAILED", "claim", "collect", "diagnose", "format_report", "without_block"]

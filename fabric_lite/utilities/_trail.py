@@ -153,6 +153,10 @@ def derived_run_dir(environ: Any) -> str:
     return os.path.join(_tempdir(), f"fabric_lite-{os.getuid()}-run-{digest}")
 
 
+#: stack signals this process set to ``SIG_IGN`` when it closed a trail: a later trail may register them again
+_IGNORED_BY_US: dict[int, Any] = {}
+
+
 class Trail:
     """This rank's trail: the ring of its last :data:`SLOTS` collectives, in ``<run_dir>/rank-<rank>.trail``.
 
@@ -317,7 +321,7 @@ class Trail:
         a handler, or faulthandler cannot register one."""
         try:
             signum = stack_signal()
-            if signal.getsignal(signum) not in (signal.SIG_DFL, None):
+            if signal.getsignal(signum) not in (signal.SIG_DFL, None, _IGNORED_BY_US.get(signum)):
                 return False
             stack_file = open(os.path.join(self.run_dir, f"rank-{self.rank}.stacks"), "ab")  # noqa: SIM115
             faulthandler.register(signum, file=stack_file, all_threads=True, chain=False)
@@ -332,7 +336,10 @@ class Trail:
         if self._stack_file is not None:
             with contextlib.suppress(Exception):
                 self._words[H_SIGNAL] = 0
-                faulthandler.unregister(int(stack_signal()))
+                # ignored from now on, in one step: a reporter that read the header just before may still send it,
+                # and unregistering would bring back the default action of a real-time signal, which ends the process
+                signal.signal(int(stack_signal()), signal.SIG_IGN)
+                _IGNORED_BY_US[int(stack_signal())] = signal.SIG_IGN
             self._stack_file.close()
             self._stack_file = None
         with contextlib.suppress(Exception):

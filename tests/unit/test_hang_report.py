@@ -193,6 +193,20 @@ def test_ranks_that_called_different_collectives(monkeypatch: pytest.MonkeyPatch
     )
 
 
+def test_a_rank_that_died_inside_a_different_collective_still_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun's agent may stop a rank before its collective fails: what it called is still the cause."""
+    monkeypatch.setattr(_hang_report, "_alive", lambda view: view.rank == 0)
+    views = {
+        0: view(0, 11, record(7, "barrier", "train.py:61 in step", WAITING, 95)),
+        1: view(1, 12, record(7, "broadcast(src=0) float32[]", "train.py:62 in step", WAITING, 95)),
+    }
+    text = report(views)
+    assert text.splitlines()[-1].startswith(
+        "  diagnosis: ranks called different collectives at #7 (rank 0 barrier at train.py:61, rank 1 broadcast at"
+    )
+    assert lines_by_rank(text)[1][1] == "gone"
+
+
 def test_a_rank_that_skipped_a_collective(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_hang_report, "_alive", lambda view: True)
     views = {
