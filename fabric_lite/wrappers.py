@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
@@ -27,6 +26,7 @@ from fabric_lite.utilities import _resume
 from fabric_lite.utilities._resume import EpochStart
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
 from fabric_lite.utilities.data import SeedPerSample, sized_len
+from fabric_lite.utilities.seed import _gather_per_rank, _rank_and_world_size
 
 #: methods of a LightningModule that are routed through the strategy's forward without mark_forward_method
 _LIGHTNING_MODULE_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -324,19 +324,14 @@ class _FabricDataLoader:
         epoch, skip, start = self._position()
         state: dict[str, Any] = {"epoch": epoch, "batches_yielded": skip, "fabric_lite_loader": _resume.FORMAT}
         state["num_batches"] = sized_len(self._dataloader)
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-        state["num_replicas"] = world_size
+        state["num_replicas"] = _rank_and_world_size()[1]
         mine = start.to_state() if skip and start is not None else None
-        if world_size > 1:  # the same on every process, whatever each one's position
-            everyone: list[Any] = [None] * world_size
-            dist.all_gather_object(everyone, mine)
-        else:
-            everyone = [mine]
+        everyone = _gather_per_rank(mine)  # on every process, whatever each one's position
         if skip and mine is not None:
             state["rng_at_epoch_start"] = {"per_rank": everyone}
-        dataset = self._dataloader.dataset
-        if skip and _iterable_state(self._dataloader) is not None:
-            state["dataset"] = dataset.state_dict()  # type: ignore[attr-defined]
+        dataset_state = _iterable_state(self._dataloader)
+        if skip and dataset_state is not None:
+            state["dataset"] = dataset_state()
         return state
 
     def _position(self) -> tuple[int, int, EpochStart | None]:
@@ -385,8 +380,7 @@ class _FabricDataLoader:
         if _iterable_state(loader) is not None and "dataset" in state:
             loader.dataset.load_state_dict(state["dataset"])  # type: ignore[attr-defined]
             return _PendingResume(epoch, skip, None, replay=False)
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        rank, world_size = _rank_and_world_size()
         per_rank = state.get("rng_at_epoch_start", {}).get("per_rank", [])
         if not _resume.can_resume(loader):
             why = (

@@ -238,6 +238,23 @@ def _set_rng_states(rng_state_dict: dict[str, Any]) -> None:
     random.setstate((version, tuple(state), gauss))
 
 
+def _rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the world size of the default process group; ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather_per_rank(mine: Any) -> list[Any]:
+    """Every process's ``mine``, in rank order: a collective when there are several processes (each must call it)."""
+    world_size = _rank_and_world_size()[1]
+    if world_size == 1:
+        return [mine]
+    everyone: list[Any] = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
 class RandomState:
     """The random generators of every process (Python, NumPy, torch, CUDA), as an object to save and load.
 
@@ -257,12 +274,7 @@ class RandomState:
     def state_dict(self) -> dict[str, Any]:
         """Every process's generator states, ``{"per_rank": [...]}``; a collective when there are several processes
         (every process must call it, as ``fabric.save`` does)."""
-        mine = _capture()
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return {"per_rank": [mine]}
-        everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
-        return {"per_rank": everyone}
+        return {"per_rank": _gather_per_rank(_capture())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore this process's generators from ``state_dict["per_rank"][rank]``.
@@ -271,7 +283,7 @@ class RandomState:
             ValueError: the checkpoint was saved by fewer processes than there are now.
         """
         per_rank = state_dict["per_rank"]
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = _rank_and_world_size()[0]
         if rank >= len(per_rank):
             raise ValueError(
                 f"The checkpoint holds random states for {len(per_rank)} process(es), but this is rank {rank}: it was"
