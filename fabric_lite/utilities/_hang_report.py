@@ -54,7 +54,11 @@ _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
-def without_block(text: str, replacement: str = "(where every rank was: see the report above)") -> str:
+#: what stands for the block in a message when the block was printed before it
+SEE_ABOVE = "(where every rank was: see the report above)"
+
+
+def without_block(text: str, replacement: str = SEE_ABOVE) -> str:
     """``text`` with the report block taken out, for a message repeated where the block was printed already."""
     return _BLOCK.sub(replacement + "\n" if replacement else "", text)
 
@@ -66,14 +70,46 @@ def find_block(text: str) -> str | None:
 
 
 def claim(run_dir: str) -> bool:
-    """Whether this process is the first to report for this run folder (one report per node)."""
+    """Whether this process is the first to report for this run folder (one report per node); the claim holds its pid
+    (see :func:`wait_for_reporter`)."""
     try:
-        os.close(os.open(os.path.join(run_dir, "report"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        fd = os.open(os.path.join(run_dir, "report"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
         return False
     except OSError:
         return True  # no folder to decide in: report
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
     return True
+
+
+#: how long a launcher lets the rank that claimed the report finish it before stopping that rank (the report takes
+#: about 2 s: the store's diagnosis and the stacks, 1 s each at most; the rest covers a loaded machine)
+REPORT_GRACE_S = 10.0
+
+
+def wait_for_reporter(run_dir: str | None, processes: Mapping[int, Callable[[float], object]]) -> None:
+    """Before a launcher stops its ranks: if one of them (``processes``: pid -> a ``join(timeout)``) has claimed the
+    report, let it end by itself, for :data:`REPORT_GRACE_S` at most, so that its block is printed or reaches the
+    launcher in its error instead of dying with it."""
+    if run_dir is None:
+        return
+    deadline = time.monotonic() + REPORT_GRACE_S
+    text = b""
+    while time.monotonic() < deadline:  # created empty, its pid written next
+        try:
+            with open(os.path.join(run_dir, "report"), "rb") as f:
+                text = f.read()
+        except OSError:
+            return  # nobody claimed it
+        if text:
+            break
+        time.sleep(0.01)
+    join = processes.get(int(text)) if text.isdigit() else None
+    if join is not None:
+        join(max(0.0, deadline - time.monotonic()))
 
 
 def collect(
@@ -485,4 +521,15 @@ def diagnose(last: Mapping[int, Record], statuses: Mapping[int, str]) -> str:
     return "; ".join([*parts, died] if died else parts)
 
 
-__all__ = ["BLOCK_START", "DONE", "FAILED", "claim", "collect", "diagnose", "format_report", "without_block"]
+__all__ = [
+    "BLOCK_START",
+    "DONE",
+    "FAILED",
+    "SEE_ABOVE",
+    "claim",
+    "collect",
+    "diagnose",
+    "format_report",
+    "wait_for_reporter",
+    "without_block",
+]

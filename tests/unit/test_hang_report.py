@@ -245,6 +245,32 @@ def test_the_block_is_taken_out_of_repeated_messages() -> None:
 def test_one_report_per_run_folder(tmp_path: Path) -> None:
     assert _hang_report.claim(str(tmp_path))
     assert not _hang_report.claim(str(tmp_path))
+    assert (tmp_path / "report").read_text() == str(os.getpid())  # who reports, for the launchers
+
+
+@pytest.mark.timeout(60)
+def test_a_launcher_lets_the_rank_that_reports_finish_first(tmp_path: Path) -> None:
+    """Before stopping its ranks, a launcher waits for the one that claimed the report to end by itself (bounded), and
+    not at all when nobody claimed it or a process outside ``processes`` did."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    try:
+        waited: list[float] = []
+
+        def join(timeout: float) -> None:
+            waited.append(timeout)
+            child.wait(timeout=timeout)
+
+        started = time.monotonic()
+        _hang_report.wait_for_reporter(str(tmp_path), {child.pid: join})  # nobody claimed it
+        (tmp_path / "report").write_text(str(os.getpid()))  # claimed by a process the launcher does not stop
+        _hang_report.wait_for_reporter(str(tmp_path), {child.pid: join})
+        assert not waited and time.monotonic() - started < 1.0
+        (tmp_path / "report").write_text(str(child.pid))  # claimed by the child: it is let end by itself
+        _hang_report.wait_for_reporter(str(tmp_path), {child.pid: join})
+        assert child.returncode == 0 and 0 < waited[0] <= _hang_report.REPORT_GRACE_S
+    finally:
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.timeout(60)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, is_secondary
-from fabric_lite.utilities._hang_report import without_block
+from fabric_lite.utilities._hang_report import wait_for_reporter, without_block
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
 _MAX_REPORT = 60_000
@@ -60,6 +60,16 @@ class Child:
                 break
             chunks.append(chunk)
         return b"".join(chunks).decode(errors="replace")
+
+
+def _joiner(process: subprocess.Popen[bytes]) -> Callable[[float], None]:
+    """``process``'s wait as a ``join(timeout)`` that returns when the time is up."""
+
+    def join(timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=timeout)
+
+    return join
 
 
 def _stderr(message: str) -> None:
@@ -281,8 +291,10 @@ class ProcessSupervisor:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def terminate_children(self, grace: float = 3.0) -> None:
-        """SIGTERM every running child, wait up to ``grace`` seconds, then SIGKILL what is left."""
+        """SIGTERM every running child, wait up to ``grace`` seconds, then SIGKILL what is left (a child reporting
+        where every rank was is let finish first)."""
         alive = [c.process for c in self.children if c.process.poll() is None]
+        wait_for_reporter(self.run_dir, {p.pid: _joiner(p) for p in alive})
         for process in alive:
             with contextlib.suppress(OSError):
                 process.send_signal(signal.SIGTERM)

@@ -22,7 +22,7 @@ from typing_extensions import override
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_parent, is_secondary
 from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
 from fabric_lite.utilities import _trail
-from fabric_lite.utilities._hang_report import BLOCK_START, find_block
+from fabric_lite.utilities._hang_report import BLOCK_START, find_block, wait_for_reporter
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -182,6 +182,7 @@ def _supervise(
             multiprocessing.connection.wait([w.sentinel for w in workers if w.exitcode is None] or [], 0.05)
         if run_dir is not None:
             _report(run_dir, workers, root, first_rank, world)
+            wait_for_reporter(run_dir, {w.pid: w.join for w in workers if w.pid is not None and w.exitcode is None})
         _stop(workers, grace)
         failed_worker = workers[root]
         text = trace(root)
