@@ -3,11 +3,13 @@
 * In one job (tests/helpers/jobs/async_checkpoints.py, DDP): the checkpoint is the state at the call; at most one
   write in flight; ``fabric.load`` waits for the write; a failed write raises at the next save and at load on
   both ranks, naming the path.
-* FSDP (sharded folders, DCP's ``async_save``): the same four in one script (tests/helpers/scripts/async_save.py).
-* Scripts (tests/helpers/scripts/async_save.py, DDP and FSDP): the end of ``launch(fn)`` and of a script leave a
-  complete checkpoint; a write failing at the end of a script exits 1 with the error printed; an error in training
-  during a write leaves the checkpoint complete and the training error reported; SIGKILL during the write leaves the
-  previous checkpoint loadable, no partial one visible, and the next save sweeps the dead writer's temporary file.
+* FSDP and ModelParallel (sharded folders, DCP's ``async_save``): the same four in one script
+  (tests/helpers/scripts/async_save.py).
+* Scripts (tests/helpers/scripts/async_save.py, DDP and FSDP; ModelParallel for SIGKILL): the end of
+  ``launch(fn)`` and of a script leave a complete checkpoint; a write failing at the end of a script exits 1 with the
+  error printed; an error in training during a write leaves the checkpoint complete and the training error reported;
+  SIGKILL during the write leaves the previous checkpoint loadable, no partial one visible, and the next save sweeps
+  the dead writer's temporary file.
 
 Every job runs under a hard time bound and in its own session, killed whole on timeout.
 """
@@ -30,6 +32,7 @@ from fabric_lite.plugins.io import AsyncCheckpointIO
 from tests.helpers.harness import REPO, _kill_session, _session_members, base_env, per_rank, run_python
 
 SCRIPT = str(REPO / "tests" / "helpers" / "scripts" / "async_save.py")
+SHARDED = ("fsdp", "model_parallel")
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +91,11 @@ def _load_step(path: Path) -> int:
 
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
-def test_fsdp_semantics(tmp_path):
-    """FSDP, sharded folders through DCP's async_save: tests 1-4 of the DDP job above, in one script."""
-    done = _script("checks", "fsdp", tmp_path)
+@pytest.mark.parametrize("strategy", ["fsdp", "model_parallel"])
+def test_sharded_semantics(tmp_path, strategy):
+    """FSDP and ModelParallel, sharded folders through DCP's async_save: tests 1-4 of the DDP job above, in one
+    script."""
+    done = _script("checks", strategy, tmp_path)
     assert done.returncode == 0, done.output
     results = [json.loads((tmp_path / f"result{rank}.json").read_text()) for rank in range(2)]
     for r in results:
@@ -104,7 +109,7 @@ def test_fsdp_semantics(tmp_path):
 
 
 def _last(folder: Path, strategy: str) -> Path:
-    return folder / ("last" if strategy == "fsdp" else "last.ckpt")
+    return folder / ("last" if strategy in SHARDED else "last.ckpt")
 
 
 @pytest.mark.distributed
@@ -167,7 +172,7 @@ def _run_until_stalled(folder: Path, strategy: str, timeout: float = 90) -> subp
 
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "model_parallel"])
 def test_sigkill_during_the_write_keeps_the_previous_checkpoint(tmp_path, strategy):
     job = _run_until_stalled(tmp_path, strategy)
     try:
@@ -183,7 +188,7 @@ def test_sigkill_during_the_write_keeps_the_previous_checkpoint(tmp_path, strate
     path = _last(tmp_path, strategy)
     assert _load_step(path) == 1  # the previous checkpoint, complete (weights_only)
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == [path.name]
-    if strategy == "fsdp":
+    if strategy in SHARDED:
         # the next sharded save's temporary folder: the dead writer's is removed first
         from fabric_lite.utilities.checkpoint.folders import make_temp_folder, remove
 

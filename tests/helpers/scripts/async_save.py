@@ -2,15 +2,16 @@
 
     python tests/helpers/scripts/async_save.py MODE STRATEGY FOLDER
 
-STRATEGY: ``ddp`` or ``fsdp`` (this script is run again per rank, and goes on after ``launch()``), or ``ddp_spawn``
-(``launch(run)``). MODE:
+STRATEGY: ``ddp``, ``fsdp`` or ``model_parallel`` (``ModelParallelStrategy``, ``fully_shard`` over 2 data-parallel
+ranks; this script is run again per rank, and goes on after ``launch()``), or ``ddp_spawn`` (``launch(run)``). MODE:
 
 * ``end``: the last save is still being written when the run ends: the file must be complete afterwards.
 * ``exit_error``: the last save fails in the background: the process prints the error and exits with code 1.
 * ``training_error``: training raises while a save is written: the file is complete, the training error reported.
 * ``kill``: a first checkpoint is saved; the second one's write stops half-way (the test kills the job then).
-* ``checks`` (``fsdp``): the checkpoint is the state at the call, one write at a time, ``fabric.load`` waits, a
-  failed write raises at the next save and at load; each rank writes its observations to ``result<rank>.json``.
+* ``checks`` (``fsdp``, ``model_parallel``): the checkpoint is the state at the call, one write at a time,
+  ``fabric.load`` waits, a failed write raises at the next save and at load; each rank writes its observations to
+  ``result<rank>.json``.
 
 Slow and failing writes come from patching the one function that writes the bytes (``torch.save`` for one file,
 ``FileSystemWriter.write_data`` for a sharded folder).
@@ -34,6 +35,7 @@ from fabric_lite.plugins.io import AsyncCheckpointIO
 from fabric_lite.utilities.checkpoint import CheckpointError
 
 WRITE_SECONDS = 1.0
+SHARDED = ("fsdp", "model_parallel")
 
 
 def _patch_writes(mode: str) -> None:
@@ -85,14 +87,24 @@ class _keep_open:
 
 
 def _path(folder: Path, strategy: str, name: str) -> Path:
-    return folder / (name if strategy == "fsdp" else f"{name}.ckpt")
+    return folder / (name if strategy in SHARDED else f"{name}.ckpt")
+
+
+def _shard(model: nn.Module, device_mesh: Any) -> nn.Module:
+    """``ModelParallelStrategy``'s parallelize function: FSDP2 over the data-parallel ranks, layer by layer."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = device_mesh["data_parallel"]
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def run(fabric: Fabric, mode: str, strategy: str, folder: Path) -> None:
     torch.manual_seed(0)
     width = 2048 if mode == "kill" else 16  # kill: a 16 MiB layer, so the stalled write is a real partial file
     model = nn.Sequential(nn.Linear(width, width), nn.Linear(width, 4))
-    if strategy == "fsdp":
+    if strategy in SHARDED:
         model = fabric.setup_module(model)
         optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
     else:
@@ -208,7 +220,12 @@ def checks(fabric: Fabric, folder: Path) -> dict[str, Any]:
 
 def main() -> None:
     mode, strategy, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy, plugins=[AsyncCheckpointIO()])
+    chosen: Any = strategy
+    if strategy == "model_parallel":
+        from fabric_lite.strategies import ModelParallelStrategy
+
+        chosen = ModelParallelStrategy(_shard, data_parallel_size=2, tensor_parallel_size=1)
+    fabric = Fabric(accelerator="cpu", devices=2, strategy=chosen, plugins=[AsyncCheckpointIO()])
     if strategy == "ddp_spawn":
         fabric.launch(run, mode, strategy, folder)
         return
