@@ -23,9 +23,8 @@ from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
-from fabric_lite.utilities.checkpoint import CheckpointError, sharded
+from fabric_lite.utilities.checkpoint import CheckpointError, folders, sharded
 from fabric_lite.utilities.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
-from fabric_lite.utilities.checkpoint.folders import is_sharded_checkpoint
 from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
@@ -488,7 +487,7 @@ class Strategy(ABC):
         A checkpoint being written in the background (:class:`AsyncCheckpointIO`) is waited for first, on every rank.
         """
         self._wait_for_saves()
-        if not _is_remote(path) and is_sharded_checkpoint(path):  # a local DCP folder (checked without fsspec)
+        if not _is_remote(path) and folders.is_sharded_checkpoint(path):  # a local DCP folder (checked without fsspec)
             return self._load_sharded_checkpoint(path, state, strict, weights_only)
         checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         pop_precision(checkpoint, self.precision.load_state_dict)
@@ -569,6 +568,7 @@ class _Sharded(Strategy):
         #: the gloo process group of the saves written in the background, made at the first one (never used by
         #: training collectives: the background's collectives run while training goes on)
         self._checkpoint_group: Any | None = None
+        self._background_tag, self._background_saves = "", 0
         #: the modules set up by this strategy, to find the module an optimizer belongs to
         self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
         # no_backward_sync skips FSDP2's gradient reduction (its reduce-scatter, and HSDP's all-reduce); nested
@@ -723,16 +723,23 @@ class _Sharded(Strategy):
             ranks=(self.global_rank, self.world_size, self.broadcast),
             precision_state=self.precision.state_dict(),
             modules=self._modules,
-            background=None if io is None else sharded.Background(io, None if full else self._background_group()),
+            background=None if io is None else self._background(io, full),
         )
 
-    def _background_group(self) -> Any:
-        """The process group of the saves written in the background; made at the first one, by every rank."""
+    def _background(self, io: AsyncCheckpointIO, full: bool) -> sharded.Background:
+        """How this save is written in the background: the process group of the background saves, made at the first
+        one by every rank, with rank 0's tag for the temporary folders' names (agreed on then, once), numbered."""
+        if full:
+            return sharded.Background(io, None)
         if self._checkpoint_group is None:
             import torch.distributed as dist
 
-            self._checkpoint_group = dist.new_group(backend="gloo", timeout=self.timeout)  # type: ignore[attr-defined]
-        return self._checkpoint_group
+            group = dist.new_group(backend="gloo", timeout=self.timeout)  # type: ignore[attr-defined]
+            tag = [folders.temp_tag()]
+            dist.broadcast_object_list(tag, src=0, group=group)
+            self._checkpoint_group, self._background_tag, self._background_saves = group, tag[0], 0
+        self._background_saves += 1
+        return sharded.Background(io, self._checkpoint_group, f"{self._background_tag}-{self._background_saves}")
 
     @override
     def _finish_saves_after_failure(self, timeout: float | None = None) -> None:

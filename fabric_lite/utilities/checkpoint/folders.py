@@ -140,21 +140,60 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
     """
     folder = _folder(target)
     if isinstance(folder, str):
-        fs, fs_path = _filesystem(folder, storage_options)
-        if not fs_path.strip("/") or (_is_object_store(folder) and "/" not in fs_path.strip("/")):
-            raise CheckpointError(
-                f"Cannot save a sharded checkpoint to {folder!r}: it names a bucket (or a filesystem root), and a"
-                " checkpoint is a folder inside one. Pass a URL with a folder name, such as"
-                f" {_join(folder, 'step-100')!r}."
-            )
-        if fs.isdir(fs_path) and not is_sharded_checkpoint(folder, storage_options):
-            raise CheckpointError(
-                f"Cannot save a sharded checkpoint to {folder!r}: a folder that is not a checkpoint exists there,"
-                " and saving would replace it and everything in it. Choose another URL, or remove the folder first."
-            )
+        _check_url_target(folder, storage_options)
         parent, name = folder.rsplit("/", 1)
         return f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
     return temp_folder_beside(folder, "sharded", is_sharded_checkpoint)
+
+
+def planned_temp_folder(
+    target: _PATH, tag: str, storage_options: dict[str, Any] | None = None, *, sweep: bool = False
+) -> Folder:
+    """The temporary folder beside ``target`` of a save written in the background (``.<name>.<tag>.tmp``: ``tag`` is
+    the same on every rank, rank 0's host and pid and a number), checked like :func:`make_temp_folder`'s but not
+    created: DCP's writer creates it on every rank (a plain ``mkdir``), so the call needs no collective and never
+    waits for a slower rank. ``sweep`` (rank 0): first remove what writers of this host killed mid-save left.
+
+    Raises:
+        CheckpointError: ``target`` is a folder that is not a sharded checkpoint, or names a bucket.
+    """
+    folder = _folder(target)
+    if isinstance(folder, str):
+        _check_url_target(folder, storage_options)
+        parent, name = folder.rsplit("/", 1)
+        return f"{parent}/.{name}.{tag}.tmp"
+    _refuse_other_folder(folder, "sharded", is_sharded_checkpoint)
+    if sweep:
+        _remove_stale_temps(folder.parent, folder.name)
+    return folder.parent / f".{folder.name}.{tag}.tmp"
+
+
+def temp_tag() -> str:
+    """What names this process's background saves' temporary folders (see :func:`planned_temp_folder`): its host and
+    pid first, which the sweep of killed writers reads, then a random part."""
+    return f"{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def _check_url_target(folder: str, storage_options: dict[str, Any] | None) -> None:
+    fs, fs_path = _filesystem(folder, storage_options)
+    if not fs_path.strip("/") or (_is_object_store(folder) and "/" not in fs_path.strip("/")):
+        raise CheckpointError(
+            f"Cannot save a sharded checkpoint to {folder!r}: it names a bucket (or a filesystem root), and a"
+            f" checkpoint is a folder inside one. Pass a URL with a folder name, such as {_join(folder, 'step-100')!r}."
+        )
+    if fs.isdir(fs_path) and not is_sharded_checkpoint(folder, storage_options):
+        raise CheckpointError(
+            f"Cannot save a sharded checkpoint to {folder!r}: a folder that is not a checkpoint exists there,"
+            " and saving would replace it and everything in it. Choose another URL, or remove the folder first."
+        )
+
+
+def _refuse_other_folder(target: Path, kind: str, is_checkpoint: Callable[[Path], bool]) -> None:
+    if target.is_dir() and not is_checkpoint(target):
+        raise CheckpointError(
+            f"Cannot save a {kind} checkpoint to {str(target)!r}: a folder that is not a {kind} checkpoint exists"
+            " there, and saving would replace it and everything in it. Choose another path, or remove the folder first."
+        )
 
 
 def temp_folder_beside(target: Path, kind: str, is_checkpoint: Callable[[Path], bool]) -> Path:
@@ -165,11 +204,7 @@ def temp_folder_beside(target: Path, kind: str, is_checkpoint: Callable[[Path], 
         CheckpointError: ``target`` is a folder but not a ``kind`` checkpoint (``is_checkpoint``), which replacing it
             would delete with whatever it holds; or the folder cannot be created.
     """
-    if target.is_dir() and not is_checkpoint(target):
-        raise CheckpointError(
-            f"Cannot save a {kind} checkpoint to {str(target)!r}: a folder that is not a {kind} checkpoint exists"
-            " there, and saving would replace it and everything in it. Choose another path, or remove the folder first."
-        )
+    _refuse_other_folder(target, kind, is_checkpoint)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         # named after this host and process, so that the next save removes it if this process is killed mid-write

@@ -93,10 +93,12 @@ def save(
 class Background:
     """How a sharding strategy saves in the background: ``io`` runs one write at a time and copies the state
     (:class:`~fabric_lite.plugins.io.AsyncCheckpointIO`); ``group`` is a gloo process group of the save's own, for
-    DCP's collectives and the publish, never used by training."""
+    DCP's collectives and the publish, never used by training; ``tag`` names this save's temporary folder, the same
+    on every rank (see :func:`~fabric_lite.utilities.checkpoint.folders.planned_temp_folder`)."""
 
     io: Any
     group: Any
+    tag: str = ""
 
 
 def load(
@@ -216,15 +218,17 @@ def _save_sharded_async(
     storage_options: dict[str, Any] | None,
 ) -> None:
     """:func:`_save_sharded` with DCP's ``async_save``: on every rank, in the foreground, the previous write is waited
-    for (its error raises here, on every rank alike), rank 0 makes the temporary folder, and ``async_save`` copies the
-    state (the background's stager); in the background DCP writes, then the ranks agree and rank 0 publishes, all on
-    the background's own process group."""
+    for (its error raises here, on every rank alike), the target is checked and the temporary folder named (by the
+    background's tag: no collective, so no rank waits here for a slower one), and ``async_save`` copies the state
+    (the background's stager); in the background DCP creates the folder and writes, then the ranks agree and rank 0
+    publishes, all on the background's own process group."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import async_save
 
     io, group = background.io, background.group
     io.wait()  # the outcome of the previous write is the same on every rank: it was agreed on in the background
-    temp = folders._folder(folders.on_rank_zero(lambda: str(folders.make_temp_folder(target, storage_options)), *ranks))
+    # every rank checks the target itself (a sharded checkpoint's folder is on a filesystem every rank shares)
+    temp = folders.planned_temp_folder(target, background.tag, storage_options, sweep=ranks[0] == 0)
     future: Any = None  # with a stager that copies at once, async_save returns the write's Future
     try:
         future = async_save(
