@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -540,39 +541,33 @@ class ParallelStrategy(Strategy):
 
     def _report_lost_peer(self, name: str, seq: int | None, err: BaseException) -> None:
         from fabric_lite.strategies.launchers.launcher import is_secondary
-        from fabric_lite.utilities._hang_report import SEE_ABOVE
 
         if not (isinstance(err, Exception) and is_secondary(err)):
             return
         what = f"{name}{f' #{seq}' if seq is not None else ''} failed on rank {self.global_rank}: a peer went away"
-        block = self._hang_report(what)
-        if block and block != SEE_ABOVE:  # not printed by _hang_report already
-            sys.stderr.write(block + "\n")
-            sys.stderr.flush()
+        self._hang_report(what, print_block=True)
         if self._report_on_term is not None:
             # the agent stops this rank in a moment: wait for that rather than race it with writing the error file
             time.sleep(2.0)
 
-    def _hang_report(self, reason: str) -> str | None:
-        """The hang report (``fabric_lite.utilities._hang_report``) from this rank, or ``None`` when another process
-        of this node reports.
+    def _hang_report(self, reason: str, *, print_block: bool = False) -> str | None:
+        """The hang report (``fabric_lite.utilities._hang_report``) from this rank, for its error, or ``None`` when
+        another process of this node reports.
 
-        Under torchrun's agent (``ReportOnTerm`` watches for its SIGTERM) the block is printed here, under the
-        watcher's lock, and the return is ``SEE_ABOVE``: the agent may stop this rank the moment the lock is free,
-        before an exception that carried the block would be printed.
+        With ``print_block``, and always under torchrun's agent (``ReportOnTerm`` watches for its SIGTERM), the block
+        is printed here, under the watcher's lock, and the return is ``SEE_ABOVE``: the agent may stop this rank the
+        moment the lock is free, before an exception that carried the block would be printed.
         """
         watch = self._report_on_term
-        if watch is None:
-            return self._collect_report(reason)
-        from fabric_lite.utilities._hang_report import SEE_ABOVE
-
-        with watch.lock:
+        with watch.lock if watch is not None else contextlib.nullcontext():
             block = self._collect_report(reason)
-            if not block:
-                return None
+            if not block or not (print_block or watch is not None):
+                return block
             sys.stderr.write(block + "\n")
             sys.stderr.flush()
-            return SEE_ABOVE
+        from fabric_lite.utilities._hang_report import SEE_ABOVE
+
+        return SEE_ABOVE
 
     def _collect_report(self, reason: str) -> str | None:
         trail = self._trail

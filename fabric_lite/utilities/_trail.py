@@ -154,7 +154,7 @@ def derived_run_dir(environ: Any) -> str:
 
 
 #: stack signals this process set to ``SIG_IGN`` when it closed a trail: a later trail may register them again
-_IGNORED_BY_US: dict[int, Any] = {}
+_IGNORED_BY_US: set[int] = set()
 
 
 class Trail:
@@ -321,7 +321,8 @@ class Trail:
         a handler, or faulthandler cannot register one."""
         try:
             signum = stack_signal()
-            if signal.getsignal(signum) not in (signal.SIG_DFL, None, _IGNORED_BY_US.get(signum)):
+            handler = signal.getsignal(signum)
+            if handler not in (signal.SIG_DFL, None) and not (handler == signal.SIG_IGN and signum in _IGNORED_BY_US):
                 return False
             stack_file = open(os.path.join(self.run_dir, f"rank-{self.rank}.stacks"), "ab")  # noqa: SIM115
             faulthandler.register(signum, file=stack_file, all_threads=True, chain=False)
@@ -338,8 +339,9 @@ class Trail:
                 self._words[H_SIGNAL] = 0
                 # ignored from now on, in one step: a reporter that read the header just before may still send it,
                 # and unregistering would bring back the default action of a real-time signal, which ends the process
-                signal.signal(int(stack_signal()), signal.SIG_IGN)
-                _IGNORED_BY_US[int(stack_signal())] = signal.SIG_IGN
+                signum = int(stack_signal())
+                signal.signal(signum, signal.SIG_IGN)
+                _IGNORED_BY_US.add(signum)
             self._stack_file.close()
             self._stack_file = None
         with contextlib.suppress(Exception):

@@ -140,9 +140,7 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
     """
     folder = _folder(target)
     if isinstance(folder, str):
-        _check_url_target(folder, storage_options)
-        parent, name = folder.rsplit("/", 1)
-        return f"{parent}/.{name}.{uuid.uuid4().hex}.tmp"
+        return planned_temp_folder(folder, uuid.uuid4().hex, storage_options)
     return temp_folder_beside(folder, "sharded", is_sharded_checkpoint)
 
 
