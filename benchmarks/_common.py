@@ -8,11 +8,15 @@ per round for raw PyTorch and for the implementation, taken in the same (paired,
 from __future__ import annotations
 
 import functools
+import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 #: what each implementation is called in the tables, and the module that provides it
@@ -53,6 +57,55 @@ def child_env() -> dict[str, str]:
     ):
         env.pop(name, None)
     return env
+
+
+def result_rows(
+    argv: list[str], what: str, timeout: float, env: dict[str, str] | None = None, need: int = 1
+) -> list[dict[str, Any]]:
+    """Run a benchmark child (``argv``, with :func:`child_env` unless ``env`` is given) and return the JSON of its
+    ``RESULT {json}`` lines, in order.
+
+    Raises ``RuntimeError`` naming ``what``, with everything the child printed, when it exits with an error, prints
+    fewer than ``need`` rows, or runs past ``timeout`` seconds. The child runs in a session of its own, and a
+    timeout kills that whole session: the ranks torchrun started as well as torchrun, which a plain
+    ``subprocess.run(timeout=...)`` would leave behind."""
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or child_env(), start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        failure = f"failed (exit code {process.returncode})"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        failure = f"did not finish within {timeout:g} s (killed)"
+    rows = [json.loads(line[7:]) for line in stdout.splitlines() if line.startswith("RESULT ")]
+    if process.returncode != 0 or len(rows) < need:
+        raise RuntimeError(f"{what} {failure}, {len(rows)} result rows:\n{stdout}\n{stderr}")
+    return rows
+
+
+def leave_process_group() -> None:
+    """End a benchmark process's ``torch.distributed`` job: together (a barrier), then destroy the process group.
+
+    Call it after the function that built the models has returned, never beside a live ``DistributedDataParallel``.
+    DDP's reducer holds the process group, and whatever releases the group last runs gloo's destructor, which joins
+    gloo's worker threads. The group's own Python binding releases the GIL for that; the reducer's does not. A
+    worker thread still releasing DDP's last all-reduce needs the GIL (torch 2.13 keeps a Python object in every
+    work started by a backward), so a reducer dropped after ``destroy_process_group`` can hang the process for
+    good: one run of ``bench_gpu.py --quick`` in about ten did here on a busy machine. With the models gone first
+    (``gc.collect`` for those in reference cycles), the group is released from Python, and nothing can wait on the
+    GIL's holder."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    time.sleep(0.05)  # the GIL to gloo's worker threads before the interpreter finalises, as fabric_lite's teardown
 
 
 def python_for(impl: str) -> str | None:

@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from _common import leave_process_group
 from torch import nn
 
 MODELS = {
@@ -277,12 +278,6 @@ def measure_ddp(impl: str, rounds: int, steps: int, coll_rounds: int, coll_calls
         collectives["control/bcast1k_plus_12us"] = (partial(dist.broadcast, small, src=0), late_broadcast)
     collectives.update(sweep(accel, quick=coll_calls < 10, ops=impl == "fabric_lite"))
     _measure_collectives(impl, rank, collectives, coll_rounds, coll_calls)
-    # Leave together, and give gloo's worker threads a moment to release their last work objects: a thread still
-    # holding one when the interpreter finalises aborts the process ("terminate called without an active
-    # exception"), which happened to Lightning Fabric's run here, whose process group is never destroyed.
-    dist.barrier()
-    dist.destroy_process_group()
-    time.sleep(0.05)
 
 
 #: the payload sweep: float32 tensors of these many bytes, summed (``--quick``: up to 64 KiB)
@@ -367,9 +362,6 @@ def measure_sweep(impl: str, rounds: int, limit: int) -> None:
     accel.launch()
     world = dist.get_world_size()
     _measure_collectives(impl, dist.get_rank(), sweep(accel, limit < 10, f"sweep{world}", ops=False), rounds, limit)
-    dist.barrier()
-    dist.destroy_process_group()
-    time.sleep(0.05)
 
 
 def main() -> None:
@@ -390,10 +382,14 @@ def main() -> None:
     coll_rounds = args.rounds or coll_rounds
     if args.measure == "step":
         measure_step(args.impl, rounds, steps)
-    elif args.measure == "sweep":
-        measure_sweep(args.impl, coll_rounds, coll_calls)
     else:
-        measure_ddp(args.impl, rounds, steps, coll_rounds, coll_calls)
+        if args.measure == "sweep":
+            measure_sweep(args.impl, coll_rounds, coll_calls)
+        else:
+            measure_ddp(args.impl, rounds, steps, coll_rounds, coll_calls)
+        # every implementation's group ended alike (Lightning Fabric leaves its own to the interpreter's exit, where
+        # gloo's threads can abort the process), now that the models are gone: see leave_process_group
+        leave_process_group()
 
 
 if __name__ == "__main__":

@@ -44,14 +44,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from _common import child_env
+from _common import result_rows
 from torch import nn
 
 SIZES = {
@@ -216,11 +215,7 @@ def _shard_by_hand(width: int, blocks: int, device: torch.device) -> tuple[nn.Mo
 
 def _run_child(args: list[str], what: str, timeout: float) -> list[dict[str, Any]]:
     """Run this script with ``--child`` ``args`` (it starts its ranks itself); every rank's ``RESULT`` row, by rank."""
-    command = [sys.executable, __file__, "--child", *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(), timeout=timeout)
-    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not rows:
-        raise RuntimeError(f"{what} failed:\n{done.stdout}\n{done.stderr}")
+    rows = result_rows([sys.executable, __file__, "--child", *args], what, timeout)
     return sorted(rows, key=lambda row: row["rank"])
 
 

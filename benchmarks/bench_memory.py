@@ -27,11 +27,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from _common import child_env, compared_impls, print_table, python_for, summarise
+from _common import child_env, compared_impls, print_table, python_for, result_rows, summarise
 
 WIDTHS = {"full": (2048, 4096, 4096, 2048), "quick": (256, 512, 512, 256)}
 BATCH = 64
@@ -136,17 +135,8 @@ def measure(impls: list[str], rounds: int, size: str, steps: int) -> list[dict]:
         for name in variants if r % 2 == 0 else variants[::-1]:
             env = child_env()
             env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)  # a fixed threshold: large blocks go back when freed
-            done = subprocess.run(
-                [python_for(name), __file__, "--child", name, "--size", size, "--steps", str(steps)],  # type: ignore[list-item]
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=600,
-            )
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode != 0 or not lines:
-                raise RuntimeError(f"memory run of {name} failed:\n{done.stdout}\n{done.stderr}")
-            for key, value in json.loads(lines[-1][7:]).items():
+            argv = [python_for(name), __file__, "--child", name, "--size", size, "--steps", str(steps)]
+            for key, value in result_rows(argv, f"memory run of {name}", 600, env=env)[-1].items():  # type: ignore[arg-type]
                 peaks[key].setdefault(name, []).append(value)
     return [
         {"measure": f"memory/{key}", "impl": impl, "unit": "bytes", "times": {"raw": by["raw"], impl: by[impl]}}

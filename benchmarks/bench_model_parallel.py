@@ -50,7 +50,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from functools import partial
@@ -59,7 +58,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _common import child_env, format_value, quartiles
+from _common import child_env, format_value, leave_process_group, quartiles, result_rows
 from torch import nn
 
 IMPLS = ("raw", "fabric_lite")
@@ -243,15 +242,6 @@ def _proc_status(key: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {key}: the memory figure needs Linux")
 
 
-def _leave() -> None:
-    import torch.distributed as dist
-
-    # leave together, and let gloo's threads release their last work objects before the interpreter finalises
-    dist.barrier()
-    dist.destroy_process_group()
-    time.sleep(0.05)
-
-
 def time_child(size: str) -> None:
     """Under torchrun, 4 ranks: both implementations in these processes, in paired rounds; prints this rank's
     per-round step times."""
@@ -276,7 +266,7 @@ def time_child(size: str) -> None:
     times = timed_rounds(steps, config["rounds"], config["steps"], sync=dist.barrier)
     losses = {name: _scalar(step()) for name, step in steps.items()}  # after the same number of steps each
     emit({"rank": dist.get_rank(), "times": times, "loss": losses})
-    _leave()
+    leave_process_group()  # FSDP2 has no reducer: its models may outlive the group
 
 
 def memory_child(impl: str, size: str) -> None:
@@ -336,7 +326,7 @@ def memory_child(impl: str, size: str) -> None:
             "local_params": sum(shard.numel() for shard in shards),
         }
     )
-    _leave()
+    leave_process_group()  # FSDP2 has no reducer: its models may outlive the group
 
 
 # ---------------------------------------------------------------------------------------------- the parent
@@ -344,10 +334,7 @@ def launch(args: list[str], extra_env: dict[str, str] | None = None) -> list[dic
     """Run this script with ``args`` on 4 ranks under torchrun; every rank's ``RESULT`` row, by rank."""
     env = {**child_env(), **(extra_env or {})}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
-    done = subprocess.run([*command, __file__, *args], capture_output=True, text=True, env=env, timeout=1200)
-    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or len(rows) != WORLD:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    rows = result_rows([*command, __file__, *args], " ".join(args), 1200, env=env, need=WORLD)
     return sorted(rows, key=lambda row: row["rank"])
 
 

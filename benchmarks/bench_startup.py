@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import child_env, compared_impls, print_table, python_for, summarise
+from _common import compared_impls, print_table, python_for, result_rows, summarise
 
 MEASURE = "startup/first_all_reduce"
 WORLD_SIZE = 2
@@ -100,17 +99,8 @@ def measure(impls: list[str], runs: int) -> list[dict]:
     times: dict[str, list[float]] = {name: [] for name in variants}
     for r in range(runs):
         for name in variants if r % 2 == 0 else variants[::-1]:
-            done = subprocess.run(
-                [python_for(name), __file__, "--child", name],  # type: ignore[list-item]
-                capture_output=True,
-                text=True,
-                env=child_env(),
-                timeout=300,
-            )
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode != 0 or not lines:
-                raise RuntimeError(f"start-up run of {name} failed:\n{done.stdout}\n{done.stderr}")
-            result = json.loads(lines[-1][7:])
+            argv = [python_for(name), __file__, "--child", name]
+            result = result_rows(argv, f"start-up run of {name}", 300)[-1]  # type: ignore[arg-type]
             if result["value"] != sum(range(1, WORLD_SIZE + 1)):
                 raise RuntimeError(f"start-up run of {name} reduced to {result['value']}, not 3.0")
             times[name].append(result["seconds"])

@@ -52,7 +52,7 @@ import bench_memory
 import bench_startup
 import torch
 from _chart import write_chart
-from _common import IMPORTS, REPO, child_env, compared_impls, print_table, python_for, quartiles, summarise
+from _common import IMPORTS, REPO, child_env, compared_impls, print_table, python_for, quartiles, result_rows, summarise
 
 CORE = str(REPO / "benchmarks" / "bench_core.py")
 ASYNC_SAVE = str(REPO / "benchmarks" / "bench_async_checkpoint.py")
@@ -103,10 +103,7 @@ def _core(python: str, args: list[str], torchrun: bool, nproc: int = 2) -> list[
         if torchrun
         else [python, CORE]
     )
-    done = subprocess.run([*command, *args], capture_output=True, text=True, env=child_env(), timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command + args)} failed:\n{done.stdout}\n{done.stderr}")
-    return [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    return result_rows([*command, *args], " ".join(command + args), 1800, need=0)
 
 
 def _core_table(impl: str, args: list[str], torchrun: bool, nproc: int = 2) -> list[dict]:
@@ -116,16 +113,9 @@ def _core_table(impl: str, args: list[str], torchrun: bool, nproc: int = 2) -> l
 def _async_save_table(quick: bool) -> list[dict]:
     """``async_save/*``: asynchronous saves against blocking ones, two ranks, DDP and FSDP
     (``bench_async_checkpoint.py``; ``raw`` is the blocking save there)."""
-    done = subprocess.run(
-        [sys.executable, ASYNC_SAVE, *(["--quick"] if quick else [])],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=1800,
+    return summarise(
+        result_rows([sys.executable, ASYNC_SAVE, *(["--quick"] if quick else [])], ASYNC_SAVE, 1800, need=0)
     )
-    if done.returncode != 0:
-        raise RuntimeError(f"{ASYNC_SAVE} failed:\n{done.stdout}\n{done.stderr}")
-    return summarise([json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")])
 
 
 def machine() -> dict:

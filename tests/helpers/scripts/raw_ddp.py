@@ -5,6 +5,7 @@ python tests/helpers/scripts/raw_ddp.py OUT_PATH
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
@@ -28,6 +29,17 @@ def worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{store_path}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
     )
+    train(rank, world, out_dir)
+    # DDP is gone now: the group is released from Python, never by DDP's reducer (which can hang the process; see
+    # benchmarks/_common.py's leave_process_group)
+    gc.collect()
+    dist.destroy_process_group()
+    # raw PyTorch aborts now and then at exit here (gloo worker threads still releasing DDP's last all-reduce
+    # when the interpreter finalises); give them the GIL first, as fabric_lite's teardown does
+    time.sleep(0.05)
+
+
+def train(rank: int, world: int, out_dir: str) -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
@@ -54,10 +66,6 @@ def worker(rank: int, world: int, store_path: str, out_dir: str) -> None:
         epoch += 1
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump({"losses": losses, "grads": grads, "params": flat_params(model)}, f)
-    dist.destroy_process_group()
-    # raw PyTorch aborts now and then at exit here (gloo worker threads still releasing DDP's last all-reduce
-    # when the interpreter finalises); give them the GIL first, as fabric_lite's teardown does
-    time.sleep(0.05)
 
 
 def main() -> None:
