@@ -9,8 +9,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -32,6 +33,7 @@ from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 log = logging.getLogger(__name__)
 
 _JOINED_KEY = "fabric_lite/joined"
+_T = TypeVar("_T")
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -523,6 +525,23 @@ class ParallelStrategy(Strategy):
         checked.predicting = not self.debug_collectives  # in debug mode every collective takes the fixed check
         return checked
 
+    def _traced(
+        self, checked: _collectives.CheckedGroup, name: str, run: Callable[[], _T], describe: tuple[Any, ...]
+    ) -> _T:
+        """``run()``, a collective on ``checked``'s group, recorded in this rank's trail (``trail.describe(*describe)``
+        says what it is); if it raises, :meth:`_collective_failed` handles the error, under ``name``, before it
+        propagates."""
+        trail = self._trail
+        slot = trail.enter(checked, trail.describe(*describe), 2) if trail is not None else -1
+        try:
+            result = run()
+        except BaseException as err:
+            self._collective_failed(slot, name, err)
+            raise
+        if trail is not None:
+            trail.exit(slot)
+        return result
+
     def _collective_failed(self, slot: int, name: str, err: BaseException) -> None:
         """A collective raised ``err``: mark its record in the trail failed, raise :class:`CollectiveTimeoutError`
         (with the hang report) if it timed out, and report where every rank is when a peer went away under a
@@ -601,18 +620,14 @@ class ParallelStrategy(Strategy):
         if checked.world_size == 1 or not tensors:  # over one rank every reduction is the identity
             return tensor
         call = _collectives.reduce_call(op)
-        trail = self._trail
-        key, slot = None, -1
-        if trail is not None:  # the key that the checked core looks the call up by describes it in the trail too
-            key = call_key(call, tensors)
-            slot = trail.enter(checked, trail.describe(call, tensors, key), 1)
-        try:
-            _collectives.all_reduce(tensors, op, checked, self._comm_device(), call, key)
-        except BaseException as err:
-            self._collective_failed(slot, "all_reduce", err)
-            raise
-        if trail is not None:
-            trail.exit(slot)
+        # the key that the checked core looks the call up by describes it in the trail too
+        key = call_key(call, tensors) if self._trail is not None else None
+        self._traced(
+            checked,
+            "all_reduce",
+            lambda: _collectives.all_reduce(tensors, op, checked, self._comm_device(), call, key),
+            (call, tensors, key),
+        )
         return tensor
 
     @override
@@ -633,15 +648,12 @@ class ParallelStrategy(Strategy):
         leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
         positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, Tensor)]
         tensors = [leaves[i] for i in positions]
-        trail = self._trail
-        slot = trail.enter(checked, trail.describe("all_gather", tensors), 1) if trail is not None else -1
-        try:
-            gathered = _collectives.all_gather(tensors, checked, device, sync_grads)
-        except BaseException as err:
-            self._collective_failed(slot, "all_gather", err)
-            raise
-        if trail is not None:
-            trail.exit(slot)
+        gathered = self._traced(
+            checked,
+            "all_gather",
+            lambda: _collectives.all_gather(tensors, checked, device, sync_grads),
+            ("all_gather", tensors),
+        )
         if spec is None:
             return gathered[0]
         for i, value in zip(positions, gathered, strict=True):
@@ -661,23 +673,15 @@ class ParallelStrategy(Strategy):
             return obj
         call = f"broadcast(src={src})"
         checked = self._checked(None)
-        trail = self._trail
-        slot = (
-            trail.enter(checked, trail.describe(call, [obj] if isinstance(obj, Tensor) else ()), 1)
-            if trail is not None
-            else -1
-        )
-        try:
+
+        def run() -> TBroadcast:
             device = self._comm_device()
             if self.debug_collectives:
                 _collectives.check_collective(call, [], None, device, checked.check_group)
             result: TBroadcast = _collectives.broadcast(obj, src, checked, device)
-        except BaseException as err:
-            self._collective_failed(slot, call, err)
-            raise
-        if trail is not None:
-            trail.exit(slot)
-        return result
+            return result
+
+        return self._traced(checked, call, run, (call, [obj] if isinstance(obj, Tensor) else ()))
 
     @override
     def barrier(self, name: str | None = None) -> None:
@@ -685,9 +689,8 @@ class ParallelStrategy(Strategy):
         if not dist.is_initialized():
             return
         checked = self._checked(None)
-        trail = self._trail
-        slot = trail.enter(checked, trail.describe("barrier"), 1) if trail is not None else -1
-        try:
+
+        def run() -> None:
             host_group = checked.check_group
             if self.debug_collectives:
                 _collectives.check_collective("barrier", [], None, self._comm_device(), host_group)
@@ -697,11 +700,8 @@ class ParallelStrategy(Strategy):
                 dist.barrier(device_ids=[self.root_device.index])
             else:
                 dist.barrier()
-        except BaseException as err:
-            self._collective_failed(slot, f"barrier({name!r})" if name else "barrier", err)
-            raise
-        if trail is not None:
-            trail.exit(slot)
+
+        self._traced(checked, f"barrier({name!r})" if name else "barrier", run, ("barrier",))
 
     @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
@@ -710,18 +710,13 @@ class ParallelStrategy(Strategy):
             return bool(decision)
         call = f"reduce_boolean_decision(all={all})"
         checked = self._checked(None)
-        trail = self._trail
-        slot = trail.enter(checked, trail.describe(call), 1) if trail is not None else -1
-        try:
+
+        def run() -> bool:
             if self.debug_collectives:
                 _collectives.check_collective(call, [], None, self._comm_device(), checked.check_group)
-            result = _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
-        except BaseException as err:
-            self._collective_failed(slot, "reduce_boolean_decision", err)
-            raise
-        if trail is not None:
-            trail.exit(slot)
-        return result
+            return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
+
+        return self._traced(checked, "reduce_boolean_decision", run, (call,))
 
     @override
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
