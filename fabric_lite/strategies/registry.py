@@ -58,93 +58,38 @@ class StrategyEntry:
         return cls
 
 
+def _launched(class_name: str, start_method: StartMethod, description: str, **init_kwargs: Any) -> StrategyEntry:
+    """One process per device, started by ``start_method``, which the class is given too (``start_method=``)."""
+    return StrategyEntry(class_name, True, start_method, description, {"start_method": start_method, **init_kwargs})
+
+
+def _find_unused(base: str, start_method: StartMethod, value: bool) -> StrategyEntry:
+    """The DDP name ``base`` with ``find_unused_parameters=value`` (Lightning's spellings of that argument)."""
+    default = "" if value else " (the default)"
+    description = f"{base} with find_unused_parameters={value}{default}"
+    return _launched("DDPStrategy", start_method, description, find_unused_parameters=value)
+
+
+def _deepspeed(description: str, **init_kwargs: Any) -> StrategyEntry:
+    """A ``DeepSpeedStrategy`` name: one process per device, the script re-run once per extra local rank."""
+    return StrategyEntry("DeepSpeedStrategy", True, "popen", description, init_kwargs)
+
+
 STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
     "single_device": StrategyEntry("SingleDeviceStrategy", False, None, "one process on one device"),
-    "ddp": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "popen",
-        "DistributedDataParallel; the script is re-run once per extra local rank",
-        {"start_method": "popen"},
-    ),
-    "ddp_spawn": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "spawn",
-        "DistributedDataParallel; launch(fn) spawns one process per device",
-        {"start_method": "spawn"},
-    ),
-    "ddp_fork": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "fork",
-        "DistributedDataParallel; launch(fn) forks one process per device",
-        {"start_method": "fork"},
-    ),
-    "ddp_notebook": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "fork",
-        "alias of ddp_fork, for notebooks",
-        {"start_method": "fork"},
-    ),
-    "ddp_find_unused_parameters_true": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "popen",
-        "ddp with find_unused_parameters=True",
-        {"start_method": "popen", "find_unused_parameters": True},
-    ),
+    "ddp": _launched("DDPStrategy", "popen", "DistributedDataParallel; the script is re-run once per extra local rank"),
+    "ddp_spawn": _launched("DDPStrategy", "spawn", "DistributedDataParallel; launch(fn) spawns one process per device"),
+    "ddp_fork": _launched("DDPStrategy", "fork", "DistributedDataParallel; launch(fn) forks one process per device"),
+    "ddp_notebook": _launched("DDPStrategy", "fork", "alias of ddp_fork, for notebooks"),
+    "ddp_find_unused_parameters_true": _find_unused("ddp", "popen", True),
     # Lightning's other spellings of find_unused_parameters, one per start method
-    "ddp_find_unused_parameters_false": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "popen",
-        "ddp with find_unused_parameters=False (the default)",
-        {"start_method": "popen", "find_unused_parameters": False},
-    ),
-    "ddp_spawn_find_unused_parameters_true": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "spawn",
-        "ddp_spawn with find_unused_parameters=True",
-        {"start_method": "spawn", "find_unused_parameters": True},
-    ),
-    "ddp_spawn_find_unused_parameters_false": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "spawn",
-        "ddp_spawn with find_unused_parameters=False (the default)",
-        {"start_method": "spawn", "find_unused_parameters": False},
-    ),
-    "ddp_fork_find_unused_parameters_true": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "fork",
-        "ddp_fork with find_unused_parameters=True",
-        {"start_method": "fork", "find_unused_parameters": True},
-    ),
-    "ddp_fork_find_unused_parameters_false": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "fork",
-        "ddp_fork with find_unused_parameters=False (the default)",
-        {"start_method": "fork", "find_unused_parameters": False},
-    ),
-    "ddp_notebook_find_unused_parameters_true": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "fork",
-        "ddp_notebook with find_unused_parameters=True",
-        {"start_method": "fork", "find_unused_parameters": True},
-    ),
-    "ddp_notebook_find_unused_parameters_false": StrategyEntry(
-        "DDPStrategy",
-        True,
-        "fork",
-        "ddp_notebook with find_unused_parameters=False (the default)",
-        {"start_method": "fork", "find_unused_parameters": False},
-    ),
+    "ddp_find_unused_parameters_false": _find_unused("ddp", "popen", False),
+    "ddp_spawn_find_unused_parameters_true": _find_unused("ddp_spawn", "spawn", True),
+    "ddp_spawn_find_unused_parameters_false": _find_unused("ddp_spawn", "spawn", False),
+    "ddp_fork_find_unused_parameters_true": _find_unused("ddp_fork", "fork", True),
+    "ddp_fork_find_unused_parameters_false": _find_unused("ddp_fork", "fork", False),
+    "ddp_notebook_find_unused_parameters_true": _find_unused("ddp_notebook", "fork", True),
+    "ddp_notebook_find_unused_parameters_false": _find_unused("ddp_notebook", "fork", False),
     "dp": StrategyEntry(
         "DataParallelStrategy",
         False,
@@ -153,19 +98,16 @@ STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
         " (on a machine without CUDA, Fabric warns and runs 'ddp', as Lightning Fabric does)",
         multi_device=True,
     ),
-    "fsdp": StrategyEntry(
+    "fsdp": _launched(
         "FSDPStrategy",
-        True,
         "popen",
         "fully sharded data parallel on torch's fully_shard (FSDP2); the script is re-run once per extra local rank",
-        {"start_method": "popen"},
     ),
-    "fsdp_cpu_offload": StrategyEntry(
+    "fsdp_cpu_offload": _launched(
         "FSDPStrategy",
-        True,
         "popen",
         "fsdp with the sharded parameters, gradients and optimizer step kept on the CPU",
-        {"start_method": "popen", "cpu_offload": True},
+        cpu_offload=True,
     ),
     "horovod": StrategyEntry(
         "HorovodStrategy",
@@ -173,62 +115,33 @@ STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
         None,
         "Horovod (optional dependency): horovodrun starts one process per device, fabric_lite starts none",
     ),
-    "deepspeed": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
-        "DeepSpeed (optional dependency), ZeRO stage 2; the script is re-run once per extra local rank",
+    "deepspeed": _deepspeed(
+        "DeepSpeed (optional dependency), ZeRO stage 2; the script is re-run once per extra local rank"
     ),
-    "deepspeed_stage_1": StrategyEntry(
-        "DeepSpeedStrategy", True, "popen", "DeepSpeed with ZeRO stage 1 (optimizer state sharded)", {"stage": 1}
+    "deepspeed_stage_1": _deepspeed("DeepSpeed with ZeRO stage 1 (optimizer state sharded)", stage=1),
+    "deepspeed_stage_1_offload": _deepspeed(
+        "DeepSpeed with ZeRO stage 1 and the optimizer offloaded to the CPU", stage=1, offload_optimizer=True
     ),
-    "deepspeed_stage_1_offload": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
-        "DeepSpeed with ZeRO stage 1 and the optimizer offloaded to the CPU",
-        {"stage": 1, "offload_optimizer": True},
+    "deepspeed_stage_2": _deepspeed("DeepSpeed with ZeRO stage 2 (optimizer state and gradients sharded)", stage=2),
+    "deepspeed_stage_2_offload": _deepspeed(
+        "DeepSpeed with ZeRO stage 2 and the optimizer offloaded to the CPU", stage=2, offload_optimizer=True
     ),
-    "deepspeed_stage_2": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
-        "DeepSpeed with ZeRO stage 2 (optimizer state and gradients sharded)",
-        {"stage": 2},
+    "deepspeed_stage_3": _deepspeed(
+        "DeepSpeed with ZeRO stage 3 (optimizer state, gradients and parameters sharded)", stage=3
     ),
-    "deepspeed_stage_2_offload": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
-        "DeepSpeed with ZeRO stage 2 and the optimizer offloaded to the CPU",
-        {"stage": 2, "offload_optimizer": True},
-    ),
-    "deepspeed_stage_3": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
-        "DeepSpeed with ZeRO stage 3 (optimizer state, gradients and parameters sharded)",
-        {"stage": 3},
-    ),
-    "deepspeed_stage_3_offload": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
+    "deepspeed_stage_3_offload": _deepspeed(
         "DeepSpeed with ZeRO stage 3, the optimizer and the parameters offloaded to the CPU",
-        {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+        stage=3,
+        offload_optimizer=True,
+        offload_parameters=True,
     ),
-    "deepspeed_stage_3_offload_nvme": StrategyEntry(
-        "DeepSpeedStrategy",
-        True,
-        "popen",
+    "deepspeed_stage_3_offload_nvme": _deepspeed(
         "DeepSpeed with ZeRO stage 3, the optimizer and the parameters offloaded to NVMe (nvme_path)",
-        {
-            "stage": 3,
-            "offload_optimizer": True,
-            "offload_parameters": True,
-            "remote_device": "nvme",
-            "offload_params_device": "nvme",
-            "offload_optimizer_device": "nvme",
-        },
+        stage=3,
+        offload_optimizer=True,
+        offload_parameters=True,
+        remote_device="nvme",
+        offload_params_device="nvme",
+        offload_optimizer_device="nvme",
     ),
 }
