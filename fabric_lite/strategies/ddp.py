@@ -52,10 +52,8 @@ class DDPStrategy(ParallelStrategy):
     ``fabric.setup``.
 
     Args:
-        accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
-        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
-        process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
-        timeout: how long collectives wait for the other processes before raising.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision: as for :class:`ParallelStrategy`.
+        process_group_backend, timeout: as for :class:`ParallelStrategy`.
         start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
             once per extra device (``strategy="ddp"``), ``"spawn"``/``"fork"`` start ``launch(fn)`` in new processes.
         sync_batchnorm: at ``fabric.setup``, replace every BatchNorm layer by a synchronised one, whose statistics

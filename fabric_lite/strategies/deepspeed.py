@@ -93,8 +93,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         partition_activations, cpu_checkpointing, contiguous_memory_optimization, synchronize_checkpoint_boundary:
             DeepSpeed's activation checkpointing settings (for ``deepspeed.checkpointing.checkpoint`` in your model).
         load_full_weights: kept for Lightning: a single checkpoint file is recognised by itself.
-        process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
-        timeout: how long collectives wait for the other processes before raising.
+        process_group_backend, timeout: as for :class:`ParallelStrategy`.
         exclude_frozen_parameters: leave parameters without gradients out of checkpoints.
 
     Raises:

@@ -44,11 +44,9 @@ class DataParallelStrategy(Strategy):
     ``DataParallel``, which then calls the module directly (there is no device to replicate it on).
 
     Args:
-        accelerator: the kind of device; filled in by ``Fabric`` when not given.
+        accelerator, checkpoint_io, precision: as for :class:`Strategy`.
         parallel_devices: the CUDA devices to replicate the module on; the first is the root device. Filled in by
             ``Fabric`` from ``devices=`` when not given.
-        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
-        precision: the precision plugin; filled in by ``Fabric`` when not given.
 
     Example::
 

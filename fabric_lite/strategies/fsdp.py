@@ -66,9 +66,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     reduce-scatter per micro-batch, sharded gradients only).
 
     Args:
-        accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
-        process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
-        timeout: how long collectives wait for the other processes before raising.
+        accelerator, parallel_devices, cluster_environment, precision, process_group_backend, timeout: as for
+            :class:`ParallelStrategy`.
         cpu_offload: keep the sharded parameters, gradients and optimizer step on the CPU (``True``, a
             ``CPUOffloadPolicy``, or FSDP1's ``CPUOffload(offload_params=True)``); units are copied to the device to
             compute. ``None``/``False``: no offloading.

@@ -101,8 +101,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         tensor_parallel_size: ranks in a tensor-parallel group; ``"auto"``: the devices of one node (or what is
             left by ``data_parallel_size``).
         save_distributed_checkpoint: ``True``: a folder of shards; ``False``: one full file.
-        process_group_backend: ``"gloo"`` or ``"nccl"``; defaults to NCCL on CUDA and gloo otherwise.
-        timeout: how long collectives wait for the other processes before raising.
+        process_group_backend, timeout: as for :class:`ParallelStrategy`.
         data_parallel_replicate_size: HSDP: the data-parallel ranks form this many replicated groups of
             ``data_parallel_size / data_parallel_replicate_size`` shards each. The mesh then has the dimensions
             ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")``, and ``"data_parallel"`` is

@@ -65,11 +65,9 @@ class ParallelStrategy(Strategy):
     otherwise). Collections of tensors are reduced and gathered through one flat buffer per dtype and device.
 
     Args:
-        accelerator: the kind of device; filled in by ``Fabric`` when not given.
+        accelerator, checkpoint_io, precision: as for :class:`Strategy`.
         parallel_devices: the device of each local process; filled in by ``Fabric``.
         cluster_environment: where the ranks come from; filled in by ``Fabric``.
-        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
-        precision: the precision plugin; filled in by ``Fabric``.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
         timeout: how long collectives and the rendezvous wait for the other processes before raising.
 

@@ -19,9 +19,7 @@ class SingleDeviceStrategy(Strategy):
 
     Args:
         device: the device to compute on, e.g. ``"cpu"`` or ``"cuda:0"``.
-        accelerator: the kind of device; filled in by ``Fabric`` when not given.
-        checkpoint_io: how checkpoint files are written and read (default ``TorchCheckpointIO``).
-        precision: the precision plugin; filled in by ``Fabric`` when not given.
+        accelerator, checkpoint_io, precision: as for :class:`Strategy`.
 
     Example::
 
