@@ -65,7 +65,7 @@ def distributed_available() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-class AllGatherGrad(torch.autograd.Function):
+class AllGatherGrad(_collectives.gather._AllGatherGrad):
     """An all-gather that gradients flow back through: ``AllGatherGrad.apply(tensor, group=None)``.
 
     Forward: every rank gets a tensor of shape ``(world_size, *tensor.shape)`` holding every rank's ``tensor``.
@@ -80,14 +80,6 @@ class AllGatherGrad(torch.autograd.Function):
         (gathered[0] * 3 + gathered[1]).sum().backward()
         # rank 0: x.grad == tensor([6.]) (3 from each rank)   rank 1: x.grad == tensor([2.])
     """
-
-    @staticmethod
-    def forward(ctx: Any, tensor: Tensor, group: Any | None = None) -> Tensor:
-        return _collectives.gather._AllGatherGrad.forward(ctx, tensor, group)
-
-    @staticmethod
-    def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
-        return _collectives.gather._AllGatherGrad.backward(ctx, *grad_output)
 
 
 def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:

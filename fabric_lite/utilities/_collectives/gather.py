@@ -89,7 +89,7 @@ class _AllGatherGrad(torch.autograd.Function):
     """All-gather whose backward sends every rank the summed gradient of its own slice."""
 
     @staticmethod
-    def forward(ctx: Any, tensor: Tensor, group: Any) -> Tensor:
+    def forward(ctx: Any, tensor: Tensor, group: Any | None = None) -> Tensor:
         ctx.group = group
         world_size = dist.get_world_size(group)
         out = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
