@@ -204,14 +204,9 @@ def all_reduce(
     call: str,
     key: tuple[Any, ...] | None = None,
 ) -> None:
-    """:func:`all_reduce_checked`: reduce ``tensors`` across the ranks of ``group`` in place, after checking that
-    every rank reduces the same shapes and dtypes with the same op; ``call`` names it (see ``reduce_call``), and
-    ``key``, where the caller has it, is ``call_key(call, tensors)``.
-
-    When every rank's history predicts this call, the data travel at once, in the backend's own collective, and the
-    check costs nothing more; otherwise (and always with ``group.predicting`` off) one small all-gather checks the
-    signatures first, carrying up to 480 bytes of tensors (reduced locally, identically on every rank), and larger
-    ones follow.
+    """:func:`all_reduce_checked` (``tensors`` reduced in place after the check; ``call`` and ``key`` as there), at
+    once when every rank's history predicts this call: the data then travel in the backend's own collective, and the
+    check costs nothing more. Otherwise, and always with ``group.predicting`` off, it is :func:`all_reduce_checked`.
     """
     if not group.predicting:
         all_reduce_checked(tensors, reduce_op, group, device, call, key=key)
