@@ -37,15 +37,14 @@ _PREDICTED_PREFIX = 16  # bytes before a predicted broadcast's payload: aligned 
 
 
 def broadcast(obj: Any, src: int, group: BroadcastGroup, device: torch.device) -> Any:
-    """Send ``obj`` from global rank ``src`` to every rank of ``group`` and return it.
+    """Send ``obj`` from global rank ``src`` to every rank of ``group`` and return it (tensors arrive on ``device``).
 
     One fixed-size message carries a header (what follows: a tensor's dtype, shape and ``requires_grad``, or a
     pickled object's length) and, when it fits, the payload itself. A broadcast of a small tensor or object is
     therefore one collective; a larger payload follows in a second broadcast, where bandwidth dominates. A small
     tensor on the CPU like the last one broadcast from ``src`` (the same dtype, shape and flags: a loop's) travels in
     one message of its own size plus 16 bytes, as cheap as a raw ``dist.broadcast`` (see :class:`_PredictedBroadcast`).
-    Tensors (and ``nn.Parameter``) travel as raw bytes, so any dtype works on any backend and nothing is pickled;
-    receivers get them on ``device``. If ``src`` cannot pickle the object, every rank raises instead of waiting.
+    If ``src`` cannot pickle the object, every rank raises instead of waiting.
     """
     entry = group.broadcasts.get(src) if device.type == "cpu" else None
     predicted = entry.header if entry is not None else None
