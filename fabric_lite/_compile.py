@@ -17,13 +17,10 @@ stays light.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from fabric_lite.strategies.strategy import Strategy
 
 #: the name under which ``OptimizedModule`` registers the module it compiles
 _ORIG_MOD = "_orig_mod"
@@ -223,16 +220,3 @@ def take_apart_compiled(module: nn.Module, reapply: bool) -> tuple[nn.Module, nn
         if is_compiled(submodule):
             clean_state_dict_keys(submodule)
     return (original if reapply else module), original, compiler
-
-
-def reapply_compile(strategy: Strategy, module: nn.Module, compiler: Compiler) -> nn.Module:
-    """Compile ``module`` (just set up by ``strategy``) again with ``compiler``'s settings; returns what calls of
-    the model should go through: :meth:`Strategy.compile_module <fabric_lite.strategies.Strategy.compile_module>`
-    (``torch.compile`` around the set-up module, DDP and DataParallel included; FSDP compiles block by block).
-
-    Example::
-
-        model, compiler = unwrap_compiled(compiled)
-        call = reapply_compile(strategy, strategy.setup_module(model), compiler)
-    """
-    return strategy.compile_module(module, compiler)

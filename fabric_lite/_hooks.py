@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
+    """``value`` as a list: ``[]`` for ``None``, a list or tuple's items, else ``[value]``."""
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -20,7 +21,7 @@ def configure_callbacks(callbacks: Any) -> list[Any]:
     Raises:
         TypeError: a class instead of an instance.
     """
-    found = _as_list(callbacks)
+    found = as_list(callbacks)
     for index, callback in enumerate(found):
         if isinstance(callback, type):
             raise TypeError(
@@ -36,7 +37,7 @@ def configure_loggers(loggers: Any) -> list[Any]:
     Raises:
         TypeError: an object without a callable ``log_metrics(metrics, step)`` method, or a class.
     """
-    found = _as_list(loggers)
+    found = as_list(loggers)
     for index, logger in enumerate(found):
         if isinstance(logger, type):
             raise TypeError(

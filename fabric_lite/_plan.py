@@ -231,10 +231,8 @@ def _gpu_indices(devices: Any, accelerator: str, available: int) -> tuple[int, .
     elif type(value) is int:
         if value == -1:
             indices = list(range(available))
-        elif value > 0:
-            indices = list(range(value))
-        elif value == 0:
-            indices = []
+        elif value >= 0:
+            indices = list(range(value))  # none for 0: the ValueError below
         else:
             raise ValueError(f"Fabric(devices={devices!r}) is not valid: a count must be > 0, or -1 for every GPU.")
     else:
@@ -303,10 +301,6 @@ def _strategy_choice(strategy: Any) -> str:
         f"You selected an invalid strategy name: strategy={strategy!r}. Choose one of {choices},"
         " or pass a fabric_lite.strategies.Strategy instance."
     )
-
-
-def _strategy_label(strategy: Any, name: str) -> str:
-    return type(strategy).__name__ if name == "instance" else name
 
 
 #: how ``fabric-lite run`` hands its flags to ``Fabric(...)`` in the script: argument name -> environment variable
@@ -396,9 +390,8 @@ def resolve_plan(
     cli = _with_cli_settings(
         env, accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, precision=precision
     )
-    accelerator, strategy, devices = cli["accelerator"], cli["strategy"], cli["devices"]
-    num_nodes, precision = cli["num_nodes"], cli["precision"]
-    num_nodes = _parse_num_nodes(num_nodes)
+    accelerator, strategy, devices, precision = cli["accelerator"], cli["strategy"], cli["devices"], cli["precision"]
+    num_nodes = _parse_num_nodes(cli["num_nodes"])
     strategy_name = _strategy_choice(strategy)
     precision_name, precision_warnings = _canonical_precision(precision)
     warnings += precision_warnings
@@ -481,6 +474,7 @@ def resolve_plan(
     if strategy_name == "auto":
         many = len(device_indices) > 1 or num_nodes > 1
         strategy_name = ("ddp_fork" if machine.interactive and not external else "ddp") if many else "single_device"
+    label = type(strategy).__name__ if strategy_name == "instance" else strategy_name
 
     start_method: Any
     if isinstance(strategy, Strategy):
@@ -494,13 +488,13 @@ def resolve_plan(
 
     if multi_device and num_nodes > 1:
         raise ValueError(
-            f"strategy={_strategy_label(strategy, strategy_name)!r} runs one process on one machine, but"
+            f"strategy={label!r} runs one process on one machine, but"
             f" num_nodes={num_nodes}. Use strategy='ddp' to train on several nodes."
         )
     if not parallel and not multi_device and (len(device_indices) > 1 or num_nodes > 1):
         raise ValueError(
-            f"strategy={_strategy_label(strategy, strategy_name)!r} runs one"
-            f" process on one device, but devices={devices!r} and num_nodes={num_nodes} ask for"
+            f"strategy={label!r} runs one process on one device, but devices={devices!r} and num_nodes={num_nodes}"
+            f" ask for"
             f" {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'), or devices=1."
         )
     if external:
@@ -526,10 +520,8 @@ def resolve_plan(
                 )
         if start_method == "popen" and machine.interactive:
             raise ValueError(
-                f"strategy={_strategy_label(strategy, strategy_name)!r} re-runs the script once per device, which is"
-                " impossible in an"
-                " interactive session (notebook or REPL). Use strategy='ddp_notebook' (or 'ddp_fork'), or run a"
-                " script."
+                f"strategy={label!r} re-runs the script once per device, which is impossible in an interactive session"
+                " (notebook or REPL). Use strategy='ddp_notebook' (or 'ddp_fork'), or run a script."
             )
         if start_method == "fork" and sys.platform == "win32":
             raise ValueError(f"strategy={strategy_name!r} needs fork, which Windows does not have. Use 'ddp_spawn'.")
@@ -540,9 +532,7 @@ def resolve_plan(
             warnings.append(slurm_note)
 
     # before the 16-mixed fallback below: DeepSpeed refuses float16 on the CPU instead
-    kind._check_choices(
-        label=_strategy_label(strategy, strategy_name), accelerator=accelerator_name, precision=precision_name
-    )
+    kind._check_choices(label=label, accelerator=accelerator_name, precision=precision_name)
 
     if precision_name == "16-mixed" and accelerator_name == "cpu" and not precision_plugins:
         warnings.append(

@@ -7,8 +7,7 @@
 written to the file torchrun's agent reads, so the agent's root-cause report shows the failing rank's
 exception and traceback instead of only an exit code.
 
-It also marks the process as started by the command line (``FABRIC_LITE_CLI_USED``, Lightning's ``LT_CLI_USED``):
-``Fabric()`` then joins the process group at once, so the script needs no ``fabric.launch()``.
+It also marks the process as started by the command line (see ``fabric_lite._cli_env``).
 """
 
 from __future__ import annotations

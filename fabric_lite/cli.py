@@ -1,17 +1,11 @@
 """``fabric-lite run``: start a training script on one machine or several, with torch's elastic agent;
 ``fabric-lite consolidate``: turn a sharded checkpoint folder into one file.
 
-The command checks its flags, then hands process management to ``torch.distributed.run`` (torchrun): it starts
-``--devices`` processes on this node, joins the other nodes' agents at ``--main-address:--main-port``, restarts
-the whole group after a failure (``--max-restarts``) and reports the first failure as the root cause. The flags
-reach ``Fabric(...)`` in the script through the environment (``FABRIC_LITE_ACCELERATOR``, ``..._STRATEGY``,
-``..._DEVICES``, ``..._NUM_NODES``, ``..._PRECISION``), so the script can say just ``Fabric()``; an argument the
-script does give must agree with the flag, or ``Fabric(...)`` raises naming both. ``Fabric()`` joins the process
-group as it is created, so the script needs no ``fabric.launch()`` (calling it does no harm).
-
-The command line is Lightning's (``fabric run``): its flags may come before or after SCRIPT, in either spelling
-(``--num-nodes`` or ``--num_nodes``, ``--devices 2`` or ``--devices=2``); every other argument after SCRIPT, and
-everything after ``--``, goes to the script.
+``run`` checks its flags, then hands process management to ``torch.distributed.run`` (torchrun), as its
+``--help`` (``_DESCRIPTION``) says. The flags reach ``Fabric(...)`` in the script through the environment
+(``CLI_ENV_VARS`` of ``fabric_lite._plan``), so the script can say just ``Fabric()``, which joins the process group as
+it is created: the script needs no ``fabric.launch()`` (calling it does no harm). The command line is Lightning's
+(``fabric run``), in either spelling (``--num-nodes`` or ``--num_nodes``, ``--devices 2`` or ``--devices=2``).
 
 Example::
 
@@ -187,8 +181,8 @@ class _CommandParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fabric-lite``, with its ``run`` and ``consolidate`` commands.
 
-    ``run``'s flags may come before or after SCRIPT (Lightning's ``fabric run``); other arguments after SCRIPT, and
-    everything after ``--``, are the script's.
+    ``run``'s flags may come before or after SCRIPT; other arguments after SCRIPT, and everything after ``--``, are
+    the script's.
 
     Example::
 
@@ -216,14 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--accelerator",
         choices=_ACCELERATOR_CHOICES,
-        default=None,
         help="the hardware to run on; 'auto' picks CUDA, then MPS, then the CPU (e.g. --accelerator cpu)."
         " Default: what Fabric(accelerator=...) in the script says, else 'auto'.",
     )
     run.add_argument(
         "--strategy",
         choices=CLI_STRATEGIES,
-        default=None,
         help="how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
         " script says, else 'auto' (ddp for several processes).",
     )
@@ -249,7 +241,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--main-address",
-        default=None,
         metavar="ADDRESS",
         help="address of node 0 that every node can reach (e.g. --main-address 10.0.0.1). Needed with"
         " --num-nodes > 1; unused on one node.",
@@ -257,7 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--main-port",
         type=_int_at_least(1, 65535),
-        default=None,
         metavar="PORT",
         help="a free TCP port on node 0 for the rendezvous (e.g. --main-port 29500). Default: with several nodes"
         f" {DEFAULT_MULTI_NODE_PORT}; on one node a free port that torchrun picks itself (no port clash).",
@@ -265,7 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--precision",
         choices=CLI_PRECISIONS,
-        default=None,
         help="numeric precision (e.g. --precision bf16-mixed). Default: what Fabric(precision=...) in the script"
         " says, else '32-true'.",
     )
@@ -293,7 +282,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--as-lightning",
         action="store_true",
-        default=False,
         help="run code written against Lightning Fabric unmodified: `lightning.fabric`, `lightning_fabric` and"
         " `lightning.Fabric` are fabric_lite's in every process (fabric_lite.as_lightning's import hook;"
         " e.g. --as-lightning -m litgpt pretrain ...).",
@@ -301,7 +289,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-m",
         "--module",
-        default=None,
         metavar="MODULE",
         help="run a module instead of a script, as `python -m MODULE` does; every argument after MODULE is the"
         " module's (e.g. -m litgpt pretrain --devices 2).",

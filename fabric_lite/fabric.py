@@ -20,8 +20,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from fabric_lite._build import build_strategy
 from fabric_lite._cli_env import launched_by_cli
-from fabric_lite._compile import reapply_compile, take_apart_compiled, uncompiled
-from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
+from fabric_lite._compile import take_apart_compiled, uncompiled
+from fabric_lite._hooks import as_list, call_hook, configure_callbacks, configure_loggers, finalize_loggers
 from fabric_lite._metrics_gather import LoaderRegistry, gather_for_metrics
 from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
@@ -47,10 +47,6 @@ from fabric_lite.wrappers import (
     _unwrap_objects,
     is_wrapped,
 )
-
-
-def _do_nothing(*_: Any) -> None:
-    pass
 
 
 def _launches_processes(run: Callable[..., Any]) -> Callable[..., Any]:
@@ -137,7 +133,7 @@ class Fabric:
         loggers: Any | list[Any] | None = None,
         debug: bool | None = None,
     ) -> None:
-        plugin_list = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        plugin_list = as_list(plugins)
         plan = resolve_plan(
             accelerator=accelerator,
             strategy=strategy,
@@ -234,11 +230,10 @@ class Fabric:
     def run(self, *args: Any, **kwargs: Any) -> Any:
         """Override this method with the training code; calling it starts the processes and runs it in each.
 
-        ``MyFabric(...).run(*args, **kwargs)`` is ``launch(fn, *args, **kwargs)`` with ``fn`` the body of ``run``:
-        with ``strategy="ddp"`` every process runs it and gets its own result, with ``"ddp_spawn"``/``"ddp_fork"``
-        new processes run it and rank 0's result is returned, and on one device it runs here. Inside the processes
-        (and in a script started by ``fabric-lite run``) it is a plain method call. The base method does nothing
-        and returns ``None``.
+        ``MyFabric(...).run(*args, **kwargs)`` is ``launch(fn, *args, **kwargs)`` with ``fn`` the body of ``run``
+        (see :meth:`launch` for which processes run it and whose result is returned). Inside the processes (and in
+        a script started by ``fabric-lite run``) it is a plain method call. The base method does nothing and returns
+        ``None``.
 
         Example::
 
@@ -305,7 +300,7 @@ class Fabric:
         if self._launched and function is None:
             return None
         self._launched = True
-        to_run = partial(self._run_with_setup, function or _do_nothing)
+        to_run = partial(self._run_with_setup, function)
         launcher = self._strategy.launcher
         if launcher is not None and not (self._environment_ready and function is not None):
             return launcher.launch(to_run, *args, **kwargs)
@@ -318,11 +313,14 @@ class Fabric:
             # e.g. SLURM's auto-requeue signal handler, now that the global rank is known
             environment = getattr(self._strategy, "cluster_environment", None) or self._plan.cluster_environment
             environment._on_setup(self.global_rank)
-            self._prepare_loggers()
+            # now that the ranks are known: only rank 0 writes, and every rank uses the version folder rank 0 chose
+            _attach_rank(self._loggers, self.global_rank)
+            if self.world_size > 1:
+                _agree_on_versions(self._loggers, self.global_rank, partial(self._strategy.broadcast, src=0))
 
-    def _run_with_setup(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _run_with_setup(self, function: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> Any:
         self._setup_environment()
-        if function is _do_nothing:
+        if function is None:
             return None
         # the end of the launched function is the end of the run: write what the loggers buffered (under
         # ddp_fork the process then ends with os._exit, which skips the loggers' exit hooks)
@@ -338,12 +336,6 @@ class Fabric:
         if self.is_global_zero:
             finalize_loggers(self._loggers, "success")
         return result
-
-    def _prepare_loggers(self) -> None:
-        # now that the ranks are known: only rank 0 writes, and every rank uses the version folder rank 0 chose
-        _attach_rank(self._loggers, self.global_rank)
-        if self.world_size > 1:
-            _agree_on_versions(self._loggers, self.global_rank, partial(self._strategy.broadcast, src=0))
 
     def _validate_launched(self) -> None:
         if self._strategy.is_parallel and not self._launched:
@@ -428,7 +420,7 @@ class Fabric:
         else:
             module, wrapped = self._strategy.setup_module(module), []
         if compiler is not None:
-            module = reapply_compile(self._strategy, module, compiler)
+            module = self._strategy.compile_module(module, compiler)  # e.g. torch.compile(DDP(module))
         self._models_setup += 1
         return _FabricModule(module, self._strategy, original_module=original), wrapped
 
@@ -719,23 +711,22 @@ class Fabric:
         if self.world_size == 1:
             yield
             return
-        if not (dist.is_available() and dist.is_initialized()):
+        group = None
+        if dist.is_available() and dist.is_initialized():
+            group = dist.new_group(backend="gloo", timeout=timedelta(days=10000))
+            wait: Callable[[], Any] = partial(dist.barrier, group=group)
+        else:
             # processes without a torch.distributed group (Horovod): the strategy's own barrier orders them
-            if rank > 0:
-                self._strategy.barrier("rank_zero_first")
-            yield
-            if rank == 0:
-                self._strategy.barrier("rank_zero_first")
-            return
-        group = dist.new_group(backend="gloo", timeout=timedelta(days=10000))
+            wait = partial(self._strategy.barrier, "rank_zero_first")
         try:
             if rank > 0:
-                dist.barrier(group=group)
+                wait()
             yield
             if rank == 0:
-                dist.barrier(group=group)
+                wait()
         finally:
-            dist.destroy_process_group(group)
+            if group is not None:
+                dist.destroy_process_group(group)
 
     # ------------------------------------------------------------------ collectives
     def barrier(self, name: str | None = None) -> None:
@@ -826,14 +817,13 @@ class Fabric:
     def all_reduce(self, data: Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean") -> Any:
         """Reduce a tensor, a number, or every tensor/number in a (nested) collection across all processes.
 
-        In place: each tensor on :attr:`device` is overwritten with the result and returned (numbers become
-        int32/float32/uint8 tensors first, as in Lightning). ``reduce_op`` is ``"mean"`` (default; ``"avg"``),
-        ``"sum"``, ``"max"``, ``"min"``, ``"product"`` or a ``torch.distributed.ReduceOp``; an integer ``mean``
-        stays an integer, truncated toward zero. A collection is reduced with one collective per dtype. Every
-        process must call it with the same shapes, dtypes and order. With one process the data comes back as is,
-        except with ``strategy="dp"``, which reduces the elements of each tensor (the values ``DataParallel``
-        gathered from its replicas) into a new 0-dim tensor. On CUDA the shape check travels on the host and the
-        data stay on the device: no host-device synchronisation, as with a raw ``torch.distributed.all_reduce``.
+        In place: each tensor on :attr:`device` is overwritten with the result and returned (numbers become tensors
+        first, and CUDA data see no host-device synchronisation, as in :meth:`all_gather`). ``reduce_op`` is
+        ``"mean"`` (default; ``"avg"``), ``"sum"``, ``"max"``, ``"min"``, ``"product"`` or a
+        ``torch.distributed.ReduceOp``; an integer ``mean`` stays an integer, truncated toward zero. A collection is
+        reduced with one collective per dtype. Every process must call it with the same shapes, dtypes and order.
+        With one process the data comes back as is, except with ``strategy="dp"``, which reduces the elements of
+        each tensor (the values ``DataParallel`` gathered from its replicas) into a new 0-dim tensor.
 
         Example::
 

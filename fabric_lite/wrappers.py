@@ -491,14 +491,9 @@ def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
 
 def _set_sampler_epoch(dataloader: Any, epoch: int) -> None:
     """Call ``set_epoch(epoch)`` on the loader's sampler and on its batch sampler's sampler, where they have it."""
-    targets = []
     sampler = getattr(dataloader, "sampler", None)
-    if sampler is not None:
-        targets.append(sampler)
     inner = getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
-    if inner is not None and inner is not sampler:
-        targets.append(inner)
-    for target in targets:
+    for target in (sampler, None if inner is sampler else inner):
         set_epoch = getattr(target, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)

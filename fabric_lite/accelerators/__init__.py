@@ -17,16 +17,14 @@ from fabric_lite.accelerators.cuda import CUDAAccelerator, find_usable_cuda_devi
 from fabric_lite.accelerators.mps import MPSAccelerator
 from fabric_lite.accelerators.registry import _AcceleratorRegistry
 
-ACCELERATOR_REGISTRY = _AcceleratorRegistry()
-for _cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator):
-    _cls.register_accelerators(ACCELERATOR_REGISTRY)
-
 #: the built-in accelerators by name (what ``Fabric(accelerator="cuda")`` builds)
 ACCELERATORS: dict[str, type[Accelerator]] = {
-    "cpu": CPUAccelerator,
-    "cuda": CUDAAccelerator,
-    "mps": MPSAccelerator,
+    cls.name: cls for cls in (CPUAccelerator, CUDAAccelerator, MPSAccelerator)
 }
+
+ACCELERATOR_REGISTRY = _AcceleratorRegistry()
+for _cls in ACCELERATORS.values():
+    _cls.register_accelerators(ACCELERATOR_REGISTRY)
 
 __all__ = [
     "ACCELERATORS",

@@ -1,10 +1,9 @@
 """The import hook behind :mod:`fabric_lite.as_lightning`: two views of the ``lightning`` names in one process.
 
-A program written against Lightning Fabric (the *client*: a user's script, litgpt, its tests) imports
-``lightning.fabric.X``, ``lightning_fabric.X`` and ``lightning.Fabric``; under the hook these are fabric_lite's
-modules and objects. The real Lightning package, where it is installed, keeps working for what is not Fabric
-(``lightning.pytorch``: ``LightningModule``, ``LightningDataModule``, the Trainer, loggers, ``instantiate_class``),
-and that code needs the real Lightning Fabric underneath: it imports hundreds of Lightning Fabric's private names.
+A program written against Lightning Fabric (the *client*: a user's script, litgpt, its tests) meets fabric_lite
+under Lightning's names (see :mod:`fabric_lite.as_lightning`), while the real Lightning's other modules
+(``lightning.pytorch``: the Trainer, ``LightningModule``, loggers) need the real Lightning Fabric underneath: they
+import hundreds of Lightning Fabric's private names.
 
 One ``sys.modules`` cannot hold two modules named ``lightning.fabric``, so the real one is loaded under another
 name, ``_original_lightning__fabric`` (and ``_original_lightning_fabric`` for the standalone ``lightning_fabric``
@@ -161,9 +160,6 @@ class _ClientPackageLoader(importlib.abc.Loader):
     """``lightning.fabric`` / ``lightning_fabric`` themselves: fabric_lite's top-level names and submodules, with
     Lightning's ``__version__`` (clients compare it; ``__fabric_lite_version__`` has fabric_lite's)."""
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return None
-
     def exec_module(self, module: types.ModuleType) -> None:
         import fabric_lite
 
@@ -193,9 +189,6 @@ class _StandInLightningLoader(importlib.abc.Loader):
 
     def __init__(self, finder: LightningFinder) -> None:
         self._finder = finder
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
-        return None
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.__version__ = LIGHTNING_VERSION  # type: ignore[attr-defined]

@@ -12,22 +12,27 @@ as its path (``file:///tmp/logs`` is ``/tmp/logs``, which ``root_dir`` and ``log
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import torch.distributed as dist
 from typing_extensions import override
 
+from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
 from fabric_lite.loggers.logger import Logger
 from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
+from fabric_lite.utilities.logger import _add_prefix
+from fabric_lite.utilities.seed import _rank_and_world_size
 from fabric_lite.utilities.types import _PATH
 
 
 class _FolderLogger(Logger):
     """A logger that writes into ``root_dir/name/version`` on global rank 0 (shared by the CSV and TensorBoard
-    loggers)."""
+    loggers), through a writer (``_experiment``) created on first use and closed by ``_at_exit`` at the latest."""
 
-    def __init__(self, root_dir: _PATH, name: str | None, version: int | str | None) -> None:
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(self, root_dir: _PATH, name: str | None, version: int | str | None, prefix: str) -> None:
         root = os.fspath(root_dir)
         if _is_remote(root):
             _filesystem(root)  # refuse a protocol without its package now, not at the first logged value
@@ -44,6 +49,9 @@ class _FolderLogger(Logger):
         # a version chosen by scanning the disk must be the same on every rank: see _agree_on_versions
         self._version_is_automatic = version is None
         self._global_rank: int | None = None  # told by Fabric; otherwise torch.distributed's rank, else 0
+        self._prefix = prefix
+        self._experiment: Any = None
+        self._at_exit: weakref.finalize[Any, Any] | None = None
 
     @property
     @override
@@ -80,12 +88,14 @@ class _FolderLogger(Logger):
         state["_at_exit"] = None
         return state
 
+    def _scalars(self, metrics: Mapping[str, Any], caller: str) -> Mapping[str, Any]:
+        """``metrics`` checked (:func:`_check_metrics`), as numbers, each name with the prefix in front."""
+        _check_metrics(metrics, caller)
+        return _add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR)
+
     def _is_global_zero(self) -> bool:
-        if self._global_rank is not None:
-            return self._global_rank == 0
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank() == 0
-        return True
+        rank = self._global_rank if self._global_rank is not None else _rank_and_world_size()[0]
+        return rank == 0
 
     def _next_version(self) -> int:
         versions_root = os.path.join(self._root_dir, self._name)

@@ -15,10 +15,8 @@ from typing import Any
 from typing_extensions import override
 
 from fabric_lite.loggers._folder import _FolderLogger
-from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote
-from fabric_lite.utilities.logger import _add_prefix
 from fabric_lite.utilities.types import _PATH
 
 
@@ -52,7 +50,7 @@ class CSVLogger(_FolderLogger):
         fabric.log_dict({"loss": loss, "acc": 0.75}, step=0)
     """
 
-    LOGGER_JOIN_CHAR = "-"
+    _experiment: _ExperimentWriter | None
 
     def __init__(
         self,
@@ -62,7 +60,7 @@ class CSVLogger(_FolderLogger):
         prefix: str = "",
         flush_logs_every_n_steps: int = 100,
     ) -> None:
-        super().__init__(root_dir, name, version)
+        super().__init__(root_dir, name, version, prefix)
         if isinstance(flush_logs_every_n_steps, bool) or not isinstance(flush_logs_every_n_steps, int):
             raise TypeError(
                 f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps!r}) must be an int >= 1 (e.g. 100)."
@@ -71,10 +69,7 @@ class CSVLogger(_FolderLogger):
             raise ValueError(
                 f"CSVLogger(flush_logs_every_n_steps={flush_logs_every_n_steps}) must be >= 1 (1 writes every row)."
             )
-        self._prefix = prefix
         self._flush_logs_every_n_steps = flush_logs_every_n_steps
-        self._experiment: _ExperimentWriter | None = None
-        self._at_exit: weakref.finalize[Any, Any] | None = None
         # rows logged since the last row whose step ended a flush period, or since save(): the rows Lightning's
         # CSVLogger would hold in its buffer, whose count is the step it writes for a row logged without one
         self._rows_in_period = 0
@@ -113,8 +108,7 @@ class CSVLogger(_FolderLogger):
         """
         if not self._is_global_zero():
             return
-        _check_metrics(metrics, "CSVLogger.log_metrics")
-        row = dict(_add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR))
+        row = dict(self._scalars(metrics, "CSVLogger.log_metrics"))
         writer = self._writer()
         if step is None:
             step = self._rows_in_period

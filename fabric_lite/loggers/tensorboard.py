@@ -23,10 +23,9 @@ from torch.nn import Module
 from typing_extensions import override
 
 from fabric_lite.loggers._folder import _FolderLogger
-from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
+from fabric_lite.loggers._metrics import _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote
-from fabric_lite.utilities.logger import _add_prefix
 from fabric_lite.utilities.types import _PATH
 
 _Backend = Literal["tensorboard", "tensorboardX"]
@@ -63,14 +62,11 @@ class TensorBoardLogger(_FolderLogger):
     configuration.
 
     Args:
-        root_dir: the folder that holds every experiment: a local path, a ``file://`` URL (taken as its local
-            path) or an fsspec URL such as ``s3://bucket/logs`` (``pip install 'fabric-lite[remote]'``).
-        name: the experiment's folder under ``root_dir``; ``None`` or ``""`` puts the versions in ``root_dir``.
+        root_dir, name, prefix: as for ``CSVLogger``.
         version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
             ``version_N`` (with Fabric, global rank 0 chooses it for every rank).
         default_hp_metric: have :meth:`log_hyperparams` without metrics log ``hp_metric = -1``, which TensorBoard
             needs to show the hyperparameters.
-        prefix: put in front of every metric name, joined with ``"-"``.
         sub_dir: a folder inside the version folder to write into (e.g. ``"train"``).
         \**kwargs: passed to ``SummaryWriter`` (e.g. ``flush_secs=30``, ``max_queue=100``).
 
@@ -87,8 +83,6 @@ class TensorBoardLogger(_FolderLogger):
         fabric.log("loss", loss, step=0)
         logger.log_hyperparams({"lr": 0.1, "batch_size": 32})
     """
-
-    LOGGER_JOIN_CHAR = "-"
 
     def __init__(
         self,
@@ -107,14 +101,11 @@ class TensorBoardLogger(_FolderLogger):
                 " Install it with `pip install tensorboard` (or `pip install 'fabric-lite[tensorboard]'`), or log"
                 " with fabric_lite.loggers.CSVLogger, which needs nothing extra."
             )
-        super().__init__(root_dir, name, version)
+        super().__init__(root_dir, name, version, prefix)
         self._backend: _Backend = backend
         self._default_hp_metric = default_hp_metric
-        self._prefix = prefix
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._kwargs = kwargs
-        self._experiment: Any = None
-        self._at_exit: weakref.finalize[Any, Any] | None = None
 
     @property
     @override
@@ -168,11 +159,11 @@ class TensorBoardLogger(_FolderLogger):
         """
         if not self._is_global_zero():
             return
-        _check_metrics(metrics, "TensorBoardLogger.log_metrics")
+        scalars = self._scalars(metrics, "TensorBoardLogger.log_metrics")
         # created outside the `try` below: a writer that cannot be created (a missing package, an unreachable
         # store) must raise its own error, not one that blames the value
         experiment = self.experiment
-        for name, value in _add_prefix(_to_scalars(metrics), self._prefix, self.LOGGER_JOIN_CHAR).items():
+        for name, value in scalars.items():
             if isinstance(value, dict):
                 experiment.add_scalars(name, value, step)
                 continue

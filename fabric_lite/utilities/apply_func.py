@@ -18,7 +18,8 @@ def _from_numpy(value: np.ndarray[Any, Any], device: torch.device | str | int) -
 
 
 #: ``(type, converter)`` pairs: how :func:`convert_to_tensors` turns Python and NumPy values into tensors
-#: (``converter(value, device=device)``); bool becomes uint8 because NCCL cannot reduce bool tensors
+#: (``converter(value, device=device)``), in order. The dtypes are Lightning Fabric's, so that results are identical:
+#: bool -> uint8 (NCCL cannot reduce bool tensors), int -> int32, float -> float32; NumPy arrays keep their dtype
 CONVERSION_DTYPES: list[tuple[Any, Callable[..., Tensor]]] = [
     (bool, partial(torch.tensor, dtype=torch.uint8)),
     (int, partial(torch.tensor, dtype=torch.int)),
@@ -77,18 +78,10 @@ def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
 
 
 def _to_tensor(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
-    # The dtypes follow Lightning Fabric so that results are identical: bool -> uint8 (NCCL has no bool),
-    # int -> int32, float -> float32, numpy arrays keep their dtype.
-    if isinstance(leaf, Tensor):
-        return _move(leaf, device, non_blocking)
-    if isinstance(leaf, bool):
-        return torch.tensor(leaf, dtype=torch.uint8, device=device)
-    if isinstance(leaf, int):
-        return torch.tensor(leaf, dtype=torch.int, device=device)
-    if isinstance(leaf, float):
-        return torch.tensor(leaf, dtype=torch.float, device=device)
-    if isinstance(leaf, np.ndarray):
-        return torch.from_numpy(leaf).to(device)
+    if not isinstance(leaf, Tensor):
+        for kind, convert in CONVERSION_DTYPES:
+            if isinstance(leaf, kind):
+                return convert(leaf, device=device)
     return _move(leaf, device, non_blocking)
 
 

@@ -118,11 +118,7 @@ def _lazy_load(filename: _PATH, *, weights_only: bool = True) -> Any:
     if not os.path.isfile(filename):
         raise FileNotFoundError(f"Path {str(filename)!r} does not exist or is not a file.")
     loaded = _torch_load(filename, str(filename), weights_only, "cpu", mmap=True)
-
-    def wrap(tensor: torch.Tensor) -> _NotYetLoadedTensor:
-        return _NotYetLoadedTensor(tensor)
-
-    return apply_to_collection(loaded, torch.Tensor, wrap)
+    return apply_to_collection(loaded, torch.Tensor, _NotYetLoadedTensor)
 
 
 def _materialize_tensors(collection: Any) -> Any:

@@ -17,8 +17,9 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TextIO, TypeVar
 
-import torch.distributed as dist
 from torch import Tensor
+
+from fabric_lite.utilities.seed import _rank_and_world_size
 
 if TYPE_CHECKING:
     from fabric_lite.fabric import Fabric
@@ -188,12 +189,7 @@ def progress_bar(
             for x, y in loader:
                 bar.update(len(x))
     """
-    if fabric is not None:
-        shown = fabric.is_global_zero
-    elif dist.is_available() and dist.is_initialized():
-        shown = dist.get_rank() == 0
-    else:
-        shown = True
+    shown = fabric.is_global_zero if fabric is not None else _rank_and_world_size()[0] == 0
     return ProgressBar(
         iterable,
         total=total,

@@ -59,6 +59,10 @@ class _RunningMean:
         return sum(s for s, _ in self.updates) / count if count else float("nan")
 
 
+#: the constructor arguments of :class:`SpikeDetection` that its state dict holds as they are
+_SETTINGS = ("mode", "warmup", "atol", "rtol")
+
+
 class SpikeDetection:
     """A Fabric callback that raises :class:`TrainingSpikeException` when the loss jumps away from its running mean.
 
@@ -180,10 +184,7 @@ class SpikeDetection:
         last = self.last_val.item() if isinstance(self.last_val, torch.Tensor) else self.last_val
         return {
             "last_val": last,
-            "mode": self.mode,
-            "warmup": self.warmup,
-            "atol": self.atol,
-            "rtol": self.rtol,
+            **{name: getattr(self, name) for name in _SETTINGS},
             "bad_batches": list(self.bad_batches),
             "bad_batches_path": None if self.exclude_batches_path is None else str(self.exclude_batches_path),
             "running": [list(update) for update in self.running_mean.updates],
@@ -197,10 +198,8 @@ class SpikeDetection:
             spike_detection.load_state_dict(checkpoint["spike"])
         """
         self.last_val = state_dict["last_val"]
-        self.mode = state_dict["mode"]
-        self.warmup = state_dict["warmup"]
-        self.atol = state_dict["atol"]
-        self.rtol = state_dict["rtol"]
+        for name in _SETTINGS:
+            setattr(self, name, state_dict[name])
         self.bad_batches = list(state_dict["bad_batches"])
         self.exclude_batches_path = state_dict["bad_batches_path"]
         self.running_mean.updates.clear()

@@ -222,10 +222,8 @@ class ThroughputMonitor(Throughput):
         super().__init__(available_flops=available_flops, world_size=fabric.world_size, **kwargs)
         self._fabric = fabric
         self.step = -1
-        self.update = rank_zero_only(self.update)  # type: ignore[method-assign]
-        self.compute = rank_zero_only(self.compute, default={})  # type: ignore[method-assign]
-        self.compute_and_log = rank_zero_only(self.compute_and_log, default={})  # type: ignore[method-assign]
-        self.reset = rank_zero_only(self.reset)  # type: ignore[method-assign]
+        for name, default in (("update", None), ("compute", {}), ("compute_and_log", {}), ("reset", None)):
+            setattr(self, name, rank_zero_only(getattr(self, name), default=default))
 
     def compute_and_log(self, step: int | None = None, **kwargs: Any) -> _THROUGHPUT_METRICS:
         """:meth:`compute` and ``fabric.log_dict(metrics, step)``; ``step`` defaults to one more than the last.
