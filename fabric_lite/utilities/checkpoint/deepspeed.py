@@ -12,8 +12,7 @@ plus fabric_lite's index::
 
 The user's other entries travel as DeepSpeed's "client state" (in the model-states file rank 0 writes). An entry
 whose name DeepSpeed uses itself (``lr_scheduler``, ``global_steps``, ...) is stored under ``fabric_lite:<name>``,
-so that neither overwrites the other. Saving is atomic: every rank writes into a temporary folder beside the target,
-and rank 0 swaps it into place, so ``path`` always holds the previous checkpoint or the complete new one.
+so that neither overwrites the other. Saving is atomic (:func:`~fabric_lite.utilities.checkpoint.folders.save_folder`).
 
 DeepSpeed is imported inside the functions, never at module level.
 """
