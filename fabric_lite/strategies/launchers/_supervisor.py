@@ -185,12 +185,11 @@ class ProcessSupervisor:
                     continue
                 if child.global_rank in reported:
                     continue
+                reported.add(child.global_rank)
                 if code == 0:
                     if not self._main_exiting.is_set():
                         self._early_exits.append(child)
-                    reported.add(child.global_rank)
                     continue
-                reported.add(child.global_rank)
                 failure = self._failure(child, code)
                 if not failure.secondary:
                     self._on_failure(failure)

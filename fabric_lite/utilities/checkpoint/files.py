@@ -185,14 +185,14 @@ def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any =
         FileNotFoundError: there is no file at ``path``.
         CheckpointError: the file is empty, truncated, not a checkpoint, or holds objects ``weights_only`` refuses.
     """
+    safe = True if weights_only is None else weights_only
     if _is_remote(path):
-        return _load_from_url(str(path), True if weights_only is None else weights_only, map_location)
+        return _load_from_url(str(path), safe, map_location)
     target = Path(_local_path(path))
     if not target.is_file():
         if target.is_dir():
             raise CheckpointError(f"Cannot load {str(target)!r}: it is a folder, not a checkpoint file.")
         raise FileNotFoundError(f"Checkpoint file not found: {str(target)!r}.")
-    safe = True if weights_only is None else weights_only
     if target.stat().st_size == 0:
         raise CheckpointError(f"The checkpoint {str(target)!r} is empty (0 bytes): it is incomplete or corrupt.")
     return _torch_load(target, str(target), safe, map_location)
