@@ -320,7 +320,7 @@ class ReportOnTerm:
         self.build = build
         self.on_exit = on_exit
         self.lock = threading.Lock()
-        self._watch = WakeupWatch(self._on_signal, "fabric_lite-hang-report")
+        self._watch = WakeupWatch()
 
     def _on_term(self, signum: int, frame: object) -> None:
         """The Python-level handler: nothing (the watching thread acts, whatever the main thread is doing)."""
@@ -329,7 +329,9 @@ class ReportOnTerm:
         """Start watching; ``False`` where SIGTERM or the wake-up fd is someone else's, or not in the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return False
-        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL or not self._watch.start():
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            return False
+        if not self._watch.start(self._on_signal, "fabric_lite-hang-report"):
             return False
         signal.signal(signal.SIGTERM, self._on_term)
         return True
@@ -365,13 +367,11 @@ class ReportOnTerm:
 
 
 class WakeupWatch:
-    """A daemon thread that reads Python's signal wake-up fd and calls ``handle(signum)`` for every signal that reached
-    a Python handler, whatever the main thread is doing (a handler itself runs only between the main thread's
+    """A daemon thread that reads Python's signal wake-up fd and calls a handler for every signal that reached a
+    Python handler, whatever the main thread is doing (a handler itself runs only between the main thread's
     bytecodes, never while it is blocked in C). Start and stop it from the main thread."""
 
-    def __init__(self, handle: Callable[[int], None], name: str) -> None:
-        self._handle = handle
-        self._name = name
+    def __init__(self) -> None:
         self._write_fd: int | None = None
         self._thread: threading.Thread | None = None
 
@@ -380,9 +380,9 @@ class WakeupWatch:
         """Whether the wake-up fd is ours (from :meth:`start` to :meth:`stop`)."""
         return self._write_fd is not None
 
-    def start(self) -> bool:
-        """Make a pipe the wake-up fd and start the thread; ``False``, nothing changed, where the program has a wake-up
-        fd of its own (an asyncio loop, say)."""
+    def start(self, handle: Callable[[int], None], name: str) -> bool:
+        """Make a pipe the wake-up fd and start the thread ``name``, which calls ``handle(signum)``; ``False``, nothing
+        changed, where the program has a wake-up fd of its own (an asyncio loop, say)."""
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -392,15 +392,17 @@ class WakeupWatch:
             os.close(write_fd)
             return False
         self._write_fd = write_fd
-        self._thread = threading.Thread(target=self._run, args=(read_fd,), name=self._name, daemon=True)
+        # the handler goes to the thread only, which drops it when it ends: held here, it would keep its owner alive
+        self._thread = threading.Thread(target=self._run, args=(read_fd, handle), name=name, daemon=True)
         self._thread.start()
         return True
 
-    def _run(self, read_fd: int) -> None:
+    @staticmethod
+    def _run(read_fd: int, handle: Callable[[int], None]) -> None:
         try:
             while data := os.read(read_fd, 64):
                 for signum in data:
-                    self._handle(signum)
+                    handle(signum)
         except OSError:
             return
         finally:

@@ -81,7 +81,7 @@ class ForwardSignals:
         self._stop = stop
         self._previous: dict[int, Any] = {}
         self._handling = False
-        self._watch = WakeupWatch(self._kick, "fabric_lite-signals")
+        self._watch = WakeupWatch()
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -92,7 +92,7 @@ class ForwardSignals:
                 self._previous[signum] = current
                 signal.signal(signum, self._forward)
         if self._previous:
-            self._watch.start()
+            self._watch.start(self._kick, "fabric_lite-signals")
 
     def _kick(self, signum: int) -> None:
         # Repeat until the handler runs: a signal that lands on the main thread after its last check but
