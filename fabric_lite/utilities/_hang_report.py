@@ -320,8 +320,7 @@ class ReportOnTerm:
         self.build = build
         self.on_exit = on_exit
         self.lock = threading.Lock()
-        self._fds: tuple[int, int] | None = None
-        self._thread: threading.Thread | None = None
+        self._watch = WakeupWatch()
 
     def _on_term(self, signum: int, frame: object) -> None:
         """The Python-level handler: nothing (the watching thread acts, whatever the main thread is doing)."""
@@ -332,45 +331,20 @@ class ReportOnTerm:
             return False
         if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
             return False
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        if signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False) != -1:  # the program's own: put it back
-            signal.set_wakeup_fd(-1)
-            os.close(read_fd)
-            os.close(write_fd)
+        if not self._watch.start(self._on_signal, "fabric_lite-hang-report"):
             return False
         signal.signal(signal.SIGTERM, self._on_term)
-        self._fds = (read_fd, write_fd)
-        self._thread = threading.Thread(
-            target=self._watch, args=(read_fd,), name="fabric_lite-hang-report", daemon=True
-        )
-        self._thread.start()
         return True
 
-    def _watch(self, read_fd: int) -> None:
-        try:
-            while True:
-                data = os.read(read_fd, 64)
-                if not data:
-                    return
-                if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) == self._on_term:
-                    self._terminate()
-        except OSError:
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                os.close(read_fd)
+    def _on_signal(self, signum: int) -> None:
+        if signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) == self._on_term:
+            self._terminate()
 
     def _terminate(self) -> None:
         with self.lock:
             views = read_trails(self.run_dir)
             if any(rank != self.own_rank and not _alive(view) for rank, view in views.items()):
-                try:
-                    block = self.build()
-                    if block:
-                        sys.stderr.write(block + "\n")
-                except Exception as err:  # a diagnosis aid: the process ends all the same
-                    sys.stderr.write(f"fabric_lite: no hang report ({type(err).__name__}: {err})\n")
+                print_report(self.build, lambda block: sys.stderr.write(block + "\n"))
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -385,19 +359,85 @@ class ReportOnTerm:
 
     def uninstall(self) -> None:
         """Stop watching and give SIGTERM its default action back (from the main thread)."""
-        if self._fds is None or threading.current_thread() is not threading.main_thread():
+        if not self._watch.active or threading.current_thread() is not threading.main_thread():
             return
-        write_fd = self._fds[1]
-        self._fds = None
         if signal.getsignal(signal.SIGTERM) == self._on_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        current = signal.set_wakeup_fd(-1)
-        if current not in (-1, write_fd):  # replaced meanwhile: leave the new one
-            signal.set_wakeup_fd(current)
-        os.close(write_fd)  # the watching thread reads EOF and ends
+        self._watch.stop(timeout=5.0)
+
+
+class WakeupWatch:
+    """A daemon thread that reads Python's signal wake-up fd and calls a handler for every signal that reached a
+    Python handler, whatever the main thread is doing (a handler itself runs only between the main thread's
+    bytecodes, never while it is blocked in C). Start and stop it from the main thread."""
+
+    def __init__(self) -> None:
+        self._write_fd: int | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether the wake-up fd is ours (from :meth:`start` to :meth:`stop`)."""
+        return self._write_fd is not None
+
+    def start(self, handle: Callable[[int], None], name: str) -> bool:
+        """Make a pipe the wake-up fd and start the thread ``name``, which calls ``handle(signum)``; ``False``, nothing
+        changed, where the program has a wake-up fd of its own (an asyncio loop, say)."""
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if previous != -1:  # the program's own: put it back
+            signal.set_wakeup_fd(previous)
+            os.close(read_fd)
+            os.close(write_fd)
+            return False
+        self._write_fd = write_fd
+        # the handler goes to the thread only, which drops it when it ends: held here, it would keep its owner alive
+        self._thread = threading.Thread(target=self._run, args=(read_fd, handle), name=name, daemon=True)
+        self._thread.start()
+        return True
+
+    @staticmethod
+    def _run(read_fd: int, handle: Callable[[int], None]) -> None:
+        try:
+            while data := os.read(read_fd, 64):
+                for signum in data:
+                    handle(signum)
+        except OSError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(read_fd)
+
+    def stop(self, timeout: float) -> None:
+        """Give the wake-up fd back, and wait up to ``timeout`` seconds for the thread to end."""
+        if self._write_fd is not None:
+            write_fd, self._write_fd = self._write_fd, None
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, write_fd):  # replaced meanwhile: leave the new one
+                signal.set_wakeup_fd(current)
+            os.close(write_fd)  # the thread reads EOF and ends
         if self._thread is not None:
-            self._thread.join(timeout=5.0)
+            self._thread.join(timeout=timeout)
             self._thread = None
+
+
+def print_report(build: Callable[[], str | None], write: Callable[[str], object]) -> None:
+    """``write`` the block ``build`` returns (nothing where another process reports), or why there is none: a
+    diagnosis aid never stands in the way of stopping the job."""
+    try:
+        block = build()
+    except Exception as err:
+        block = f"fabric_lite: no hang report ({type(err).__name__}: {err})"
+    if block:
+        write(block)
+
+
+def how_it_ended(code: int) -> str:
+    """``killed by SIGKILL`` for an exit code that is a signal's (negative), else ``exited with code 1``."""
+    if code < 0 and -code in signal.Signals._value2member_map_:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 # ---------------------------------------------------------------------------------------------- formatting
@@ -408,12 +448,7 @@ def _seconds(ns: int) -> str:
 def _status(rank: int, view: TrailView | None, exit_codes: Mapping[int, int]) -> str:
     code = exit_codes.get(rank)
     if code is not None:
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"exited with code {code}"
-        return f"exited with code {code}"
+        return how_it_ended(code)
     if view is not None and _alive(view):
         return "alive"
     return "gone"

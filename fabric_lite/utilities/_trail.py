@@ -226,18 +226,14 @@ class Trail:
         # hashes its bytecode, a microsecond or more
         frame: Any = _getframe(depth + 1)
         codes = self._codes
-        code = frame.f_code
-        entry = codes.get(id(code))
-        if entry is None or entry[0] is not code:
-            entry = self._code(code)
-        while entry[1]:  # fabric_lite's own frame: the user's is further out
-            frame = frame.f_back
-            if frame is None:
-                break
+        while frame is not None:
             code = frame.f_code
             entry = codes.get(id(code))
             if entry is None or entry[0] is not code:
                 entry = self._code(code)
+            if not entry[1]:
+                break
+            frame = frame.f_back  # fabric_lite's own frame: the user's is further out
         site = UNKNOWN
         if frame is not None:
             # keyed by the bytecode offset: the line number is worked out from it, at a cost of microseconds
@@ -351,8 +347,7 @@ class Trail:
         if remove:
             self._remove_files(self.rank)
             # the files of ranks that died (a SIGKILL leaves them): nobody else will remove them
-            others = read_trails(self.run_dir)
-            for view in others.values():
+            for view in read_trails(self.run_dir).values():
                 if process_start_time(view.pid) != view.start_time:
                     self._remove_files(view.rank)
             if not read_trails(self.run_dir):  # the last rank out removes the folder

@@ -9,10 +9,7 @@ module's state dict as ``module.state_dict()`` gives it (it loads anywhere, with
 state keyed by parameter name. It needs no process group and no GPU, but the memory to hold the whole checkpoint.
 The command line is Lightning's ``fabric consolidate``: without ``--output_file`` the file is written beside the
 folder, named after it with the suffix ``.consolidated``, and an existing file is never overwritten. The same from
-Python: :func:`fabric_lite.utilities.consolidate_checkpoint`.
-
-A DeepSpeed folder becomes ``{model_key: float32 weights, **other entries}``, through DeepSpeed's
-``get_fp32_state_dict_from_zero_checkpoint`` (DeepSpeed must be installed; the optimizer state is left out).
+Python: :func:`fabric_lite.utilities.consolidate_checkpoint`, which says what a DeepSpeed folder becomes.
 """
 
 from __future__ import annotations

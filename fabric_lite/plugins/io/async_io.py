@@ -74,6 +74,11 @@ class AsyncCheckpointIO(CheckpointIO):
     def _stage(self, checkpoint: Any) -> Any:
         """A copy of ``checkpoint`` whose tensors are new host tensors (kept and reused by the next call: valid until
         then, which is why only one save may be in flight). Where CUDA is in use, the copy is in pinned memory."""
+        return self._dcp_stager.stage(checkpoint)
+
+    @property
+    def _dcp_stager(self) -> Any:
+        """The ``DefaultStager`` (``torch.distributed.checkpoint``) that :meth:`_stage` uses; made on first use."""
         if self._stager is None:
             import torch
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -84,13 +89,6 @@ class AsyncCheckpointIO(CheckpointIO):
                     use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=cuda
                 )
             )
-        return self._stager.stage(checkpoint)
-
-    @property
-    def _dcp_stager(self) -> Any:
-        """The ``DefaultStager`` (``torch.distributed.checkpoint``) that :meth:`_stage` uses; made on first use."""
-        if self._stager is None:
-            self._stage({})
         return self._stager
 
     @override

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, is_secondary
-from fabric_lite.utilities._hang_report import wait_for_reporter, without_block
+from fabric_lite.utilities._hang_report import collect, print_report, wait_for_reporter, without_block
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
 _MAX_REPORT = 60_000
@@ -185,12 +185,11 @@ class ProcessSupervisor:
                     continue
                 if child.global_rank in reported:
                     continue
+                reported.add(child.global_rank)
                 if code == 0:
                     if not self._main_exiting.is_set():
                         self._early_exits.append(child)
-                    reported.add(child.global_rank)
                     continue
-                reported.add(child.global_rank)
                 failure = self._failure(child, code)
                 if not failure.secondary:
                     self._on_failure(failure)
@@ -271,20 +270,17 @@ class ProcessSupervisor:
 
     def _report(self, reason: str) -> None:
         """Print where every rank was (the hang report), unless a rank has printed it already."""
-        if self.run_dir is None:
+        run_dir = self.run_dir
+        if run_dir is None:
             return
-        from fabric_lite.utilities._hang_report import collect
-
         codes = {c.global_rank: c.process.returncode for c in self.children if c.process.returncode is not None}
         pids = {0: os.getpid(), **{c.global_rank: c.process.pid for c in self.children}}
-        try:
-            block = collect(
-                self.run_dir, reason=reason, exit_codes=codes, pids=pids, world_size=self.world_size, own_rank=0
-            )
-        except Exception as err:  # a diagnosis aid: never in the way of stopping the job
-            block = f"fabric_lite: no hang report ({type(err).__name__}: {err})"
-        if block:
-            _stderr(block)
+        print_report(
+            lambda: collect(
+                run_dir, reason=reason, exit_codes=codes, pids=pids, world_size=self.world_size, own_rank=0
+            ),
+            _stderr,
+        )
 
     def _remove_run_dir(self) -> None:
         if self.run_dir is not None:

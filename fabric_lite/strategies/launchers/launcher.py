@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -13,6 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
+
+from fabric_lite.utilities._hang_report import WakeupWatch
 
 # set by fabric_lite's launchers in the environment of the processes they start
 ENV_PARENT_PID = "FABRIC_LITE_PARENT_PID"
@@ -67,12 +68,11 @@ class ForwardSignals:
     handlers are replaced, and only from the main thread: a handler of the user's own is left alone. The previous
     handlers come back on :meth:`restore`.
 
-    Python runs a handler only between bytecodes of the main thread. A signal delivered to another thread (torch's
-    store and gloo threads included), or to the main thread just after its last check and before it blocks in a
-    system call (``time.sleep``, a wait), is only flagged, and the handler would wait for that call to return,
-    minutes later; seen here in about 1 of 40 launches. So a small thread watches Python's signal wake-up fd and
-    redirects the signal to the main thread with ``pthread_kill``, repeating until the handler has started.
-    (Skipped when the program has a wake-up fd of its own, e.g. an asyncio loop.)
+    A signal delivered to another thread (torch's store and gloo threads included), or to the main thread just
+    before it blocks in a system call (``time.sleep``, a wait), is only flagged, and the handler would wait for that
+    call to return, minutes later; seen here in about 1 of 40 launches. So a
+    :class:`~fabric_lite.utilities._hang_report.WakeupWatch` redirects the signal to the main thread with
+    ``pthread_kill``, repeating until the handler has started (not where the program has a wake-up fd of its own).
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -81,8 +81,7 @@ class ForwardSignals:
         self._stop = stop
         self._previous: dict[int, Any] = {}
         self._handling = False
-        self._wakeup: tuple[int, int] | None = None
-        self._watcher: threading.Thread | None = None
+        self._watch = WakeupWatch()
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -93,47 +92,19 @@ class ForwardSignals:
                 self._previous[signum] = current
                 signal.signal(signum, self._forward)
         if self._previous:
-            self._watch_wakeup_fd()
+            self._watch.start(self._kick, "fabric_lite-signals")
 
-    def _watch_wakeup_fd(self) -> None:
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        if previous != -1:  # the program watches signals itself: leave its fd in place
-            signal.set_wakeup_fd(previous)
-            os.close(read_fd)
-            os.close(write_fd)
-            return
-        self._wakeup = (read_fd, write_fd)
+    def _kick(self, signum: int) -> None:
+        # Repeat until the handler runs: a signal that lands on the main thread after its last check but
+        # before it blocks (e.g. entering time.sleep) only flags the handler, and sleeps on; so can a kick.
         main = threading.main_thread().ident
-        watched = {int(s) for s in self._previous}
-
-        def watch() -> None:
-            try:
-                while True:
-                    data = os.read(read_fd, 64)
-                    if not data:
-                        return
-                    for signum in data:
-                        if signum in watched and main is not None:
-                            kick(main, signum)
-            except OSError:
+        if signum not in self._previous or main is None:
+            return
+        for _ in range(_KICKS):
+            if self._handling or not self._watch.active:
                 return
-            finally:
-                with contextlib.suppress(OSError):
-                    os.close(read_fd)
-
-        def kick(main: int, signum: int) -> None:
-            # Repeat until the handler runs: a signal that lands on the main thread after its last check but
-            # before it blocks (e.g. entering time.sleep) only flags the handler, and sleeps on; so can a kick.
-            for _ in range(_KICKS):
-                if self._handling or self._wakeup is None:
-                    return
-                signal.pthread_kill(main, signum)
-                time.sleep(_KICK_INTERVAL)
-
-        self._watcher = threading.Thread(target=watch, name="fabric_lite-signals", daemon=True)
-        self._watcher.start()
+            signal.pthread_kill(main, signum)
+            time.sleep(_KICK_INTERVAL)
 
     def restore(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -142,17 +113,8 @@ class ForwardSignals:
             if signal.getsignal(signum) == self._forward:
                 signal.signal(signum, previous)
         self._previous.clear()
-        if self._wakeup is not None:
-            _, write_fd = self._wakeup
-            self._wakeup = None
-            current = signal.set_wakeup_fd(-1)
-            if current not in (-1, write_fd):  # someone replaced ours meanwhile: leave theirs
-                signal.set_wakeup_fd(current)
-            os.close(write_fd)  # the watching thread reads EOF and ends
-        if self._watcher is not None:
-            # wait for it: a launch that returned holds no thread of ours (on a busy machine it can take a moment)
-            self._watcher.join(timeout=_WATCHER_EXIT_S)
-            self._watcher = None
+        # wait for the thread: a launch that returned holds no thread of ours (on a busy machine it can take a moment)
+        self._watch.stop(timeout=_WATCHER_EXIT_S)
 
     def _forward(self, signum: int, frame: Any) -> None:
         if self._handling:  # the same signal redirected to this thread while it is already being handled

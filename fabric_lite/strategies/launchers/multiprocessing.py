@@ -22,7 +22,14 @@ from typing_extensions import override
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_parent, is_secondary
 from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
 from fabric_lite.utilities import _trail
-from fabric_lite.utilities._hang_report import BLOCK_START, find_block, wait_for_reporter
+from fabric_lite.utilities._hang_report import (
+    BLOCK_START,
+    collect,
+    find_block,
+    how_it_ended,
+    print_report,
+    wait_for_reporter,
+)
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -214,26 +221,16 @@ def _supervise(
 
 def _report(run_dir: str, workers: list[Any], root: int, first_rank: int, world: int | None) -> None:
     """Print where every rank was when worker ``root`` ended (the hang report), unless a rank printed it already."""
-    from fabric_lite.utilities._hang_report import collect
-
-    code = workers[root].exitcode
-    how = (
-        f"killed by {signal.Signals(-code).name}"
-        if code < 0 and -code in signal.Signals._value2member_map_
-        else (f"exited with code {code}")
-    )
-    try:
-        block = collect(
+    print_report(
+        lambda: collect(
             run_dir,
-            reason=f"rank {first_rank + root} {how}",
+            reason=f"rank {first_rank + root} {how_it_ended(workers[root].exitcode)}",
             exit_codes={first_rank + i: w.exitcode for i, w in enumerate(workers) if w.exitcode is not None},
             pids={first_rank + i: w.pid for i, w in enumerate(workers) if w.pid is not None},
             world_size=world,
-        )
-    except Exception as err:  # a diagnosis aid: never in the way of stopping the job
-        block = f"fabric_lite: no hang report ({type(err).__name__}: {err})"
-    if block:
-        print(block, file=sys.stderr, flush=True)
+        ),
+        lambda block: print(block, file=sys.stderr, flush=True),
+    )
 
 
 def _stop(workers: list[Any], grace: float) -> None:

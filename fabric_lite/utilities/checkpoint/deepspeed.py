@@ -12,8 +12,7 @@ plus fabric_lite's index::
 
 The user's other entries travel as DeepSpeed's "client state" (in the model-states file rank 0 writes). An entry
 whose name DeepSpeed uses itself (``lr_scheduler``, ``global_steps``, ...) is stored under ``fabric_lite:<name>``,
-so that neither overwrites the other. Saving is atomic: every rank writes into a temporary folder beside the target,
-and rank 0 swaps it into place, so ``path`` always holds the previous checkpoint or the complete new one.
+so that neither overwrites the other. Saving is atomic (:func:`~fabric_lite.utilities.checkpoint.folders.save_folder`).
 
 DeepSpeed is imported inside the functions, never at module level.
 """
@@ -31,10 +30,10 @@ from torch.optim import Optimizer
 
 from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import folders
-from fabric_lite.utilities.checkpoint.entries import restore_entries, to_state_dicts
+from fabric_lite.utilities.checkpoint.entries import load_or_replace, restore_entries, to_state_dicts
 from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
 from fabric_lite.utilities.imports import import_deepspeed
-from fabric_lite.utilities.types import _PATH, _Stateful
+from fabric_lite.utilities.types import _PATH
 
 #: DeepSpeed's tag: the subfolder holding the partitions (Lightning Fabric's name for it)
 TAG = "checkpoint"
@@ -216,14 +215,9 @@ def load(path: _PATH, state: dict[str, Any], strict: bool) -> dict[str, Any]:
             " checkpoint folder, or a single checkpoint file."
         )
     entries = _user_entries(index, client)
-    for key, obj in list(state.items()):
-        if key == module_key or key in optimizer_keys or key not in entries:
-            continue
-        value = client[entries[key]]
-        if isinstance(obj, _Stateful) and not isinstance(obj, type):
-            obj.load_state_dict(value)
-        else:
-            state[key] = value
+    for key in list(state):
+        if key != module_key and key not in optimizer_keys and key in entries:
+            load_or_replace(state, key, client[entries[key]])
     return {key: client[stored] for key, stored in entries.items() if key not in state}
 
 

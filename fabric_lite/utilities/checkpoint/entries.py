@@ -75,11 +75,12 @@ def restore_entries(
     path: Any,
     strict: bool,
     load_module: Callable[[Module, Any], Any],
+    load_optimizer: Callable[[Optimizer, Any], Any] | None = None,
 ) -> None:
     """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
-    ``load_module``, optimizers and stateful objects through ``load_state_dict``, plain values by replacement (in
-    ``state``); what is left in ``checkpoint`` is the remainder. With ``strict``, an entry of ``state`` that the
-    checkpoint lacks raises ``KeyError`` naming both sides.
+    ``load_module``, optimizers through ``load_optimizer`` (by default, like other stateful objects, through their
+    ``load_state_dict``), plain values by replacement (in ``state``); what is left in ``checkpoint`` is the remainder.
+    With ``strict``, an entry of ``state`` that the checkpoint lacks raises ``KeyError`` naming both sides.
 
     Example::
 
@@ -94,7 +95,16 @@ def restore_entries(
         value = checkpoint.pop(key)
         if isinstance(obj, Module):
             load_module(obj, value)
-        elif isinstance(obj, (Optimizer, _Stateful)) and not isinstance(obj, type):
-            obj.load_state_dict(value)
+        elif isinstance(obj, Optimizer) and load_optimizer is not None:
+            load_optimizer(obj, value)
         else:
-            state[key] = value
+            load_or_replace(state, key, value)
+
+
+def load_or_replace(state: dict[str, Any], key: str, value: Any) -> None:
+    """Load ``value`` into ``state[key]`` where that is a stateful object (``load_state_dict``), else replace it."""
+    obj = state[key]
+    if isinstance(obj, _Stateful) and not isinstance(obj, type):
+        obj.load_state_dict(value)
+    else:
+        state[key] = value

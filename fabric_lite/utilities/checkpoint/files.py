@@ -166,9 +166,8 @@ def _fsync_folder(folder: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -186,14 +185,14 @@ def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any =
         FileNotFoundError: there is no file at ``path``.
         CheckpointError: the file is empty, truncated, not a checkpoint, or holds objects ``weights_only`` refuses.
     """
+    safe = True if weights_only is None else weights_only
     if _is_remote(path):
-        return _load_from_url(str(path), True if weights_only is None else weights_only, map_location)
+        return _load_from_url(str(path), safe, map_location)
     target = Path(_local_path(path))
     if not target.is_file():
         if target.is_dir():
             raise CheckpointError(f"Cannot load {str(target)!r}: it is a folder, not a checkpoint file.")
         raise FileNotFoundError(f"Checkpoint file not found: {str(target)!r}.")
-    safe = True if weights_only is None else weights_only
     if target.stat().st_size == 0:
         raise CheckpointError(f"The checkpoint {str(target)!r} is empty (0 bytes): it is incomplete or corrupt.")
     return _torch_load(target, str(target), safe, map_location)
@@ -216,7 +215,6 @@ def _load_from_url(url: str, safe: bool, map_location: Any) -> Any:
 def _torch_load(source: Any, name: str, safe: bool, map_location: Any, mmap: bool = False) -> Any:
     """``torch.load`` with its terse errors for truncated or foreign files turned into errors naming ``name``
     (``mmap=True``: the tensors stay in the mapped file until they are used)."""
-    target = name
     try:
         return torch.load(source, map_location=map_location, weights_only=safe, mmap=mmap)
     except pickle.UnpicklingError as err:
@@ -224,16 +222,16 @@ def _torch_load(source: Any, name: str, safe: bool, map_location: Any, mmap: boo
         # error means the bytes are not a checkpoint at all
         if safe and "global" in str(err).lower():
             raise CheckpointError(
-                f"Refused to load {str(target)!r} with weights_only=True: it contains Python objects other than"
+                f"Refused to load {name!r} with weights_only=True: it contains Python objects other than"
                 " tensors and plain values, and unpickling them could run code from the file. If, and only if, you"
                 " trust where the file came from, load it with weights_only=False."
                 f" (torch said: {_first_line(err)})"
             ) from err
-        raise _corrupt(target, err) from err
+        raise _corrupt(name, err) from err
     except FileNotFoundError:
         raise
     except Exception as err:
-        raise _corrupt(target, err) from err
+        raise _corrupt(name, err) from err
 
 
 def _first_line(err: BaseException) -> str:

@@ -82,11 +82,14 @@ def is_sharded_checkpoint(path: _PATH, storage_options: dict[str, Any] | None = 
 
         is_sharded_checkpoint("checkpoints/step-100")  # True for what fabric.save wrote with FSDPStrategy()
     """
-    folder = _folder(path)
+    return _has_file(_folder(path), METADATA_FILE, storage_options)
+
+
+def _has_file(folder: Folder, name: str, storage_options: dict[str, Any] | None = None) -> bool:
     if isinstance(folder, str):
         fs, fs_path = _filesystem(folder, storage_options)
-        return bool(fs.isfile(_join(fs_path, METADATA_FILE)))
-    return (folder / METADATA_FILE).is_file()
+        return bool(fs.isfile(_join(fs_path, name)))
+    return (folder / name).is_file()
 
 
 def check_sharded_checkpoint(path: _PATH) -> Folder:
@@ -287,11 +290,11 @@ def write_lightning_metadata(folder: Folder, metadata: dict[str, Any]) -> None:
 def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
     """The entries Lightning Fabric keeps beside the shards in :data:`LIGHTNING_METADATA_FILE` (``{}`` when there is
     none), read with ``weights_only=True``."""
-    path = _join(folder, LIGHTNING_METADATA_FILE) if isinstance(folder, str) else folder / LIGHTNING_METADATA_FILE
-    exists = _filesystem(path)[0].isfile(_filesystem(path)[1]) if isinstance(path, str) else path.is_file()
-    if not exists:
+    if not _has_file(folder, LIGHTNING_METADATA_FILE):
         return {}
-    loaded = safe_load(path)
+    loaded = safe_load(
+        _join(folder, LIGHTNING_METADATA_FILE) if isinstance(folder, str) else folder / LIGHTNING_METADATA_FILE
+    )
     return dict(loaded) if isinstance(loaded, dict) else {}
 
 
@@ -398,9 +401,7 @@ def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] 
     checkpoint's ``.metadata`` is deleted first, then the rest of it, then the new files are copied in with
     ``.metadata`` last, then ``temp`` is deleted. A reader therefore never sees a mix of the two checkpoints (a
     folder without ``.metadata`` is refused as incomplete); if a copy fails, the complete new checkpoint is still at
-    ``temp``, and the error names it.
-
-    ``temp`` is gone afterwards, but where the new checkpoint exists only there (a failed copy to a URL).
+    ``temp``, and the error names it; otherwise ``temp`` is gone afterwards.
 
     Raises:
         CheckpointError: a rename or copy failed; locally ``target`` then still holds the previous checkpoint.

@@ -25,9 +25,16 @@ from torch.optim import Optimizer
 
 from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import folders
-from fabric_lite.utilities.checkpoint.entries import PRECISION_KEY, check_missing, pop_precision, to_state_dicts
+from fabric_lite.utilities.checkpoint.entries import (
+    PRECISION_KEY,
+    check_missing,
+    load_or_replace,
+    pop_precision,
+    restore_entries,
+    to_state_dicts,
+)
 from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
-from fabric_lite.utilities.types import _PATH, _Stateful
+from fabric_lite.utilities.types import _PATH
 
 #: what every rank needs to take part in a save: ``(global_rank, world_size, broadcast)``, a strategy's
 Ranks = tuple[int, int, Callable[..., Any]]
@@ -280,29 +287,20 @@ def _load_full(
     if not state:
         return checkpoint  # type: ignore[no-any-return]
     options = StateDictOptions(full_state_dict=True, strict=strict)
+    load_module = partial(set_model_state_dict, options=options)
 
-    def restore(obj: Any, value: Any) -> bool:
-        if isinstance(obj, Module):
-            set_model_state_dict(obj, value, options=options)
-        elif isinstance(obj, Optimizer):
-            module = owner(obj, modules, state if isinstance(state, dict) else None)
-            set_optimizer_state_dict(module, obj, _by_name(value, module, obj), options=options)
-        elif isinstance(obj, _Stateful) and not isinstance(obj, type):
-            obj.load_state_dict(value)
-        else:
-            return False
-        return True
+    def load_optimizer(optimizer: Optimizer, value: Any) -> None:
+        module = owner(optimizer, modules, state if isinstance(state, dict) else None)
+        set_optimizer_state_dict(module, optimizer, _by_name(value, module, optimizer), options=options)
 
-    if isinstance(state, (Module, Optimizer)):
-        restore(state, checkpoint)
-        return {}
-    check_missing(path, state, checkpoint, strict)
-    for key, obj in list(state.items()):
-        if key in checkpoint:
-            value = checkpoint.pop(key)
-            if not restore(obj, value):
-                state[key] = value
-    return checkpoint  # type: ignore[no-any-return]
+    if isinstance(state, Module):
+        load_module(state, checkpoint)
+    elif isinstance(state, Optimizer):
+        load_optimizer(state, checkpoint)
+    else:
+        restore_entries(state, checkpoint, path, strict, load_module, load_optimizer)
+        return checkpoint  # type: ignore[no-any-return]
+    return {}
 
 
 def _load_sharded(
@@ -349,11 +347,7 @@ def _load_sharded(
     values.update(lightning)
     pop_precision(values, load_precision)
     for key in plain:
-        obj = state[key]
-        if isinstance(obj, _Stateful) and not isinstance(obj, type):
-            obj.load_state_dict(values[key])
-        else:
-            state[key] = values[key]
+        load_or_replace(state, key, values[key])
     return {key: values[key] for key in remainder if key in values}
 
 
