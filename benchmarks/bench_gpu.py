@@ -256,9 +256,10 @@ def main() -> None:
         result = run_variant(args.child, args.device, config, args.warmup, args.steps)
         # the models are gone now (run_variant has returned; cycles collected): raw DDP ends its process group as
         # leave_process_group says, and fabric_lite and Lightning Fabric end theirs at exit, as a user's script would
-        gc.collect()
         if args.child == "raw_ddp":
-            leave_process_group()
+            leave_process_group()  # collects the cycles itself
+        else:
+            gc.collect()
         if int(os.environ.get("RANK", "0")) == 0:
             print("RESULT " + json.dumps(result), flush=True)
         return

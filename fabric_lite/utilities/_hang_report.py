@@ -433,11 +433,15 @@ def print_report(build: Callable[[], str | None], write: Callable[[str], object]
         write(block)
 
 
+def signal_name(code: int) -> str | None:
+    """``"SIGKILL"`` for the exit code of a process that a known signal ended (-9), else ``None``."""
+    return signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
+
+
 def how_it_ended(code: int) -> str:
     """``killed by SIGKILL`` for an exit code that is a signal's (negative), else ``exited with code 1``."""
-    if code < 0 and -code in signal.Signals._value2member_map_:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
+    name = signal_name(code)
+    return f"killed by {name}" if name else f"exited with code {code}"
 
 
 # ---------------------------------------------------------------------------------------------- formatting

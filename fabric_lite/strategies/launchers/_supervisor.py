@@ -33,7 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, is_secondary
-from fabric_lite.utilities._hang_report import collect, print_report, wait_for_reporter, without_block
+from fabric_lite.utilities._hang_report import (
+    collect,
+    print_report,
+    signal_name,
+    wait_for_reporter,
+    without_block,
+)
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
 _MAX_REPORT = 60_000
@@ -206,11 +212,7 @@ class ProcessSupervisor:
         who = f"rank {child.global_rank} (local rank {child.local_rank}, pid {child.process.pid})"
         secondary = False
         if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            description = f"{who} was killed by {name}."
+            description = f"{who} was killed by {signal_name(code) or f'signal {-code}'}."
         else:
             # the child printed its traceback itself: the hang report in it is not repeated
             text = without_block(child.read_error()).rstrip()

@@ -8,7 +8,6 @@ import multiprocessing.connection
 import os
 import pickle
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from fabric_lite.utilities._hang_report import (
     find_block,
     how_it_ended,
     print_report,
+    signal_name,
     wait_for_reporter,
 )
 
@@ -205,7 +205,7 @@ def _supervise(
             )
         code = failed_worker.exitcode
         if code < 0:
-            name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+            name = signal_name(code) or f"signal {-code}"
             raise mp.ProcessExitedException(  # type: ignore[attr-defined]
                 f"process {root} terminated with signal {name}", root, failed_worker.pid, code, name
             )
