@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fabric_lite.accelerators import ACCELERATOR_REGISTRY, Accelerator
+from fabric_lite.accelerators import ACCELERATOR_REGISTRY, Accelerator, XLAAccelerator
+from fabric_lite.accelerators.xla import _xla_missing
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
     KubeflowEnvironment,
@@ -123,6 +124,8 @@ def registered_accelerator_kind(name: str) -> str:
     how to count, select and launch on."""
     cls = ACCELERATOR_REGISTRY[name]["accelerator"]
     kind = getattr(cls, "name", "")
+    if isinstance(cls, type) and issubclass(cls, XLAAccelerator):
+        _xla_missing(f"Fabric(accelerator={name!r})")
     if kind not in ("cpu", "cuda", "mps"):
         raise ValueError(
             f"Fabric(accelerator={name!r}): ACCELERATOR_REGISTRY has {getattr(cls, '__name__', cls)!r} under that"

@@ -1,7 +1,8 @@
 """Accelerators: the kinds of device fabric_lite computes on.
 
-``ACCELERATOR_REGISTRY`` holds ``"cpu"``, ``"cuda"`` and ``"mps"`` (each class registers itself through its
-``register_accelerators`` classmethod, as in Lightning Fabric); ``ACCELERATORS`` maps the same names to the classes.
+``ACCELERATOR_REGISTRY`` holds ``"cpu"``, ``"cuda"``, ``"mps"`` and Lightning's ``"tpu"`` (each class registers
+itself through its ``register_accelerators`` classmethod, as in Lightning Fabric); ``ACCELERATORS`` maps the names
+fabric_lite runs on to the classes (``XLAAccelerator`` is never available: see :mod:`fabric_lite.accelerators.xla`).
 
 Example::
 
@@ -16,6 +17,7 @@ from fabric_lite.accelerators.cpu import CPUAccelerator
 from fabric_lite.accelerators.cuda import CUDAAccelerator, find_usable_cuda_devices
 from fabric_lite.accelerators.mps import MPSAccelerator
 from fabric_lite.accelerators.registry import _AcceleratorRegistry
+from fabric_lite.accelerators.xla import XLAAccelerator
 
 #: the built-in accelerators by name (what ``Fabric(accelerator="cuda")`` builds)
 ACCELERATORS: dict[str, type[Accelerator]] = {
@@ -23,7 +25,8 @@ ACCELERATORS: dict[str, type[Accelerator]] = {
 }
 
 ACCELERATOR_REGISTRY = _AcceleratorRegistry()
-for _cls in ACCELERATORS.values():
+_REGISTERED: list[type[Accelerator]] = [*ACCELERATORS.values(), XLAAccelerator]
+for _cls in _REGISTERED:
     _cls.register_accelerators(ACCELERATOR_REGISTRY)
 
 __all__ = [
@@ -33,5 +36,6 @@ __all__ = [
     "CPUAccelerator",
     "CUDAAccelerator",
     "MPSAccelerator",
+    "XLAAccelerator",
     "find_usable_cuda_devices",
 ]

@@ -12,8 +12,9 @@ from fabric_lite.plugins.environments import (
     LightningEnvironment,
     SLURMEnvironment,
     TorchElasticEnvironment,
+    XLAEnvironment,
 )
-from fabric_lite.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
+from fabric_lite.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO, XLACheckpointIO
 from fabric_lite.plugins.precision import (
     DeepSpeedPrecision,
     DoublePrecision,
@@ -21,6 +22,8 @@ from fabric_lite.plugins.precision import (
     HalfPrecision,
     MixedPrecision,
     Precision,
+    TransformerEnginePrecision,
+    XLAPrecision,
 )
 from fabric_lite.utilities._lazy import lazy_getattr
 
@@ -44,4 +47,8 @@ __all__ = [
     "SLURMEnvironment",
     "TorchCheckpointIO",
     "TorchElasticEnvironment",
+    "TransformerEnginePrecision",
+    "XLACheckpointIO",
+    "XLAEnvironment",
+    "XLAPrecision",
 ]

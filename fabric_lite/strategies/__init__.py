@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from fabric_lite.strategies.fsdp import FSDPStrategy
     from fabric_lite.strategies.horovod import HorovodStrategy
     from fabric_lite.strategies.model_parallel import ModelParallelStrategy
+    from fabric_lite.strategies.single_xla import SingleDeviceXLAStrategy
+    from fabric_lite.strategies.xla import XLAStrategy
+    from fabric_lite.strategies.xla_fsdp import XLAFSDPStrategy
 
 __getattr__ = lazy_getattr(
     __name__,
@@ -31,6 +34,9 @@ __getattr__ = lazy_getattr(
         "FSDPStrategy": "fabric_lite.strategies.fsdp",
         "HorovodStrategy": "fabric_lite.strategies.horovod",
         "ModelParallelStrategy": "fabric_lite.strategies.model_parallel",
+        "SingleDeviceXLAStrategy": "fabric_lite.strategies.single_xla",
+        "XLAFSDPStrategy": "fabric_lite.strategies.xla_fsdp",
+        "XLAStrategy": "fabric_lite.strategies.xla",
     },
 )
 
@@ -44,5 +50,8 @@ __all__ = [
     "ModelParallelStrategy",
     "ParallelStrategy",
     "SingleDeviceStrategy",
+    "SingleDeviceXLAStrategy",
     "Strategy",
+    "XLAFSDPStrategy",
+    "XLAStrategy",
 ]

@@ -70,6 +70,17 @@ def _find_unused(base: str, start_method: StartMethod, value: bool) -> StrategyE
     return _launched("DDPStrategy", start_method, description, find_unused_parameters=value)
 
 
+def _xla(class_name: str, parallel: bool, module: str) -> StrategyEntry:
+    """A Lightning Fabric XLA (TPU) name: listed as in Lightning, an error that names torch_xla when chosen."""
+    return StrategyEntry(
+        class_name,
+        parallel,
+        None,
+        "XLA/TPU (Lightning Fabric's; fabric_lite does not run on XLA)",
+        module=f"fabric_lite.strategies.{module}",
+    )
+
+
 def _deepspeed(description: str, **init_kwargs: Any) -> StrategyEntry:
     """A ``DeepSpeedStrategy`` name: one process per device, the script re-run once per extra local rank."""
     return StrategyEntry("DeepSpeedStrategy", True, "popen", description, init_kwargs)
@@ -144,4 +155,8 @@ STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
         offload_params_device="nvme",
         offload_optimizer_device="nvme",
     ),
+    "xla": _xla("XLAStrategy", True, "xla"),
+    "xla_fsdp": _xla("XLAFSDPStrategy", True, "xla_fsdp"),
+    "single_xla": _xla("SingleDeviceXLAStrategy", False, "single_xla"),
+    "single_tpu": _xla("SingleDeviceXLAStrategy", False, "single_xla"),
 }

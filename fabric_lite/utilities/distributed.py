@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
@@ -452,6 +454,21 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
     with contextlib.suppress(OSError):  # another rank may have removed it already
         check_file.unlink()
     return all_found
+
+
+def _destroy_dist_connection() -> None:
+    """Destroy the default process group, if there is one (Lightning's test suite calls it after every test).
+    Ctrl+C is held off while torch tears the group down, so that no half-destroyed group is left behind."""
+    if not distributed_available():
+        return
+    previous = (
+        signal.signal(signal.SIGINT, signal.SIG_IGN) if threading.current_thread() is threading.main_thread() else None
+    )
+    try:
+        dist.destroy_process_group()
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _get_default_process_group_backend_for_device(device: torch.device) -> str:

@@ -31,29 +31,13 @@ DUMPER = REPO / "tests" / "helpers" / "scripts" / "lightning_surface.py"
 _XLA = "XLA/TPU: needs torch_xla and a TPU, neither of which exists for this project's machines"
 
 #: Lightning names fabric_lite does not have, and why
-EXCLUDED: dict[str, str] = {
-    "lightning_fabric.accelerators.XLAAccelerator": _XLA,
-    "lightning_fabric.plugins.XLACheckpointIO": _XLA,
-    "lightning_fabric.plugins.XLAPrecision": _XLA,
-    "lightning_fabric.plugins.environments.XLAEnvironment": _XLA,
-    "lightning_fabric.plugins.io.XLACheckpointIO": _XLA,
-    "lightning_fabric.plugins.precision.XLAPrecision": _XLA,
-    "lightning_fabric.strategies.SingleDeviceXLAStrategy": _XLA,
-    "lightning_fabric.strategies.XLAFSDPStrategy": _XLA,
-    "lightning_fabric.strategies.XLAStrategy": _XLA,
-    "lightning_fabric.plugins.TransformerEnginePrecision": (
-        "TransformerEngine: NVIDIA's transformer_engine needs CUDA and Hopper-class GPUs; it cannot even be installed"
-        " on the CPU machines this project builds and tests on"
-    ),
-    "lightning_fabric.plugins.precision.TransformerEnginePrecision": "TransformerEngine: as above",
-}
+EXCLUDED: dict[str, str] = {}
 
 #: names outside Lightning's public surface that public clients import (the snapshot's ``client_imports``) which
 #: fabric_lite does not provide, and why; docs/migration.md lists them with the rest of the ranking
 _ONE_CLIENT = "imported by one public client only (docs/migration.md's ranking)"
 _DEVICES = f"fabric_lite parses devices in _plan.py; {_ONE_CLIENT}"
 EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
-    "lightning_fabric.strategies.xla_fsdp._activation_checkpointing_auto_wrapper": _XLA,
     "lightning_fabric.connector._PLUGIN_INPUT": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
     "lightning_fabric.connector._is_using_cli": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
     "lightning_fabric.plugins.precision.utils._ClassReplacementContextManager": (
@@ -84,7 +68,7 @@ EXCLUDED_SIGNATURES: dict[str, str] = {
 }
 
 #: strategy registry names fabric_lite does not register, and why
-EXCLUDED_STRATEGIES: dict[str, str] = {name: _XLA for name in ("single_tpu", "single_xla", "xla", "xla_fsdp")}
+EXCLUDED_STRATEGIES: dict[str, str] = {}
 
 
 def _reference() -> dict[str, Any]:

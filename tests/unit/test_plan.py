@@ -145,7 +145,6 @@ def test_accelerator_missing_on_this_machine(accelerator: Any, machine: Machine,
 @pytest.mark.parametrize(
     "accelerator",
     [
-        pytest.param("tpu", id="tpu"),
         pytest.param("xla", id="xla"),
         pytest.param("", id="empty"),
         pytest.param(" cpu", id="leading-space"),
@@ -416,10 +415,16 @@ REGISTRY_TABLE = {
     "deepspeed_stage_3": (True, "popen"),
     "deepspeed_stage_3_offload": (True, "popen"),
     "deepspeed_stage_3_offload_nvme": (True, "popen"),
+    "xla": (True, None),
+    "xla_fsdp": (True, None),
+    "single_xla": (False, None),
+    "single_tpu": (False, None),
 }
+#: Lightning's XLA/TPU names: listed, and an error naming torch_xla when chosen (test_xla_names_need_torch_xla)
+XLA_NAMES = ("xla", "xla_fsdp", "single_xla", "single_tpu")
 # names whose plan depends on the machine or the launcher: tested in tests/unit/test_dp.py and
 # tests/tiers/horovod/test_horovod.py
-OWN_TESTS = ("dp", "horovod")
+OWN_TESTS = ("dp", "horovod", *XLA_NAMES)
 
 
 def test_registry_table_is_complete() -> None:
@@ -440,7 +445,7 @@ def test_every_registry_name(name: str, expected: tuple[bool, str | None]) -> No
     assert result.world_size == devices
 
 
-@pytest.mark.parametrize("name", [n for n, (parallel, _) in REGISTRY_TABLE.items() if parallel])
+@pytest.mark.parametrize("name", [n for n, (parallel, _) in REGISTRY_TABLE.items() if parallel and n not in XLA_NAMES])
 def test_parallel_strategy_on_one_device(name: str) -> None:
     result = plan(strategy=name, devices=1)
     assert (result.strategy, result.parallel, result.devices, result.world_size) == (name, True, (0,), 1)
@@ -451,7 +456,6 @@ def test_parallel_strategy_on_one_device(name: str) -> None:
     [
         pytest.param("foo", id="foo"),
         pytest.param("DDP", id="DDP-upper-case"),
-        pytest.param("xla_fsdp", id="lightning-xla-fsdp"),
         pytest.param("deepspeed_stage_4", id="no-such-deepspeed-stage"),
         pytest.param("", id="empty"),
         pytest.param(None, id="None"),
@@ -461,6 +465,17 @@ def test_parallel_strategy_on_one_device(name: str) -> None:
 def test_strategy_invalid_name(strategy: Any) -> None:
     choices = ", ".join(repr(n) for n in ("auto", *STRATEGY_REGISTRY))  # registry order; the table checks the names
     raises(ValueError, f"strategy={strategy!r}", choices, "Strategy instance", strategy=strategy)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [pytest.param({"accelerator": "tpu"}, id="accelerator-tpu")]
+    + [pytest.param({"strategy": name}, id=f"strategy-{name}") for name in XLA_NAMES],
+)
+def test_xla_names_need_torch_xla(kwargs: dict[str, Any]) -> None:
+    """Lightning's XLA/TPU names are known (its registries list them), and choosing one says what is missing."""
+    ((name, value),) = kwargs.items()
+    raises(ModuleNotFoundError, f"Fabric({name}={value!r})", "needs torch_xla", "pip install torch_xla", **kwargs)
 
 
 @pytest.mark.parametrize(

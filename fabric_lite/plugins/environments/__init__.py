@@ -7,6 +7,7 @@ from fabric_lite.plugins.environments.lsf import LSFEnvironment
 from fabric_lite.plugins.environments.mpi import MPIEnvironment
 from fabric_lite.plugins.environments.slurm import SLURMEnvironment
 from fabric_lite.plugins.environments.torchelastic import TorchElasticEnvironment
+from fabric_lite.plugins.environments.xla import XLAEnvironment
 
 __all__ = [
     "ClusterEnvironment",
@@ -16,4 +17,5 @@ __all__ = [
     "MPIEnvironment",
     "SLURMEnvironment",
     "TorchElasticEnvironment",
+    "XLAEnvironment",
 ]

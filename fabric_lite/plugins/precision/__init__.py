@@ -15,6 +15,8 @@ from fabric_lite.plugins.precision.double import DoublePrecision
 from fabric_lite.plugins.precision.fsdp import FSDPPrecision
 from fabric_lite.plugins.precision.half import HalfPrecision
 from fabric_lite.plugins.precision.precision import Precision
+from fabric_lite.plugins.precision.transformer_engine import TransformerEnginePrecision
+from fabric_lite.plugins.precision.xla import XLAPrecision
 from fabric_lite.utilities._lazy import lazy_getattr
 
 if TYPE_CHECKING:
@@ -30,4 +32,6 @@ __all__ = [
     "HalfPrecision",
     "MixedPrecision",
     "Precision",
+    "TransformerEnginePrecision",
+    "XLAPrecision",
 ]

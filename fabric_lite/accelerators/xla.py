@@ -1,0 +1,85 @@
+"""XLA devices (TPUs): importable under Lightning Fabric's names, never used.
+
+fabric_lite computes on CPU, CUDA and MPS devices. Code written for Lightning Fabric still names the XLA classes
+(an ``isinstance`` check, a registry listing, an ``import`` at the top of a module), so every one of them exists at
+Lightning's path: :meth:`XLAAccelerator.is_available` is ``False``, and building any XLA object raises an error that
+says what is missing, before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from typing_extensions import override
+
+from fabric_lite.accelerators.accelerator import Accelerator
+from fabric_lite.utilities.imports import _Availability
+
+_XLA_AVAILABLE = _Availability("torch_xla", "1.13")
+_XLA_GREATER_EQUAL_2_1 = _Availability("torch_xla", "2.1")
+_XLA_GREATER_EQUAL_2_5 = _Availability("torch_xla", "2.5")
+
+
+def _xla_missing(what: str) -> NoReturn:
+    """Raise the error every XLA name raises when it is used."""
+    if not _XLA_AVAILABLE:
+        raise ModuleNotFoundError(
+            f"{what} needs torch_xla and an XLA device (a TPU): {_XLA_AVAILABLE}. fabric_lite itself computes on CPU,"
+            " CUDA and MPS devices only; on a TPU, use Lightning Fabric."
+        )
+    raise NotImplementedError(
+        f"{what}: fabric_lite computes on CPU, CUDA and MPS devices only, and has no XLA implementation (torch_xla is"
+        " installed, but fabric_lite does not use it). On a TPU, use Lightning Fabric."
+    )
+
+
+def _using_pjrt() -> bool:
+    """Whether XLA runs on its PJRT runtime (Lightning's check); always an error here."""
+    _xla_missing("XLA's runtime")
+
+
+class _NeedsXLA:
+    """Mixed in first by every XLA class: building an instance raises :func:`_xla_missing`'s error (before the
+    base class's own checks, abstract methods included); the class itself stays usable in ``isinstance``,
+    ``issubclass`` and ``Mock(spec=...)``."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        _xla_missing(cls.__name__)
+
+    @classmethod
+    def _check_choices(cls, *, label: str, **kwargs: Any) -> None:
+        """The planner's check of a strategy name (``Fabric(strategy="xla")``): always the error."""
+        _xla_missing(f"Fabric(strategy={label!r})")
+
+
+class XLAAccelerator(_NeedsXLA, Accelerator):
+    """Lightning Fabric's accelerator for XLA devices (TPUs): never available in fabric_lite.
+
+    Example::
+
+        XLAAccelerator.is_available()  # False
+        XLAAccelerator()               # ModuleNotFoundError: XLAAccelerator needs torch_xla and an XLA device ...
+    """
+
+    name = "tpu"
+
+    @staticmethod
+    @override
+    def is_available() -> bool:
+        return False
+
+    @staticmethod
+    @override
+    def auto_device_count() -> int:
+        return 0
+
+    @staticmethod
+    def parse_devices(devices: int | str | list[int]) -> NoReturn:
+        _xla_missing("XLAAccelerator.parse_devices")
+
+    @staticmethod
+    def get_parallel_devices(devices: int | list[int]) -> NoReturn:
+        _xla_missing("XLAAccelerator.get_parallel_devices")
+
+
+__all__ = ["XLAAccelerator"]

@@ -1,0 +1,30 @@
+"""Lightning Fabric's ``XLAEnvironment``: importable, never detected, and an error when built (see
+:mod:`fabric_lite.accelerators.xla`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fabric_lite.accelerators.xla import _NeedsXLA
+from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
+
+
+class XLAEnvironment(_NeedsXLA, ClusterEnvironment):
+    """The cluster environment of an XLA (TPU) job: fabric_lite has none, so :meth:`detect` is always ``False``.
+
+    Example::
+
+        XLAEnvironment.detect()  # False
+        XLAEnvironment()         # ModuleNotFoundError: XLAEnvironment needs torch_xla and an XLA device ...
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Lightning's signature; building one raises (``__new__``)."""
+
+    @staticmethod
+    def detect(env: Mapping[str, str] | None = None) -> bool:
+        return False
+
+
+__all__ = ["XLAEnvironment"]
