@@ -43,7 +43,6 @@ EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
     "lightning_fabric.plugins.precision.utils._ClassReplacementContextManager": (
         f"Lightning's way of swapping torch.nn classes while a module is created; {_ONE_CLIENT}"
     ),
-    "lightning_fabric.plugins.precision.utils._DtypeContextManager": f"fabric_lite's is _DtypeContext; {_ONE_CLIENT}",
     "lightning_fabric.strategies._StrategyRegistry": (
         f"fabric_lite's registry holds entries, not Lightning's class; register with STRATEGY_REGISTRY; {_ONE_CLIENT}"
     ),

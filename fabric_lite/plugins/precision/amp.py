@@ -11,7 +11,8 @@ from torch.nn import Module
 from torch.optim import LBFGS, Optimizer
 from typing_extensions import override
 
-from fabric_lite.plugins.precision.precision import Precision, _cast_floating
+from fabric_lite.plugins.precision.precision import Precision
+from fabric_lite.plugins.precision.utils import _cast_floating
 
 _MIXED = ("16-mixed", "bf16-mixed")
 

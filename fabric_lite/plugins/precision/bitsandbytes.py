@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 from torch.nn import Module
 
-from fabric_lite.plugins.precision.precision import Precision, _cast_floating, _DtypeContext
+from fabric_lite.plugins.precision.precision import Precision
+from fabric_lite.plugins.precision.utils import _cast_floating, _DtypeContextManager
 from fabric_lite.utilities.imports import _Availability
 
 _Mode = Literal["nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "int8-training"]
@@ -124,7 +125,7 @@ class BitsandbytesPrecision(Precision):
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:
         """New floating tensors get the compute dtype."""
-        return _DtypeContext(self.dtype)
+        return _DtypeContextManager(self.dtype)
 
     def module_init_context(self) -> AbstractContextManager[Any]:
         """Inside, ``torch.nn.Linear(...)`` creates this mode's quantised layer and parameters get the compute
@@ -143,7 +144,7 @@ class BitsandbytesPrecision(Precision):
 
     def forward_context(self) -> AbstractContextManager[Any]:
         """The forward runs with the compute dtype as the default dtype."""
-        return _DtypeContext(self.dtype)
+        return _DtypeContextManager(self.dtype)
 
     def convert_input(self, data: Any) -> Any:
         """Floating inputs are cast to the compute dtype."""

@@ -11,7 +11,8 @@ from torch import Tensor
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.plugins.precision.precision import Precision, _cast_floating, _DtypeContext
+from fabric_lite.plugins.precision.precision import Precision
+from fabric_lite.plugins.precision.utils import _cast_floating, _DtypeContextManager
 
 #: the precisions DeepSpeed runs, as ``Fabric(precision=...)`` names them (Lightning's DeepSpeedPrecision accepts the
 #: same five); ``"16-mixed"``/``"16-true"`` need a device with float16 support (not DeepSpeed's CPU accelerator)
@@ -64,7 +65,7 @@ class DeepSpeedPrecision(Precision):
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:
         """With ``"-true"``, new floating tensors get the half type."""
-        return _DtypeContext(self._desired_dtype) if self.precision.endswith("-true") else nullcontext()
+        return _DtypeContextManager(self._desired_dtype) if self.precision.endswith("-true") else nullcontext()
 
     def module_init_context(self) -> AbstractContextManager[Any]:
         """With ``"-true"``, a new module's parameters get the half type."""

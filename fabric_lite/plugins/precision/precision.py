@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
-from fabric_lite.utilities.apply_func import apply_to_collection
+from fabric_lite.plugins.precision.utils import _cast_floating, _DtypeContextManager
 
 # Lightning Fabric's private type names for precision arguments (clients annotate with them); fabric_lite accepts
 # every value but the transformer-engine ones (see the README's precision table)
@@ -144,32 +144,6 @@ class Precision:
         return f"{type(self).__name__}(precision={self.precision!r})"
 
 
-def _convert_fp_tensor(tensor: Tensor, dtype: torch.dtype) -> Tensor:
-    return tensor.to(dtype) if torch.is_floating_point(tensor) else tensor
-
-
-def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
-    """Every floating tensor in ``data`` (a tensor or a collection) cast to ``dtype``; everything else as it is."""
-    if isinstance(data, Tensor):
-        return _convert_fp_tensor(data, dtype)
-    return apply_to_collection(data, Tensor, _convert_fp_tensor, dtype)
-
-
-class _DtypeContext:
-    """Set the default floating dtype inside the block and restore it afterwards, also on error."""
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self._dtype = dtype
-        self._previous: list[torch.dtype] = []
-
-    def __enter__(self) -> None:
-        self._previous.append(torch.get_default_dtype())
-        torch.set_default_dtype(self._dtype)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_default_dtype(self._previous.pop())
-
-
 class _TrueDtypePrecision(Precision):
     """Everything in one floating dtype: the module, floating inputs, tensors created under ``init_module()``/
     ``init_tensor()`` and inside the forward. Floating outputs come back in the default dtype, as in Lightning."""
@@ -180,13 +154,13 @@ class _TrueDtypePrecision(Precision):
         return module.to(dtype=self._dtype)
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:
-        return _DtypeContext(self._dtype)
+        return _DtypeContextManager(self._dtype)
 
     def module_init_context(self) -> AbstractContextManager[Any]:
-        return _DtypeContext(self._dtype)
+        return _DtypeContextManager(self._dtype)
 
     def forward_context(self) -> AbstractContextManager[Any]:
-        return _DtypeContext(self._dtype)
+        return _DtypeContextManager(self._dtype)
 
     def convert_input(self, data: Any) -> Any:
         return _cast_floating(data, self._dtype)

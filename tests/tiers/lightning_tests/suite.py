@@ -1,8 +1,9 @@
 """Lightning Fabric's own test suite (``tests_fabric`` of Lightning 2.6.5, kept beside the checkout in
 ``../shared/lightning-tests``), run on fabric_lite through the import hook, and compared with Lightning.
 
-The suite is copied into a folder of the caller's (its ``leave_no_artifacts_behind`` fixture watches the folder
-above ``tests_fabric``, and the shared copy is read-only), with two files of ours beside it:
+The suite is copied into a folder of the caller's (its ``leave_no_artifacts_behind`` fixture fails a test that leaves
+a file in the folder above ``tests_fabric``, so that folder holds nothing else, and the shared copy is read-only),
+with two files of ours beside it:
 
 * ``conftest.py`` one level up (:mod:`._outcomes_conftest`) records each test's outcome by node id, as JSON;
 * ``tests_fabric/conftest.py`` is Lightning's, with its imports of two private names that fabric_lite has no
@@ -58,13 +59,15 @@ CONFTEST_TOLERANCE = {
 
 
 def prepare(folder: Path) -> Path:
-    """Copy the suite into ``folder`` (as ``folder/tests_fabric``) with our two conftest files; return ``folder``."""
+    """Copy the suite into ``folder/suite/tests_fabric`` with our two conftest files; return ``folder/suite``, where
+    the inner pytest runs (its temporary folders and the outcomes go beside it, in ``folder``)."""
     if not SUITE.is_dir():
         raise FileNotFoundError(
             f"Lightning's test suite is not at {SUITE}: it lives beside the checkout in ../shared/lightning-tests,"
             " or set LIGHTNING_TESTS_DIR to the folder that holds tests_fabric"
         )
-    target = folder / "tests_fabric"
+    suite = folder / "suite"
+    target = suite / "tests_fabric"
     shutil.copytree(SUITE, target, ignore=shutil.ignore_patterns("__pycache__"))
     for path in [target, *target.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)  # the shared copy is read-only
@@ -75,8 +78,8 @@ def prepare(folder: Path) -> Path:
             raise ValueError(f"Lightning's conftest.py no longer has the line this tier makes tolerant: {line!r}")
         text = text.replace(line, tolerant)
     conftest.write_text(text)
-    shutil.copy(Path(__file__).with_name("_outcomes_conftest.py"), folder / "conftest.py")
-    return folder
+    shutil.copy(Path(__file__).with_name("_outcomes_conftest.py"), suite / "conftest.py")
+    return suite
 
 
 def environment(impl: str, outcomes: Path) -> dict[str, str]:
@@ -93,7 +96,7 @@ def environment(impl: str, outcomes: Path) -> dict[str, str]:
 
 def command(python: str, folder: Path, paths: Iterable[str], workers: int) -> list[str]:
     argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
-    argv += ["--timeout=300", f"--basetemp={folder / 'basetemp'}", "-W", "ignore::DeprecationWarning"]
+    argv += ["--timeout=300", f"--basetemp={folder / 'basetemp'}"]
     if workers > 1:
         argv += ["-n", str(workers)]
     return [*argv, *(list(paths) or ["tests_fabric"])]
@@ -132,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folder = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="lightning_tests_"))
     try:
-        prepare(folder)
+        suite = prepare(folder)
         outcomes_file = folder / "outcomes.json"
         argv_ = command(args.python, folder, args.paths, args.workers)
-        subprocess.run(argv_, cwd=folder, env=environment(args.on, outcomes_file), check=False)
+        subprocess.run(argv_, cwd=suite, env=environment(args.on, outcomes_file), check=False)
         outcomes = outcomes_of(outcomes_file)
         print(f"on {args.on}: {summary(outcomes)}")
         if args.write_reference:
