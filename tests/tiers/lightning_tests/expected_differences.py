@@ -69,25 +69,33 @@ class Comparison:
         return len(self.passed) + len(self.expected) + len(self.unexpected)
 
 
-def compare(reference: Iterable[str], outcomes: Mapping[str, str], selected: Sequence[str] = ()) -> Comparison:
-    """Sort the tests of ``reference`` (those that pass on Lightning) by their ``outcomes`` on fabric_lite; with
-    ``selected`` (test paths as given to pytest), only the tests under them."""
+def compare(
+    reference: Iterable[str],
+    outcomes: Mapping[str, str],
+    selected: Sequence[str] = (),
+    expected: Mapping[str, Difference] = EXPECTED,
+) -> Comparison:
+    """Sort the tests of ``reference`` (those that pass on Lightning) by their ``outcomes`` on fabric_lite and the
+    ``expected`` differences; with ``selected`` (test paths as given to pytest), only the tests under them."""
     prefixes = [path.rstrip("/") for path in selected]
-    passed, expected, unexpected, stale = [], {}, {}, []
+    passed: list[str] = []
+    listed_tests: dict[str, Difference] = {}
+    unexpected: dict[str, str] = {}
+    stale: list[str] = []
     for test in reference:
         if prefixes and not any(test == p or test.startswith((p + "/", p + "::")) for p in prefixes):
             continue
         outcome = outcomes.get(test, "not run")
-        listed = difference_of(test)
+        listed = difference_of(test, expected)
         if outcome == "passed":
             passed.append(test)
             if listed is not None:
                 stale.append(test)
         elif listed is not None:
-            expected[test] = listed
+            listed_tests[test] = listed
         else:
             unexpected[test] = outcome
-    return Comparison(passed, expected, unexpected, stale)
+    return Comparison(passed, listed_tests, unexpected, stale)
 
 
 def report(reference: Iterable[str], outcomes: Mapping[str, str], selected: Sequence[str] = ()) -> str:
