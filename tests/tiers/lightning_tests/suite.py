@@ -33,8 +33,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-#: where the suite lives: beside the checkout, or where ``$LIGHTNING_TESTS_DIR`` says
-SUITE = Path(os.environ.get("LIGHTNING_TESTS_DIR", REPO.parent / "shared" / "lightning-tests")) / "tests_fabric"
+#: where the suite lives: where ``$LIGHTNING_TESTS_DIR`` says, else beside the checkout (``../shared``), else in
+#: this workplace's shared folder
+_CANDIDATES = [REPO.parent / "shared" / "lightning-tests", Path("/work/shared/lightning-tests")]
+SUITE = (
+    Path(os.environ["LIGHTNING_TESTS_DIR"])
+    if "LIGHTNING_TESTS_DIR" in os.environ
+    else next((c for c in _CANDIDATES if c.is_dir()), _CANDIDATES[0])
+) / "tests_fabric"
 VENV = REPO / ".venv-lightning-tests"
 REFERENCE = Path(__file__).with_name("passing_on_lightning.txt")
 IMPLS = ("lightning", "fabric_lite")
