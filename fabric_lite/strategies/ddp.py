@@ -20,6 +20,7 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._backward_sync import _BackwardSyncControl
 from fabric_lite.strategies._sync_batchnorm import convert_sync_batchnorm
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.utilities.distributed import register_ddp_comm_hook
@@ -30,7 +31,8 @@ _OWN_DDP_ARGS = ("module", "device_ids")
 
 
 def _ddp_arguments() -> tuple[str, ...]:
-    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    # torch's class, whatever this module's name DistributedDataParallel refers to (a test may replace it)
+    parameters = inspect.signature(torch.nn.parallel.DistributedDataParallel.__init__).parameters
     return tuple(name for name in parameters if name != "self" and name not in _OWN_DDP_ARGS)
 
 
@@ -43,13 +45,31 @@ def _is_post_local_sgd_state(state: object) -> bool:
     return isinstance(state, PostLocalSGDState)
 
 
+class _DDPBackwardSyncControl(_BackwardSyncControl):
+    """``fabric.no_backward_sync`` under DDP: ``DistributedDataParallel.no_sync()``, in which gradients accumulate
+    locally until a backward outside it (Lightning Fabric's class of the same name). Both the forward and the
+    backward must run inside the context."""
+
+    @override
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
+        if not enabled:
+            return nullcontext()
+        if not isinstance(module, DistributedDataParallel):
+            raise TypeError(
+                "Blocking backward sync is only possible if the module passed to"
+                f" `{type(self).__name__}.no_backward_sync` is wrapped in `DistributedDataParallel`."
+                f" Got: {type(module).__name__}. Set the module up with fabric.setup(...) first."
+            )
+        return module.no_sync()
+
+
 class DDPStrategy(ParallelStrategy):
     """Multi-process single-device training on one or several nodes, with ``DistributedDataParallel``.
 
     Every keyword argument that is not listed below goes to ``DistributedDataParallel`` unchanged
-    (``find_unused_parameters=False`` unless you say otherwise; ``bucket_cap_mb``, ``gradient_as_bucket_view``,
-    ``static_graph``, ``broadcast_buffers``, ``process_group``, ...). A name DDP does not take raises here, not at
-    ``fabric.setup``.
+    (``find_unused_parameters`` keeps DDP's default, False, unless you say otherwise; ``bucket_cap_mb``,
+    ``gradient_as_bucket_view``, ``static_graph``, ``broadcast_buffers``, ``process_group``, ...). A name DDP does
+    not take raises here, not at ``fabric.setup``.
 
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision: as for :class:`ParallelStrategy`.
@@ -91,8 +111,6 @@ class DDPStrategy(ParallelStrategy):
             )
         )
     """
-
-    _wrappers = (DistributedDataParallel,)
 
     def __init__(
         self,
@@ -155,8 +173,7 @@ class DDPStrategy(ParallelStrategy):
             )
         if not callable(ddp_comm_state):
             self._check_model_averaging(ddp_comm_state, model_averaging_period)
-        kwargs.setdefault("find_unused_parameters", False)
-        self._ddp_kwargs = kwargs
+        self._ddp_kwargs = kwargs  # find_unused_parameters: DDP's default, False, unless given
         self._sync_batchnorm = sync_batchnorm
         self._ddp_comm_state = ddp_comm_state
         self._ddp_comm_hook = ddp_comm_hook
@@ -165,6 +182,7 @@ class DDPStrategy(ParallelStrategy):
         # post-local SGD: the state whose start_localSGD_iter is the averagers' warm-up, and one averager per optimizer
         self._post_local_sgd_state: Any = None
         self._model_averagers: dict[int, Any] = {}
+        self._backward_sync_control = _DDPBackwardSyncControl()
 
     @staticmethod
     def _check_model_averaging(state: object, period: int | None) -> None:
@@ -220,6 +238,11 @@ class DDPStrategy(ParallelStrategy):
             self._register_ddp_hooks(ddp)
         return ddp
 
+    @override
+    def _unwrapped(self, module: Module) -> Module:
+        # the module's name is read here, at the call, like every other use of DistributedDataParallel in this module
+        return module.module if isinstance(module, DistributedDataParallel) else module
+
     def _register_ddp_hooks(self, ddp: DistributedDataParallel) -> None:
         state = self._ddp_comm_state
         if callable(state):  # a factory: build the state now that the process group exists, one per module
@@ -262,21 +285,6 @@ class DDPStrategy(ParallelStrategy):
             warmup_steps=state.start_localSGD_iter,
             process_group=state.process_group,
         )
-
-    @override
-    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """``DistributedDataParallel.no_sync()``: gradients accumulate locally until a step outside the context.
-
-        Both the forward and the backward must run inside the context.
-        """
-        if not enabled:
-            return nullcontext()
-        if not isinstance(module, DistributedDataParallel):
-            raise TypeError(
-                "Blocking backward sync is only possible for a module wrapped in DistributedDataParallel, got"
-                f" {type(module).__name__}. Set the module up with fabric.setup(...) first."
-            )
-        return module.no_sync()
 
     @contextmanager
     def block_backward_sync(self, module: Module) -> Generator[None, None, None]:

@@ -45,8 +45,9 @@ class DataParallelStrategy(Strategy):
 
     Args:
         accelerator, checkpoint_io, precision: as for :class:`Strategy`.
-        parallel_devices: the CUDA devices to replicate the module on; the first is the root device. Filled in by
-            ``Fabric`` from ``devices=`` when not given.
+        parallel_devices: the CUDA devices to replicate the module on (``torch.device`` objects or CUDA indices, as
+            ``DataParallel``'s ``device_ids``); the first is the root device. Filled in by ``Fabric`` from
+            ``devices=`` when not given.
 
     Example::
 
@@ -56,7 +57,6 @@ class DataParallelStrategy(Strategy):
     """
 
     drives_several_devices = True
-    _wrappers = (DataParallel,)
 
     def __init__(
         self,
@@ -105,7 +105,8 @@ class DataParallelStrategy(Strategy):
             wrapped = strategy.setup_module(model)  # DataParallel(model, device_ids=[cuda:0, cuda:1])
         """
         devices = self.parallel_devices or [self.root_device]  # root_device raises the "no devices yet" error
-        non_cuda = [str(d) for d in devices if torch.device(d).type != "cuda"]
+        # an integer is a CUDA index, as DataParallel reads it (torch.device(0) would need a CUDA machine)
+        non_cuda = [str(d) for d in devices if not isinstance(d, int) and torch.device(d).type != "cuda"]
         if non_cuda and torch.cuda.is_available():
             # without CUDA, DataParallel calls the module directly (Lightning Fabric relies on this on the CPU);
             # with CUDA it would fail deep inside torch with "Expected a cuda device"
@@ -114,6 +115,11 @@ class DataParallelStrategy(Strategy):
                 " Use CUDA devices (Fabric(accelerator='cuda', strategy='dp')), or strategy='ddp' for the CPU."
             )
         return DataParallel(module=module, device_ids=devices)
+
+    @override
+    def _unwrapped(self, module: Module) -> Module:
+        # the module's name is read here, at the call, as in setup_module
+        return module.module if isinstance(module, DataParallel) else module
 
     @override
     def module_to_device(self, module: Module) -> None:

@@ -210,6 +210,10 @@ class ParallelStrategy(Strategy):
             return self._process_group_backend
         return "nccl" if self.root_device.type == "cuda" else "gloo"
 
+    def _get_process_group_backend(self) -> str:
+        """:attr:`process_group_backend` under Lightning Fabric's name for it, which custom strategies call."""
+        return self.process_group_backend
+
     @property
     def timeout(self) -> timedelta:
         """How long collectives and the rendezvous wait for the other processes before raising."""

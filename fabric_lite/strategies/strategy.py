@@ -88,9 +88,6 @@ class Strategy(ABC):
     #: how :meth:`no_backward_sync` skips the gradient synchronisation (Lightning Fabric's attribute); ``None``: it
     #: is a no-op
     _backward_sync_control: _BackwardSyncControl | None = None
-    #: the wrapper that ``setup_module`` puts around a module (``DataParallel``, ``DistributedDataParallel``), left
-    #: out of the state dict methods so that checkpoints hold the plain module's keys
-    _wrappers: ClassVar[tuple[type[Module], ...]] = ()
 
     def __init__(
         self,
@@ -374,11 +371,13 @@ class Strategy(ABC):
         return self._unwrapped(module).state_dict()
 
     def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
-        """Load a state dict without any wrapper prefix into the module, wrapped (:attr:`_wrappers`) or not."""
+        """Load a state dict without any wrapper prefix into the module, wrapped (:meth:`_unwrapped`) or not."""
         self._unwrapped(module).load_state_dict(state_dict, strict=strict)
 
     def _unwrapped(self, module: Module) -> Module:
-        return module.module if isinstance(module, self._wrappers) else module  # type: ignore[return-value]
+        """``module`` without the wrapper that :meth:`setup_module` put around it (``DataParallel``,
+        ``DistributedDataParallel``), so that checkpoints hold the plain module's keys; here, ``module`` itself."""
+        return module
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
         """The optimizer's state dict."""

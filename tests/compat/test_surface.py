@@ -40,9 +40,6 @@ _DEVICES = f"fabric_lite parses devices in _plan.py; {_ONE_CLIENT}"
 EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
     "lightning_fabric.connector._PLUGIN_INPUT": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
     "lightning_fabric.connector._is_using_cli": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
-    "lightning_fabric.plugins.precision.utils._ClassReplacementContextManager": (
-        f"Lightning's way of swapping torch.nn classes while a module is created; {_ONE_CLIENT}"
-    ),
     "lightning_fabric.strategies._StrategyRegistry": (
         f"fabric_lite's registry holds entries, not Lightning's class; register with STRATEGY_REGISTRY; {_ONE_CLIENT}"
     ),

@@ -11,15 +11,18 @@ from __future__ import annotations
 import functools
 import pickle
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
 
 from fabric_lite import Fabric
 from fabric_lite.strategies import STRATEGY_REGISTRY, DDPStrategy
 from fabric_lite.strategies._sync_batchnorm import CPUSyncBatchNorm, convert_sync_batchnorm
+from fabric_lite.strategies.ddp import _DDPBackwardSyncControl
 from tests.helpers.toolkit_results import suite_results, values
 
 pytestmark = pytest.mark.timeout(240)
@@ -47,16 +50,31 @@ def test_find_unused_parameters_aliases(name: str) -> None:
     assert strategy.ddp_kwargs == {"find_unused_parameters": find_unused}
 
 
-def test_ddp_arguments_pass_through_and_find_unused_parameters_defaults_to_false() -> None:
-    assert DDPStrategy().ddp_kwargs == {"find_unused_parameters": False}
+def test_ddp_arguments_pass_through_and_find_unused_parameters_is_left_to_ddp() -> None:
+    # DDP's own default (False) applies: the strategy adds nothing of its own, as in Lightning; the job's
+    # "default_find_unused_parameters" (test_ddp_arguments_reach_distributed_data_parallel) checks the built DDP
+    assert DDPStrategy().ddp_kwargs == {}
     strategy = DDPStrategy(bucket_cap_mb=5, static_graph=True, gradient_as_bucket_view=True)
-    assert strategy.ddp_kwargs == {
-        "bucket_cap_mb": 5,
-        "static_graph": True,
-        "gradient_as_bucket_view": True,
-        "find_unused_parameters": False,
-    }
+    assert strategy.ddp_kwargs == {"bucket_cap_mb": 5, "static_graph": True, "gradient_as_bucket_view": True}
     assert DDPStrategy(find_unused_parameters=True).ddp_kwargs == {"find_unused_parameters": True}
+
+
+def test_setup_module_passes_ddp_only_the_module_the_device_and_the_given_arguments(monkeypatch) -> None:
+    ddp = mock.Mock()
+    monkeypatch.setattr("fabric_lite.strategies.ddp.DistributedDataParallel", ddp)
+    module = nn.Linear(1, 1)
+    DDPStrategy(parallel_devices=[torch.device("cpu")] * 2).setup_module(module)
+    ddp.assert_called_once_with(module=module, device_ids=None)
+    DDPStrategy(parallel_devices=[torch.device("cpu")] * 2, find_unused_parameters=True).setup_module(module)
+    ddp.assert_called_with(module=module, device_ids=None, find_unused_parameters=True)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "expected"), [(None, "cpu", "gloo"), (None, "cuda:0", "nccl"), ("foo", "cuda:0", "foo")]
+)
+def test_process_group_backend_under_lightnings_name_too(backend: str | None, device: str, expected: str) -> None:
+    strategy = DDPStrategy(parallel_devices=[torch.device(device)], process_group_backend=backend)
+    assert strategy.process_group_backend == strategy._get_process_group_backend() == expected
 
 
 def test_unknown_ddp_argument_is_refused_with_the_accepted_names() -> None:
@@ -142,10 +160,23 @@ def test_hook_arguments_are_kept() -> None:
 
 def test_block_backward_sync_needs_a_ddp_module() -> None:
     with (
-        pytest.raises(TypeError, match="DistributedDataParallel, got Linear"),
+        pytest.raises(TypeError, match=r"is wrapped in `DistributedDataParallel`\. Got: Linear"),
         DDPStrategy().block_backward_sync(nn.Linear(2, 2)),
     ):
         pass
+
+
+def test_no_backward_sync_goes_through_lightnings_ddp_control() -> None:
+    strategy = DDPStrategy()
+    control = strategy._backward_sync_control
+    assert isinstance(control, _DDPBackwardSyncControl)
+    with pytest.raises(TypeError, match=r"is only possible if the module passed to .* is wrapped in"):
+        strategy.no_backward_sync(nn.Linear(2, 2))
+    module = mock.MagicMock(spec=DistributedDataParallel)
+    with strategy.no_backward_sync(module, enabled=False):
+        module.no_sync.assert_not_called()
+    with strategy.no_backward_sync(module):
+        module.no_sync.assert_called_once()
 
 
 # ---------------------------------------------------------------------------------------------- unit: batchnorm

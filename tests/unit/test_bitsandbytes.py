@@ -159,6 +159,19 @@ def test_setup_replaces_linear_layers_except_ignored_ones(mode: str) -> None:
     assert wrapped(torch.randn(2, 32)).dtype is torch.float32  # outputs back in the default dtype
 
 
+def test_setup_casts_floating_tensors_only() -> None:
+    # the rest of the model goes to the compute dtype; a complex buffer must keep its imaginary part
+    model = Net()
+    model.register_buffer("spectrum", torch.complex(torch.rand(4), torch.rand(4)).to(torch.complex128))
+    model.register_buffer("steps", torch.arange(3))
+    model.register_buffer("scale", torch.ones(2))
+    spectrum = model.spectrum.clone()
+    wrapped = fabric("nf4").setup_module(model)
+    assert model.spectrum.dtype is torch.complex128 and torch.equal(model.spectrum, spectrum)
+    assert model.steps.dtype is torch.int64
+    assert model.scale.dtype is plugin_dtype(wrapped)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_forward_is_within_the_quantisation_error_of_the_float_layer(mode: str) -> None:
     torch.manual_seed(0)

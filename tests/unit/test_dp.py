@@ -213,6 +213,20 @@ def test_setup_module_wraps_in_data_parallel_and_state_dict_has_no_prefix() -> N
     s.load_module_state_dict(wrapped, {}, strict=False)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="integer indices name real GPUs on a CUDA machine")
+def test_cuda_indices_as_parallel_devices_on_a_machine_without_cuda() -> None:
+    # DataParallel's device_ids may be integers (CUDA indices); without CUDA it calls the module directly
+    s = DataParallelStrategy()
+    s.parallel_devices = [0, 2, 1]  # type: ignore[list-item]
+    assert s.root_device == 0
+    module = nn.Linear(2, 2)
+    wrapped = s.setup_module(module)
+    assert isinstance(wrapped, nn.DataParallel) and wrapped.module is module
+    x = torch.randn(3, 2)
+    assert torch.equal(wrapped(x), module(x))
+    assert sorted(s.get_module_state_dict(wrapped)) == ["bias", "weight"]
+
+
 def test_training_with_an_instance_on_the_cpu_equals_single_device() -> None:
     def train(strategy: Any) -> tuple[list[float], torch.Tensor, Any]:
         torch.manual_seed(0)

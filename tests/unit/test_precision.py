@@ -6,6 +6,7 @@ The float16 scaler runs on the CPU through an explicit ``MixedPrecision("16-mixe
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -13,7 +14,15 @@ import torch
 from torch import nn
 
 from fabric_lite import Fabric
-from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric_lite.plugins.precision import (
+    DeepSpeedPrecision,
+    DoublePrecision,
+    FSDPPrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+)
+from fabric_lite.plugins.precision.utils import _ClassReplacementContextManager
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 
@@ -261,8 +270,8 @@ def test_bad_precision_arguments(arguments: dict, cls: type[Exception], fragment
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
-        (lambda: MixedPrecision("32-true", "cpu"), "must be one of"),  # type: ignore[arg-type]
-        (lambda: MixedPrecision("bf16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu")), "does not use a loss scaler"),
+        (lambda: MixedPrecision("32-true", "cpu"), "Precision must be '16-mixed' or 'bf16-mixed'"),  # type: ignore[arg-type]
+        (lambda: MixedPrecision("bf16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu")), "does not use a scaler"),
         (lambda: HalfPrecision("bf16-mixed"), "must be one of"),  # type: ignore[arg-type]
     ],
 )
@@ -290,3 +299,84 @@ def test_legacy_precision_names_map_like_lightning() -> None:
         assert Fabric(accelerator="cpu", devices=1, precision="bf16").strategy.precision.precision == "bf16-mixed"
     assert Fabric(accelerator="cpu", devices=1, precision=64).strategy.precision.precision == "64-true"
     assert Fabric(accelerator="cpu", devices=1, precision="32").strategy.precision.precision == "32-true"
+
+
+@pytest.mark.parametrize(
+    ("precision", "message"),
+    [
+        ("16", "Passed `MixedPrecision(precision='16')`. Precision must be '16-mixed' or 'bf16-mixed'"),
+        (16, "Passed `MixedPrecision(precision=16)`. Precision must be '16-mixed' or 'bf16-mixed'"),
+        ("bf16", "Passed `MixedPrecision(precision='bf16')`. Precision must be '16-mixed' or 'bf16-mixed'"),
+    ],
+)
+def test_mixed_precision_errors_use_lightnings_words(precision: object, message: str) -> None:
+    # Lightning's tests pin these phrases; ours add what to pass instead
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        MixedPrecision(precision, "cpu")  # type: ignore[arg-type]
+    assert "legacy" in str(info.value)
+    with pytest.raises(ValueError, match=re.escape("`precision='bf16-mixed'` does not use a scaler, found scaler=")):
+        MixedPrecision("bf16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+
+
+class WithComplexAndIntegerBuffers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.register_buffer("spectrum", torch.complex(torch.rand(5), torch.rand(5)).to(torch.complex128))
+        self.register_buffer("steps", torch.arange(3))
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("64-true", F64), ("16-true", F16), ("bf16-true", BF16)])
+def test_true_precisions_cast_floating_tensors_only(precision: str, dtype: torch.dtype) -> None:
+    # module.to(dtype=float64) would keep only the real part of a complex buffer (torch warns); the plugins keep it
+    module = WithComplexAndIntegerBuffers()
+    spectrum = module.spectrum.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Casting complex values to real discards the imaginary part"
+        model = fabric_for(precision).setup(module)
+    assert model.linear.weight.dtype == model.linear.bias.dtype == dtype
+    assert model.spectrum.dtype == torch.complex128 and torch.equal(model.spectrum, spectrum)
+    assert model.steps.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("plugin", "dtype"),
+    [
+        (DoublePrecision(), F64),
+        (HalfPrecision("16-true"), F16),
+        (HalfPrecision("bf16-true"), BF16),
+        (DeepSpeedPrecision("16-true"), F16),
+        (DeepSpeedPrecision("bf16-true"), BF16),
+        (FSDPPrecision("bf16-true"), BF16),
+    ],
+    ids=repr,
+)
+def test_every_converting_plugin_keeps_complex_tensors(plugin: Precision, dtype: torch.dtype) -> None:
+    module = plugin.convert_module(WithComplexAndIntegerBuffers())
+    assert module.linear.weight.dtype == dtype
+    assert module.spectrum.dtype == torch.complex128 and module.steps.dtype == torch.int64
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16-true", BF16), ("16-true", F16)])
+def test_half_precision_names_its_dtype_as_lightning_does(precision: str, dtype: torch.dtype) -> None:
+    assert HalfPrecision(precision)._desired_input_dtype is dtype  # type: ignore[arg-type]
+
+
+def test_class_replacement_context_manager_swaps_and_restores() -> None:
+    class Replacement(nn.Module):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__()
+
+    original = nn.Linear
+    swap = _ClassReplacementContextManager({"torch.nn.Linear": Replacement})
+    assert swap._originals == {"torch.nn.Linear": original} and swap._modules == {"torch.nn.Linear": torch.nn}
+    with swap:
+        assert isinstance(nn.Linear(2, 2), Replacement)
+    assert nn.Linear is original
+    with pytest.raises(ZeroDivisionError), swap:
+        _ = 1 / 0
+    assert nn.Linear is original  # restored on error too
+    with pytest.raises(ValueError, match="'Linear' is not a dotted path"):
+        _ClassReplacementContextManager({"Linear": Replacement})
+    with pytest.raises(AttributeError):
+        _ClassReplacementContextManager({"torch.nn.NoSuchLayer": Replacement})

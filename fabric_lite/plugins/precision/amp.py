@@ -44,25 +44,31 @@ class MixedPrecision(Precision):
         scaler: torch.amp.GradScaler | None = None,
     ) -> None:
         if precision not in _MIXED:
-            raise ValueError(f"MixedPrecision(precision={precision!r}): precision must be one of {_MIXED}.")
+            raise ValueError(
+                f"Passed `{type(self).__name__}(precision={precision!r})`. Precision must be '16-mixed' or"
+                " 'bf16-mixed' (for the legacy 16 and 'bf16', pass '16-mixed' and 'bf16-mixed')."
+            )
         if scaler is not None and precision == "bf16-mixed":
-            raise ValueError(f"precision='bf16-mixed' does not use a loss scaler, but got scaler={scaler!r}.")
+            raise ValueError(
+                f"`precision='bf16-mixed'` does not use a scaler, found scaler={scaler!r}. Leave scaler out, or use"
+                " precision='16-mixed' to scale the loss."
+            )
         if scaler is None and precision == "16-mixed":
             scaler = torch.amp.GradScaler(device=device)
         self.precision = precision
         self.device = device
         self.scaler = scaler
-        self._dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
+        self._desired_input_dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float16
         # optimizers whose gradients were unscaled since their last step (clip_gradients may be called twice)
         self._unscaled: set[int] = set()
 
     @override
     def forward_context(self) -> AbstractContextManager[Any]:
-        return torch.autocast(self.device, dtype=self._dtype)
+        return torch.autocast(self.device, dtype=self._desired_input_dtype)
 
     @override
     def convert_input(self, data: Any) -> Any:
-        return _cast_floating(data, self._dtype)
+        return _cast_floating(data, self._desired_input_dtype)
 
     @override
     def convert_output(self, data: Any) -> Any:

@@ -26,7 +26,7 @@ from torch import Tensor
 from torch.nn import Module
 
 from fabric_lite.plugins.precision.precision import Precision
-from fabric_lite.plugins.precision.utils import _cast_floating, _DtypeContextManager
+from fabric_lite.plugins.precision.utils import _cast_floating, _ClassReplacementContextManager, _DtypeContextManager
 from fabric_lite.utilities.imports import _Availability
 
 _Mode = Literal["nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "int8-training"]
@@ -139,7 +139,7 @@ class BitsandbytesPrecision(Precision):
             )
         stack = ExitStack()
         stack.enter_context(self.tensor_init_context())
-        stack.enter_context(_ReplaceLinear(self._linear_cls))
+        stack.enter_context(_ClassReplacementContextManager({"torch.nn.Linear": self._linear_cls}))
         return stack
 
     def forward_context(self) -> AbstractContextManager[Any]:
@@ -156,22 +156,6 @@ class BitsandbytesPrecision(Precision):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(mode={self.mode!r}, dtype={self.dtype})"
-
-
-class _ReplaceLinear:
-    """While inside, ``torch.nn.Linear`` is ``cls``: what Lightning's ``init_module`` does to create quantised layers
-    from unmodified model code. The original class is restored on exit, also on error."""
-
-    def __init__(self, cls: type[Module]) -> None:
-        self._cls = cls
-        self._saved: list[type[Module]] = []
-
-    def __enter__(self) -> None:
-        self._saved.append(torch.nn.Linear)
-        torch.nn.Linear = self._cls  # type: ignore[misc, assignment]
-
-    def __exit__(self, *exc: object) -> None:
-        torch.nn.Linear = self._saved.pop()  # type: ignore[misc, assignment]
 
 
 def _import_bitsandbytes() -> ModuleType:

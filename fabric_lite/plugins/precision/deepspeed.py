@@ -12,7 +12,7 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 from fabric_lite.plugins.precision.precision import Precision
-from fabric_lite.plugins.precision.utils import _cast_floating, _DtypeContextManager
+from fabric_lite.plugins.precision.utils import _cast_floating, _convert_module, _DtypeContextManager
 
 #: the precisions DeepSpeed runs, as ``Fabric(precision=...)`` names them (Lightning's DeepSpeedPrecision accepts the
 #: same five); ``"16-mixed"``/``"16-true"`` need a device with float16 support (not DeepSpeed's CPU accelerator)
@@ -58,9 +58,10 @@ class DeepSpeedPrecision(Precision):
         self._desired_dtype = _DTYPES[precision]
 
     def convert_module(self, module: Module) -> Module:
-        """With ``"-true"``, the module in the half type; with ``"-mixed"`` unchanged (the engine casts it)."""
+        """With ``"-true"``, the module's floating parameters and buffers in the half type (complex and integer ones
+        keep their dtype); with ``"-mixed"`` unchanged (the engine casts it)."""
         if self.precision.endswith("-true"):
-            return module.to(dtype=self._desired_dtype)
+            return _convert_module(module, self._desired_dtype)
         return module
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:

@@ -10,7 +10,8 @@ from fabric_lite.plugins.precision.precision import _TrueDtypePrecision
 class DoublePrecision(_TrueDtypePrecision):
     """Train in ``float64``: parameters, buffers and floating inputs become float64, new tensors created under
     ``fabric.init_module()``/``init_tensor()`` and inside the forward default to float64, and floating outputs
-    come back in the default dtype (float32), as in Lightning Fabric.
+    come back in the default dtype (float32), as in Lightning Fabric. Complex and integer parameters and buffers
+    keep their dtype (a complex128 buffer stays complex128).
 
     Example::
 
@@ -21,4 +22,4 @@ class DoublePrecision(_TrueDtypePrecision):
     """
 
     precision = "64-true"
-    _dtype = torch.float64
+    _desired_input_dtype = torch.float64

@@ -12,9 +12,10 @@ _HALF = ("16-true", "bf16-true")
 
 
 class HalfPrecision(_TrueDtypePrecision):
-    """Everything in float16 (``"16-true"``) or bfloat16 (``"bf16-true"``): parameters, buffers, floating inputs,
-    tensors created under ``fabric.init_module()``/``init_tensor()`` and inside the forward. Floating outputs come
-    back in the default dtype, as in Lightning Fabric. No loss scaling.
+    """Everything in float16 (``"16-true"``) or bfloat16 (``"bf16-true"``): floating parameters and buffers (complex
+    and integer ones keep their dtype), floating inputs, tensors created under ``fabric.init_module()``/
+    ``init_tensor()`` and inside the forward. Floating outputs come back in the default dtype, as in Lightning
+    Fabric. No loss scaling.
 
     Args:
         precision: ``"16-true"`` or ``"bf16-true"``.
@@ -31,4 +32,4 @@ class HalfPrecision(_TrueDtypePrecision):
         if precision not in _HALF:
             raise ValueError(f"HalfPrecision(precision={precision!r}): precision must be one of {_HALF}.")
         self.precision = precision
-        self._dtype = torch.bfloat16 if precision == "bf16-true" else torch.float16
+        self._desired_input_dtype = torch.bfloat16 if precision == "bf16-true" else torch.float16

@@ -16,7 +16,7 @@ from torch import Tensor
 from torch.nn import Module, Parameter
 from torch.optim import Optimizer
 
-from fabric_lite.plugins.precision.utils import _cast_floating, _DtypeContextManager
+from fabric_lite.plugins.precision.utils import _cast_floating, _convert_module, _DtypeContextManager
 
 # Lightning Fabric's private type names for precision arguments (clients annotate with them); fabric_lite accepts
 # every value but the transformer-engine ones (see the README's precision table)
@@ -145,25 +145,27 @@ class Precision:
 
 
 class _TrueDtypePrecision(Precision):
-    """Everything in one floating dtype: the module, floating inputs, tensors created under ``init_module()``/
-    ``init_tensor()`` and inside the forward. Floating outputs come back in the default dtype, as in Lightning."""
+    """Everything in one floating dtype: the module's floating parameters and buffers (complex and integer ones are
+    kept), floating inputs, tensors created under ``init_module()``/``init_tensor()`` and inside the forward.
+    Floating outputs come back in the default dtype, as in Lightning."""
 
-    _dtype: torch.dtype = torch.float32
+    #: the dtype (Lightning's attribute name)
+    _desired_input_dtype: torch.dtype = torch.float32
 
     def convert_module(self, module: Module) -> Module:
-        return module.to(dtype=self._dtype)
+        return _convert_module(module, self._desired_input_dtype)
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:
-        return _DtypeContextManager(self._dtype)
+        return _DtypeContextManager(self._desired_input_dtype)
 
     def module_init_context(self) -> AbstractContextManager[Any]:
-        return _DtypeContextManager(self._dtype)
+        return _DtypeContextManager(self._desired_input_dtype)
 
     def forward_context(self) -> AbstractContextManager[Any]:
-        return _DtypeContextManager(self._dtype)
+        return _DtypeContextManager(self._desired_input_dtype)
 
     def convert_input(self, data: Any) -> Any:
-        return _cast_floating(data, self._dtype)
+        return _cast_floating(data, self._desired_input_dtype)
 
     def convert_output(self, data: Any) -> Any:
         return _cast_floating(data, torch.get_default_dtype())

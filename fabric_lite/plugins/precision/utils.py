@@ -1,12 +1,15 @@
-"""What the precision plugins share: casting floating tensors, and the default dtype inside a block (Lightning
-Fabric's ``plugins.precision.utils``, whose names clients import)."""
+"""What the precision plugins share: casting floating tensors and modules, the default dtype inside a block, and
+classes replaced inside a block (Lightning Fabric's ``plugins.precision.utils``, whose names clients import)."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import Module
 
 from fabric_lite.utilities.apply_func import apply_to_collection
 
@@ -21,6 +24,19 @@ def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
     if isinstance(data, Tensor):
         return _convert_fp_tensor(data, dtype)
     return apply_to_collection(data, Tensor, _convert_fp_tensor, dtype)
+
+
+def _convert_module(module: Module, dtype: torch.dtype) -> Module:
+    """``module`` (in place, and returned) with its floating parameters and buffers in ``dtype``; integer, bool and
+    complex ones are kept. ``module.to(dtype=...)`` would cast complex tensors too, keeping only their real part.
+
+    Example::
+
+        _convert_module(model, torch.float64)  # like model.double(): floating tensors only
+    """
+    # Module._apply is what module.double() and module.half() run: parameters, their gradients and buffers alike
+    module._apply(lambda t: _convert_fp_tensor(t, dtype))  # type: ignore[no-untyped-call]
+    return module
 
 
 class _DtypeContextManager:
@@ -43,3 +59,40 @@ class _DtypeContextManager:
 
     def __exit__(self, *exc: object) -> None:
         torch.set_default_dtype(self._previous.pop())
+
+
+class _ClassReplacementContextManager:
+    """Inside the block, each class named in ``mapping`` (``"module.path.ClassName"``) is replaced in its module by
+    the class it maps to, so that unmodified model code creates the replacement (e.g. quantised ``Linear`` layers
+    under ``init_module``); the originals are restored on exit, also on error. The modules are imported at
+    construction, so a wrong name fails there.
+
+    Example::
+
+        with _ClassReplacementContextManager({"torch.nn.Linear": QuantisedLinear}):
+            layer = torch.nn.Linear(4, 4)  # a QuantisedLinear
+    """
+
+    def __init__(self, mapping: Mapping[str, type]) -> None:
+        self._mapping = dict(mapping)
+        #: the class each name stands for outside the block, and the module that holds it
+        self._originals: dict[str, type] = {}
+        self._modules: dict[str, Any] = {}
+        for path in self._mapping:
+            module_name, _, class_name = path.rpartition(".")
+            if not module_name:
+                raise ValueError(
+                    f"_ClassReplacementContextManager: {path!r} is not a dotted path to a class; write it as"
+                    " 'package.module.ClassName', e.g. 'torch.nn.Linear'."
+                )
+            module = importlib.import_module(module_name)
+            self._modules[path] = module
+            self._originals[path] = getattr(module, class_name)
+
+    def __enter__(self) -> None:
+        for path, replacement in self._mapping.items():
+            setattr(self._modules[path], path.rpartition(".")[2], replacement)
+
+    def __exit__(self, *exc: object) -> None:
+        for path, original in self._originals.items():
+            setattr(self._modules[path], path.rpartition(".")[2], original)

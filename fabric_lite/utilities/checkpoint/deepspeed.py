@@ -30,7 +30,12 @@ from torch.optim import Optimizer
 
 from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import folders
-from fabric_lite.utilities.checkpoint.entries import load_or_replace, restore_entries, to_state_dicts
+from fabric_lite.utilities.checkpoint.entries import (
+    load_or_replace,
+    missing_entries_error,
+    restore_entries,
+    to_state_dicts,
+)
 from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
 from fabric_lite.utilities.imports import import_deepspeed
 from fabric_lite.utilities.types import _PATH
@@ -191,10 +196,7 @@ def load(path: _PATH, state: dict[str, Any], strict: bool) -> dict[str, Any]:
         missing += [k for k in optimizer_keys if not has_optimizer]
         if missing:
             saved_objects = [str(index.get("module"))] + ([str(index["optimizer"])] if index.get("optimizer") else [])
-            raise KeyError(
-                f"The checkpoint {str(folder)!r} has no entry for {missing} (it has {sorted(saved_objects + names)})."
-                " Load with strict=False to restore only the entries it has."
-            )
+            raise missing_entries_error(folder, missing, saved_objects + names)
     if optimizer_keys and zero_files and zero_files != engine.dp_world_size:
         raise CheckpointError(
             f"The DeepSpeed checkpoint {str(folder)!r} was saved by {zero_files} ranks and is loaded by"

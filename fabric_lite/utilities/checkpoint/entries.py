@@ -63,10 +63,17 @@ def check_missing(path: Any, wanted: Iterable[str], available: Iterable[str], st
     available = list(available)
     missing = [key for key in wanted if key not in available]
     if strict and missing:
-        raise KeyError(
-            f"The checkpoint {str(path)!r} has no entry for {missing} (it has {sorted(available)})."
-            " Load with strict=False to restore only the entries it has."
-        )
+        raise missing_entries_error(path, missing, available)
+
+
+def missing_entries_error(path: Any, missing: list[str], available: Iterable[str]) -> KeyError:
+    """The ``KeyError`` of a strict load: the checkpoint at ``path`` lacks the entries ``missing`` (the first one in
+    Lightning Fabric's words), and has ``available``."""
+    return KeyError(
+        f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint"
+        f" {str(path)!r} (missing: {missing}; it has {sorted(available)}). To restore only the entries it has, set"
+        " `strict=False`."
+    )
 
 
 def restore_entries(

@@ -39,6 +39,18 @@ EXPECTED: dict[str, Difference] = {
     # --- cluster environments, seeds, ranks, loggers, throughput, spikes, warnings, imports ---
     # --- FSDP, ModelParallel, FSDP precision ---
     # --- DDP, DP, DeepSpeed, single device, the strategy base, precision plugins ---
+    "tests_fabric/strategies/test_ddp.py::test_set_timeout": Difference(
+        "private",
+        "pins Lightning's exact call torch.distributed.init_process_group(backend, rank=, world_size=, timeout=,"
+        " device_id=) of its env:// rendezvous: fabric_lite creates the rendezvous store itself and passes store="
+        " (device_id for CUDA devices only); the timeout reaches the group as in Lightning (the hang and rendezvous"
+        " timeouts of tests/distributed/test_reliability.py and test_launchers.py hold it)",
+    ),
+    "tests_fabric/strategies/test_ddp.py::test_device_id_passed_for_cuda_devices": Difference(
+        "private",
+        "pins the same exact init_process_group call as test_set_timeout (Lightning's env:// rendezvous, device_id=None"
+        " on the CPU): fabric_lite passes its own store= and device_id only for a CUDA device",
+    ),
     # --- launchers, collectives, distributed utilities, graveyard ---
 }
 
