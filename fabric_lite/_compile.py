@@ -203,20 +203,20 @@ def _add_orig_mod(
     _rename_under(state_dict, prefix, lambda key: key if key.startswith(inner) else inner + key[len(prefix) :])
 
 
-def take_apart_compiled(module: nn.Module, reapply: bool) -> tuple[nn.Module, nn.Module, Compiler | None]:
-    """``(module to set up, original module, compiler)`` for ``Fabric.setup(module, _reapply_compile=reapply)``.
+def take_apart_compiled(module: nn.Module, reapply: bool) -> tuple[nn.Module, Compiler | None]:
+    """``(module to set up, compiler)`` for ``Fabric.setup(module, _reapply_compile=reapply)``.
 
-    With ``reapply``, a compiled module is set up uncompiled and compiled again afterwards (the compiler);
-    without, the compiled module is set up as it is. Either way every compiled wrapper in it (the module itself,
-    or blocks the user compiled one by one) gets state dict keys without ``_orig_mod.``.
+    With ``reapply``, a compiled module is set up uncompiled and compiled again afterwards (the compiler); the module
+    to set up is also the original one (``fabric_model.module``). Without, the compiled module is set up as it is,
+    and is the original one too, as in Lightning. Either way every compiled wrapper in it (the module itself, or
+    blocks the user compiled one by one) gets state dict keys without ``_orig_mod.``.
 
     Example::
 
-        module, original, compiler = take_apart_compiled(torch.compile(model), reapply=True)
-        assert module is original is model
+        module, compiler = take_apart_compiled(torch.compile(model), reapply=True)
+        assert module is model and compiler is not None
     """
-    original, compiler = unwrap_compiled(module) if reapply else (uncompiled(module), None)
     for submodule in module.modules():
         if is_compiled(submodule):
             clean_state_dict_keys(submodule)
-    return (original if reapply else module), original, compiler
+    return unwrap_compiled(module) if reapply else (module, None)

@@ -27,6 +27,7 @@ from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.loggers._folder import _agree_on_versions, _attach_rank
 from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
+from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities._tree import flatten, unflatten
@@ -37,6 +38,7 @@ from fabric_lite.utilities.data import (
     has_iterable_dataset,
     replace_sampler,
 )
+from fabric_lite.utilities.device_dtype_mixin import _update_properties
 from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 from fabric_lite.utilities.seed import seed_everything
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast
@@ -45,8 +47,14 @@ from fabric_lite.wrappers import (
     _FabricModule,
     _FabricOptimizer,
     _unwrap_objects,
+    _unwrap_state,
     is_wrapped,
 )
+
+
+def _launch_only(fabric: Fabric) -> None:
+    """What :meth:`Fabric.launch` runs when given no function: nothing beyond starting the processes. A default of
+    its own, not ``None``, so that ``launch(train())`` (``None``, the result of calling ``train``) is caught."""
 
 
 def _launches_processes(run: Callable[..., Any]) -> Callable[..., Any]:
@@ -184,6 +192,11 @@ class Fabric:
         return self._strategy
 
     @property
+    def _precision(self) -> Precision:
+        """The strategy's precision plugin (Lightning Fabric's attribute of this name)."""
+        return self._strategy.precision
+
+    @property
     def device(self) -> torch.device:
         """The device this process computes on."""
         return self._strategy.root_device
@@ -248,7 +261,7 @@ class Fabric:
         """
         return None
 
-    def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+    def launch(self, function: Callable[..., Any] = _launch_only, *args: Any, **kwargs: Any) -> Any:
         """Start the processes the strategy needs and join them in a process group.
 
         * ``strategy="ddp"``: this process is local rank 0; the script is started again once per extra device,
@@ -281,28 +294,30 @@ class Fabric:
                 fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
                 result = fabric.launch(train)  # runs train(fabric) in 2 new processes; rank 0's result: 0
         """
-        if function is not None:
+        if function is not _launch_only:
             if not callable(function):
                 raise TypeError(
-                    f"Fabric.launch() needs a callable, but got {function!r}. HINT: write .launch(your_fn), not"
-                    " .launch(your_fn())."
+                    f"`Fabric.launch(...)` needs to be a callable, but got {function!r}. HINT: write"
+                    " .launch(your_fn), not .launch(your_fn())."
                 )
             if not inspect.signature(function).parameters:
                 raise TypeError(
-                    f"Fabric.launch(function={getattr(function, '__name__', function)}) must take at least one"
+                    f"`Fabric.launch(function={getattr(function, '__name__', function)})` needs to take at least one"
                     " argument: the launcher passes it the Fabric object. Example: def train(fabric): ..."
                 )
-        elif self._strategy.launcher is not None and self._strategy.launcher.requires_function:
+        elif _trait(self._strategy.launcher, "requires_function"):
             raise TypeError(
-                f"To spawn processes with the {type(self._strategy).__name__} (start method spawn/fork),"
-                " .launch() needs a function that holds the code to run in them: fabric.launch(train)."
+                f"To spawn processes with the `{type(self._strategy).__name__}` strategy (start method spawn/fork),"
+                " `.launch()` needs to be called with a function that holds the code to run in them:"
+                " fabric.launch(train)."
             )
-        if self._launched and function is None:
+        body = None if function is _launch_only else function
+        if self._launched and body is None:
             return None
         self._launched = True
-        to_run = partial(self._run_with_setup, function)
+        to_run = partial(self._run_with_setup, body)
         launcher = self._strategy.launcher
-        if launcher is not None and not (self._environment_ready and function is not None):
+        if launcher is not None and not (self._environment_ready and body is not None):
             return launcher.launch(to_run, *args, **kwargs)
         return to_run(*args, **kwargs)
 
@@ -338,10 +353,11 @@ class Fabric:
         return result
 
     def _validate_launched(self) -> None:
-        if self._strategy.is_parallel and not self._launched:
+        if not self._launched and _trait(self._strategy, "is_parallel"):
             raise RuntimeError(
                 f"To use Fabric with more than one process ({type(self._strategy).__name__}, world size"
-                f" {self.world_size}), call fabric.launch() first (or launch(fn) for spawn/fork strategies)."
+                f" {self.world_size}), you must call `.launch()`: call fabric.launch() first (or fabric.launch(fn) for"
+                " spawn/fork strategies), or start the script with `fabric-lite run`."
             )
 
     # ------------------------------------------------------------------ setup
@@ -378,7 +394,7 @@ class Fabric:
         """
         fabric_module, wrapped = self._setup_module("setup", module, optimizers, move_to_device, _reapply_compile)
         fabric_optimizers = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in wrapped]
-        self._attach_lightning_module(fabric_module._original_module, fabric_optimizers)
+        self._attach_lightning_module(uncompiled(fabric_module._original_module), fabric_optimizers)
         self.call("on_after_setup", fabric=self, module=fabric_module)
         if scheduler is not None:
             return (fabric_module, *fabric_optimizers, scheduler)
@@ -396,7 +412,7 @@ class Fabric:
             optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
         """
         fabric_module, _ = self._setup_module("setup_module", module, (), move_to_device, _reapply_compile)
-        self._attach_lightning_module(fabric_module._original_module, None)
+        self._attach_lightning_module(uncompiled(fabric_module._original_module), None)
         return fabric_module
 
     def _setup_module(
@@ -411,7 +427,8 @@ class Fabric:
         if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
             raise ValueError("An optimizer should be passed only once to the `setup` method. It is already set up.")
         _check_optimizers_own_parameters(module, optimizers)
-        module, original, compiler = take_apart_compiled(module, reapply)
+        module, compiler = take_apart_compiled(module, reapply)
+        original = module
         module = self._strategy.precision.convert_module(module)
         if move_to_device:
             self._strategy.module_to_device(module)
@@ -421,8 +438,12 @@ class Fabric:
             module, wrapped = self._strategy.setup_module(module), []
         if compiler is not None:
             module = self._strategy.compile_module(module, compiler)  # e.g. torch.compile(DDP(module))
+        fabric_module = _FabricModule(module, self._strategy, original_module=original)
+        # where the model is now, for fabric_model.device (a sharded model has no one device but the process's)
+        moved = self.device if move_to_device else next(fabric_module.parameters(), torch.empty(0)).device
+        _update_properties(fabric_module, device=moved)
         self._models_setup += 1
-        return _FabricModule(module, self._strategy, original_module=original), wrapped
+        return fabric_module, wrapped
 
     def _attach_lightning_module(self, module: nn.Module, optimizers: list[_FabricOptimizer] | None) -> None:
         """What Lightning Fabric does for a ``LightningModule`` (recognised, as there, by its ``_fabric`` attribute):
@@ -543,7 +564,7 @@ class Fabric:
                 " Set up the model first: model, optimizer = fabric.setup(model, optimizer)."
             )
         model = uncompiled(model)  # torch.compile(fabric_model) is accepted too
-        module = model._forward_module if isinstance(model, _FabricModule) else model
+        module = model._strategy_module if isinstance(model, _FabricModule) else model
         self._strategy.backward(tensor, module, *args, **kwargs)
 
     def clip_gradients(
@@ -650,7 +671,7 @@ class Fabric:
                 "You need to set up the model first before you can call `fabric.no_backward_sync()`:"
                 f" `model = fabric.setup(model, ...)`. Got {type(module).__name__}."
             )
-        return self._strategy.no_backward_sync(module._forward_module, enabled)
+        return self._strategy.no_backward_sync(module._strategy_module, enabled)
 
     def sharded_model(self) -> AbstractContextManager[Any]:
         """Deprecated (as in Lightning): use :meth:`init_module`, which this calls.
@@ -889,7 +910,7 @@ class Fabric:
                     raise TypeError(
                         f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {fn!r}"
                     )
-        self._strategy.save_checkpoint(path, _unwrap_objects(dict(state)), filter=filter)
+        self._strategy.save_checkpoint(path=path, state=_unwrap_state(state), filter=filter)
 
     def load(
         self, path: _PATH, state: dict[str, Any] | None = None, strict: bool = True, *, weights_only: bool | None = None
@@ -911,8 +932,8 @@ class Fabric:
             step = state["step"]  # plain values are written back into state
             checkpoint = fabric.load("checkpoints/last.ckpt")  # no state: the whole checkpoint, as a dict
         """
-        unwrapped = _unwrap_objects(state) if state is not None else None
-        remainder = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
+        unwrapped = _unwrap_state(state) if state is not None else None
+        remainder = self._strategy.load_checkpoint(path=path, state=unwrapped, strict=strict, weights_only=weights_only)
         if state is not None and unwrapped is not None:
             for key, value in unwrapped.items():
                 if not is_wrapped(state[key]):
@@ -929,7 +950,7 @@ class Fabric:
             torch.save(model.state_dict(), "weights.pt")  # a plain state dict, saved without Fabric
             fabric.load_raw("weights.pt", model)  # into a module (set up or not) or an optimizer
         """
-        self._strategy.load_checkpoint(path, _unwrap_objects(obj), strict=strict, weights_only=weights_only)
+        self._strategy.load_checkpoint(path=path, state=_unwrap_objects(obj), strict=strict, weights_only=weights_only)
 
     # ------------------------------------------------------------------ callbacks and loggers
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
@@ -996,6 +1017,13 @@ class Fabric:
             fabric.seed_everything(42)  # random, NumPy and torch, and every dataloader worker set up afterwards
         """
         return seed_everything(seed=seed, workers=True if workers is None else workers, verbose=verbose)
+
+
+def _trait(obj: object, name: str) -> bool:
+    """The class-level trait ``name`` of ``obj`` (a strategy's ``is_parallel``, a launcher's ``requires_function``):
+    ``True`` only where its class declares it so. Read through ``__class__``, which a stand-in for an object (a proxy,
+    a ``Mock(spec=DDPStrategy)``) reports as the class it stands for; anything else, ``None`` included, is ``False``."""
+    return getattr(obj.__class__, name, False) is True
 
 
 def _on_tensors(data: Any, device: torch.device, collective: Callable[[list[Tensor]], list[Tensor]]) -> Any:

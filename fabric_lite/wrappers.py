@@ -12,6 +12,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MethodType
 from typing import Any
 
 import torch
@@ -19,44 +20,44 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader, IterableDataset
 
-from fabric_lite._compile import clean_state_dict_keys, is_compiled, uncompiled
+from fabric_lite._compile import Compiler, clean_state_dict_keys, is_compiled, uncompiled, unwrap_compiled
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _resume
 from fabric_lite.utilities._resume import EpochStart
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
 from fabric_lite.utilities.data import SeedPerSample, sized_len
+from fabric_lite.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 from fabric_lite.utilities.seed import _gather_per_rank, _rank_and_world_size
 
 #: methods of a LightningModule that are routed through the strategy's forward without mark_forward_method
 _LIGHTNING_MODULE_STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 
 
-class _FabricModule(nn.Module):
+class _FabricModule(_DeviceDtypeModuleMixin):
     """Wraps the module set up by ``Fabric.setup``/``setup_module``.
 
-    Calling it runs the strategy's module (e.g. ``DistributedDataParallel``) under the precision's forward hooks.
-    ``state_dict``/``load_state_dict`` act on the original module, so the keys carry no wrapper prefix; ``.module``
-    is the original module; other attributes are read from and written to the original module.
-
-    A compiled ``forward_module`` (``torch.compile(DistributedDataParallel(model))``, as ``Fabric.setup`` makes it)
-    is what calls run through, while ``_forward_module`` is the module under it (the strategy's, e.g. the DDP
-    module: what ``no_backward_sync``, checkpoints and DDP comm hooks act on). Lightning keeps the compiled wrapper
-    in ``_forward_module``. No state dict carries the ``_orig_mod.`` of a compiled wrapper.
+    Calling it runs ``_forward_module`` under the precision's forward hooks: the strategy's module (e.g.
+    ``DistributedDataParallel``), or, for a model that was compiled, ``torch.compile``'s wrapper around it
+    (``torch.compile(DistributedDataParallel(model))``, as ``Fabric.setup`` makes it). The strategy's module under
+    that wrapper, what ``no_backward_sync``, checkpoints and DDP comm hooks act on, is :attr:`_strategy_module`.
+    ``state_dict``/``load_state_dict`` act on the original module, so the keys carry no wrapper prefix (nor the
+    ``_orig_mod.`` of a compiled wrapper); ``.module`` is the original module; other attributes are read from and
+    written to the original module. ``device`` and ``dtype`` are where the model was set up
+    (:class:`~fabric_lite.utilities.device_dtype_mixin._DeviceDtypeModuleMixin`).
     """
 
     def __init__(self, forward_module: nn.Module, strategy: Strategy, original_module: nn.Module | None = None):
         super().__init__()
-        call = forward_module
         if is_compiled(forward_module):
             clean_state_dict_keys(forward_module)
-            forward_module = uncompiled(forward_module)
         self._forward_module = forward_module
         self._original_module = original_module if original_module is not None else forward_module
         self._strategy = strategy
         precision = strategy.precision
+        # in __dict__ too, for the hot path: nn.Module keeps submodules in `_modules`, reached through __getattr__
+        object.__setattr__(self, "_call", forward_module)
         # decided once here, not on every call: the forward hooks of full precision do nothing
-        object.__setattr__(self, "_call", call)
         object.__setattr__(self, "_precision", precision if precision.changes_forward() else None)
         # a LightningModule's step methods run through the strategy's forward as in Lightning (for DDP's hooks)
         object.__setattr__(self, "_forward_methods", set(_LIGHTNING_MODULE_STEP_METHODS))
@@ -64,8 +65,14 @@ class _FabricModule(nn.Module):
 
     @property
     def module(self) -> nn.Module:
-        """The original module, as passed to ``Fabric.setup``."""
+        """The original module, as passed to ``Fabric.setup``; a compiled one without the wrapper that ``setup`` takes
+        off to compile the strategy's module again (with ``_reapply_compile=False``, as it was passed)."""
         return self._original_module
+
+    @property
+    def _strategy_module(self) -> nn.Module:
+        """The strategy's module (e.g. the ``DistributedDataParallel`` module), without a compiled wrapper."""
+        return uncompiled(self._forward_module)  # type: ignore[no-any-return]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         precision = self._precision
@@ -85,33 +92,49 @@ class _FabricModule(nn.Module):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
         return self._original_module.load_state_dict(state_dict, strict=strict, **kwargs)
 
-    def mark_forward_method(self, method: Callable[..., Any] | str) -> None:
+    def mark_forward_method(self, method: MethodType | str) -> None:
         """Route calls of another method (e.g. ``generate``) through the strategy's forward, like ``forward``.
 
         ``DistributedDataParallel`` only synchronises what runs through its ``forward``; a method called directly
         on the module would bypass it.
+
+        Args:
+            method: the method's name, or the bound method itself (``model.generate``).
+
+        Raises:
+            TypeError: ``method`` is neither a string nor a bound method.
+            ValueError: ``method`` is ``forward``.
+            AttributeError: the original module has no method of that name.
         """
-        name = method if isinstance(method, str) else getattr(method, "__name__", None)
-        if not isinstance(name, str):
-            raise TypeError(f"mark_forward_method expects a method or its name, got {method!r}.")
+        if not isinstance(method, (MethodType, str)):
+            raise TypeError(
+                f"Expected a method or a string, but got: {type(method).__name__} ({method!r}). Pass the method's name,"
+                " e.g. mark_forward_method('generate'), or the bound method: mark_forward_method(model.generate)."
+            )
+        name = method if isinstance(method, str) else method.__name__
         if name == "forward":
-            raise ValueError("forward already runs through the strategy; mark other methods, e.g. 'generate'.")
-        if not callable(getattr(self._original_module, name, None)):
+            raise ValueError(
+                "You cannot mark the forward method itself as a forward method: it runs through the strategy already."
+                " Mark other methods, e.g. 'generate'."
+            )
+        original = uncompiled(self._original_module)
+        if not isinstance(getattr(original, name, None), MethodType):
             raise AttributeError(
-                f"mark_forward_method({name!r}): {type(self._original_module).__name__} has no method {name!r}."
+                f"You marked {name!r} as a forward method, but `{type(original).__name__}.{name}` does not exist or"
+                " is not a method."
             )
         self._forward_methods.add(name)
 
     def _redirect_through_forward(self, name: str) -> Callable[..., Any]:
-        original = self._original_module
-        method = getattr(original, name)
+        original = uncompiled(self._original_module)  # whose forward the strategy's module (or compiled one) calls
 
         def redirected(*args: Any, **kwargs: Any) -> Any:
-            # undo the redirection before running the method, so that it can call the real forward itself
+            # undo the redirection before running the method, so that it can call the real forward itself; the
+            # method is looked up only now, so a module without it raises when it is called, as it would directly
             original.__dict__.pop("forward", None)
-            return method(*args, **kwargs)
+            return getattr(original, name)(*args, **kwargs)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call_forward_module(*args: Any, **kwargs: Any) -> Any:
             # the strategy's wrapper calls ``original.forward``; point it at the marked method for this one call
             original.forward = redirected
             try:
@@ -119,7 +142,7 @@ class _FabricModule(nn.Module):
             finally:
                 original.__dict__.pop("forward", None)
 
-        return call
+        return call_forward_module
 
     def __getattr__(self, name: str) -> Any:
         forward_methods = self.__dict__.get("_forward_methods")
@@ -131,7 +154,7 @@ class _FabricModule(nn.Module):
         except AttributeError:
             original = super().__getattr__("_original_module")
             attribute = getattr(original, name)
-            if inspect.ismethod(attribute) and super().__getattr__("_forward_module") is not original:
+            if inspect.ismethod(attribute) and self._strategy_module is not uncompiled(original):
                 return self._guard_unmarked_method(attribute, name)
             return attribute
 
@@ -143,7 +166,7 @@ class _FabricModule(nn.Module):
         Lightning raises whenever a submodule runs, gradients or not; under ``torch.no_grad()`` (acting, sampling,
         evaluating) nothing can go wrong, so fabric_lite lets that run.
         """
-        original = self._original_module
+        original = uncompiled(self._original_module)
 
         def refuse_with_gradients(module: nn.Module, _: Any) -> None:
             if torch.is_grad_enabled():
@@ -481,8 +504,8 @@ def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
     def check(grad: torch.Tensor) -> None:
         if not precision._in_fabric_backward:
             raise RuntimeError(
-                f"precision={precision.precision!r} needs `fabric.backward(loss)` instead of `loss.backward()`:"
-                " the loss must be scaled before its backward. Replace loss.backward() with fabric.backward(loss)."
+                f"precision={precision.precision!r} requires you to call `fabric.backward(loss)` instead of"
+                " `loss.backward()`: the loss must be scaled before its backward."
             )
 
     tensor.register_hook(check)  # type: ignore[no-untyped-call]
@@ -500,19 +523,50 @@ def _set_sampler_epoch(dataloader: Any, epoch: int) -> None:
 
 
 def _unwrap_objects(collection: Any) -> Any:
-    """Replace fabric_lite's module and optimizer wrappers in a (flat) collection by what they wrap."""
+    """``collection`` with every module, optimizer and dataloader that ``Fabric.setup*`` returned (also compiled, and
+    also inside nested lists, tuples and dicts) replaced by what it wraps: the strategy's module (e.g. the
+    ``DistributedDataParallel`` module, never compiled), the optimizer, the dataloader. Other objects stay as they are.
 
-    def unwrap(obj: Any) -> Any:
-        obj = uncompiled(obj)  # torch.compile(model) or torch.compile(fabric_model): what it wraps
-        if isinstance(obj, _FabricModule):
-            return obj._forward_module
-        if isinstance(obj, _FabricOptimizer):
-            return obj.optimizer
-        return obj  # a dataloader wrapper stays: its state_dict is what a checkpoint needs
+    Example::
 
-    if isinstance(collection, dict):
-        return {key: unwrap(value) for key, value in collection.items()}
-    return unwrap(collection)
+        model, optimizer = fabric.setup(net, optimizer)
+        _unwrap_objects({"model": model, "opts": [optimizer]})  # {"model": net, "opts": [the torch optimizer]}
+    """
+    return apply_to_collection(collection, (nn.Module, Optimizer, _FabricDataLoader), _unwrapped)
+
+
+def _unwrap_state(state: dict[str, Any]) -> dict[str, Any]:
+    """What ``Fabric.save``/``load`` hand the strategy: the entries of ``state`` unwrapped as by
+    :func:`_unwrap_objects`, except that a dataloader stays wrapped (its ``state_dict`` holds the position in the
+    epoch, which a checkpoint needs) and nested collections are left alone (an object inside is loaded in place, not
+    in a rebuilt copy)."""
+    return {key: _unwrapped(value, keep_loaders=True) for key, value in state.items()}
+
+
+def _unwrapped(obj: Any, keep_loaders: bool = False) -> Any:
+    obj = uncompiled(obj)  # torch.compile(model) or torch.compile(fabric_model): what it wraps
+    if isinstance(obj, _FabricModule):
+        return obj._strategy_module
+    if isinstance(obj, _FabricOptimizer):
+        return obj.optimizer
+    if isinstance(obj, _FabricDataLoader) and not keep_loaders:
+        return obj._dataloader
+    return obj
+
+
+def _unwrap_compiled(obj: Any) -> tuple[Any, Compiler | None]:
+    """``obj`` without ``torch.compile``'s wrapper, and the settings to compile it again (``None`` for an object that
+    is not compiled), as Lightning's function of this name.
+
+    The settings are a :class:`~fabric_lite._compile.Compiler`, read from the compiled module itself, where Lightning
+    returns the keyword arguments it recorded by patching ``torch.compile`` at import.
+
+    Example::
+
+        module, compiler = _unwrap_compiled(torch.compile(model))  # model, its settings
+        module, compiler = _unwrap_compiled(model)  # model, None
+    """
+    return unwrap_compiled(obj) if is_compiled(obj) else (obj, None)
 
 
 def is_wrapped(obj: object) -> bool:

@@ -26,9 +26,9 @@ def _check_metrics(metrics: Any, caller: str) -> None:
 def _check_one_element(tensor: Tensor, name: str, caller: str) -> None:
     if tensor.numel() != 1:
         raise ValueError(
-            f"{caller}: the metric {name!r} is a tensor with {tensor.numel()} elements (shape {tuple(tensor.shape)});"
-            " only numbers and one-element tensors can be logged. Log a reduction such as `.mean()`, or one name"
-            " per element."
+            f"{caller}: the metric {name!r} is a tensor with {tensor.numel()} elements (shape {tuple(tensor.shape)}),"
+            " so it cannot be converted to a scalar. Only numbers and one-element tensors can be logged: log a"
+            " reduction such as `.mean()`, or one name per element."
         )
 
 

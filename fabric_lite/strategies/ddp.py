@@ -300,7 +300,7 @@ class DDPStrategy(ParallelStrategy):
                 fabric.backward(model(x1).sum())  # local gradients only
             fabric.backward(model(x2).sum())      # synchronises the sum of both
         """
-        with self.no_backward_sync(getattr(module, "_forward_module", module)):
+        with self.no_backward_sync(getattr(module, "_strategy_module", module)):
             yield
 
     def reduce(

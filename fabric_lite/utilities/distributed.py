@@ -310,7 +310,7 @@ def register_ddp_comm_hook(
         return
     from torch.nn.parallel import DistributedDataParallel
 
-    ddp = getattr(model, "_forward_module", model)  # the module fabric.setup returned wraps the DDP module
+    ddp = getattr(model, "_strategy_module", model)  # the module fabric.setup returned wraps the DDP module
     if not isinstance(ddp, DistributedDataParallel):
         raise TypeError(
             f"register_ddp_comm_hook needs a DistributedDataParallel model, got {type(model).__name__}. Set the model"

@@ -58,7 +58,8 @@ def test_setup_compiles_again_with_the_same_settings(fabric: Fabric) -> None:
     counter = CountingBackend()
     compiled = torch.compile(net, backend=counter, dynamic=False)
     model = fabric.setup(compiled)
-    assert model.module is net and model._forward_module is net  # the original, uncompiled
+    assert model.module is net and model._strategy_module is net  # the original, uncompiled
+    assert model._forward_module is model._call  # what calls run through: the new compiled wrapper, as in Lightning
     assert is_compiled(model._call) and model._call is not compiled
     assert model._call.dynamo_ctx is compiled.dynamo_ctx  # backend, mode, options, fullgraph, dynamic: all of them
     x = torch.randn(4, 6)
@@ -80,7 +81,7 @@ def test_reapply_compile_false_sets_up_the_compiled_module_as_it_is(fabric: Fabr
     net = Net()
     compiled = torch.compile(net, backend="eager")
     model = fabric.setup(compiled, _reapply_compile=False)
-    assert model._call is compiled and model.module is net
+    assert model._call is compiled and model.module is compiled  # as in Lightning: the module as it was given
     assert sorted(model.state_dict()) == sorted(net.state_dict())
     assert sorted(compiled.state_dict()) == sorted(net.state_dict())  # the wrapper's own keys too
     fabric.save(tmp_path / "ckpt", {"model": model})
@@ -95,7 +96,7 @@ def test_setup_module_signature_and_recompile(fabric: Fabric) -> None:
     net = Net()
     compiled = torch.compile(net, backend=counter)
     plain = fabric.setup_module(compiled, _reapply_compile=False)
-    assert plain._call is compiled and plain.module is net  # set up as it is: neither unwrapped nor recompiled
+    assert plain._call is compiled and plain.module is compiled  # set up as it is: neither unwrapped nor recompiled
 
 
 def test_checkpoints_of_compiled_and_eager_models_are_interchangeable(fabric: Fabric, tmp_path: Path) -> None:
@@ -189,7 +190,8 @@ def test_data_parallel_compiles_the_data_parallel_module() -> None:
     counter = CountingBackend()
     net = Net()
     model = fabric.setup(torch.compile(net, backend=counter))
-    assert isinstance(model._forward_module, nn.DataParallel) and model._call._orig_mod is model._forward_module
+    assert isinstance(model._strategy_module, nn.DataParallel)
+    assert model._forward_module._orig_mod is model._strategy_module
     x = torch.randn(2, 6)
     torch.testing.assert_close(model(x), net(x))
     assert counter.graphs >= 1 and sorted(model.state_dict()) == sorted(net.state_dict())
@@ -203,7 +205,7 @@ def test_compiled_module_without_settings_to_reapply(fabric: Fabric) -> None:
     with pytest.raises(RuntimeError, match="_reapply_compile=False"):
         fabric.setup(compiled)
     model = fabric.setup(compiled, _reapply_compile=False)  # the way out the message names
-    assert model.module is compiled._orig_mod
+    assert model.module is compiled
 
 
 def test_inductor_losses_equal_eager(fabric: Fabric, inductor_cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -232,7 +234,7 @@ def test_ddp_compiled_on_two_processes(inductor_cache: str, monkeypatch: pytest.
     losses = per_rank(results, "losses")
     for rank in losses:
         assert rank["call"] == "OptimizedModule" and rank["call_wraps_ddp"]
-        assert rank["forward_module"] == "DistributedDataParallel" and rank["inner"] == "Net"
+        assert rank["strategy_module"] == "DistributedDataParallel" and rank["inner"] == "Net"
         torch.testing.assert_close(rank["compiled"], rank["eager"], rtol=TOLERANCE, atol=TOLERANCE)
     assert losses[0]["compiled"] != losses[1]["compiled"]  # rank-dependent data
     assert losses[0]["weights"] == losses[1]["weights"]  # gradients averaged

@@ -202,7 +202,9 @@ def test_clip_gradients_with_a_scaler_does_not_raise_on_overflow() -> None:
 def test_plain_loss_backward_is_caught_where_the_scaler_needs_fabric_backward() -> None:
     fabric, model, optimizer, _ = _scaler_setup()
     loss = model(torch.randn(3, 4)).sum()
-    with pytest.raises(RuntimeError, match=r"needs `fabric.backward\(loss\)` instead of `loss.backward\(\)`"):
+    with pytest.raises(
+        RuntimeError, match=r"requires you to call `fabric.backward\(loss\)` instead of `loss.backward\(\)`"
+    ):
         loss.backward()
     fabric.backward(model(torch.randn(3, 4)).sum())  # fabric.backward still works afterwards
 

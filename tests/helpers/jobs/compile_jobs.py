@@ -79,8 +79,8 @@ def ddp_compile(fabric: Any, backend: str | None, folder: str) -> dict[str, Any]
             # fabric.setup compiled the DDP module, not the module inside DDP
             "call": type(model._call).__name__,
             "call_wraps_ddp": isinstance(model._call._orig_mod, DistributedDataParallel),
-            "forward_module": type(model._forward_module).__name__,
-            "inner": type(model._forward_module.module).__name__,
+            "strategy_module": type(model._strategy_module).__name__,
+            "inner": type(model._strategy_module.module).__name__,
             "weights": model.module.fc1.weight.sum().item(),  # equal on both ranks only if gradients were averaged
         }
 

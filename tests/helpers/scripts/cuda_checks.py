@@ -277,7 +277,7 @@ def compiled_on_gpu() -> dict:
                 optimizer.zero_grad()
                 losses.append(loss.item())
             runs[compiled] = losses
-            calls[compiled] = (is_compiled(model._call), type(model._forward_module).__name__)
+            calls[compiled] = (is_compiled(model._call), type(model._strategy_module).__name__)
         result[strategy] = {
             "eager_call_compiled": calls[False][0],
             "compiled_call_compiled": calls[True][0],

@@ -35,6 +35,94 @@ EXPECTED: dict[str, Difference] = {
     # --- XLA/TPU (kind xla) ---
     # --- connector, plan, registries, device parsing, accelerators ---
     # --- Fabric and its wrappers, device/dtype mixin ---
+    "tests_fabric/test_fabric.py::test_all_gather": Difference(
+        "documented",
+        "a collection's tensors reach the strategy's all_gather in one call, as a list (one collective per dtype);"
+        " Lightning calls it once per tensor, which the mocked strategy counts",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_fabric.py::test_all_reduce": Difference(
+        "documented",
+        "a collection's tensors reach the strategy's all_reduce in one call, as a list (one collective per dtype);"
+        " Lightning calls it once per tensor, which the mocked strategy counts",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_fabric.py::test_backward": Difference(
+        "documented",
+        "fabric.backward before any fabric.setup raises (the gradients would not be synchronised); Lightning raises"
+        " so with DeepSpeed only",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_fabric.py::test_backward_required": Difference(
+        "private",
+        "reads wrappers._in_fabric_backward, Lightning's module-global flag (fabric_lite keeps it on the precision"
+        " plugin), and asserts a backward hook on every output also where the precision needs none (32-true,"
+        " bf16-true); the error for a plain loss.backward() under a loss-scaling precision is the same",
+    ),
+    "tests_fabric/test_fabric.py::test_backward_required[setup-auto-bf16-mixed-True]": Difference(
+        "documented",
+        "besides the private flag and hooks above: a plain loss.backward() under bf16-mixed (no loss scaler) is not"
+        " refused",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_fabric.py::test_backward_required[setup_module-auto-bf16-mixed-True]": Difference(
+        "documented",
+        "besides the private flag and hooks above: a plain loss.backward() under bf16-mixed (no loss scaler) is not"
+        " refused",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_fabric.py::test_launch_and_strategies_unsupported_combinations[xla]": Difference(
+        "xla", "builds Fabric(strategy='xla') with torch_xla mocked into Lightning's XLA implementation"
+    ),
+    "tests_fabric/test_fabric.py::test_launch_and_cli_not_allowed": Difference(
+        "documented",
+        "in a script the CLI started, launch() does nothing (Lightning: 'Calling `.launch()` again is not allowed')",
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/test_fabric.py::test_overridden_run_and_cli_not_allowed": Difference(
+        "documented",
+        "in a script the CLI started, an overridden Fabric.run runs (Lightning raises TypeError)",
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/test_fabric.py::test_module_sharding_context": Difference(
+        "documented",
+        "sharded_model() is init_module(), its documented replacement, not the strategy's module_sharded_context",
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/test_fabric.py::test_no_backward_sync": Difference(
+        "private",
+        "mocks strategy._backward_sync_control, which Lightning's Fabric calls itself after telling single-device"
+        " strategies by class; fabric_lite's Fabric calls strategy.no_backward_sync(module, enabled), which each"
+        " strategy implements (the base through _backward_sync_control; DDP and Horovod their own)",
+    ),
+    "tests_fabric/test_fabric.py::test_setup_optimizers_not_supported": Difference(
+        "private",
+        "Lightning's Fabric refuses by class (isinstance(strategy, (DeepSpeedStrategy, XLAStrategy))); in fabric_lite"
+        " DeepSpeedStrategy.setup_optimizer raises that RuntimeError with the same words, which a mocked one does not",
+    ),
+    "tests_fabric/test_wrappers.py::test_fabric_optimizer_wraps": Difference(
+        "documented",
+        "the optimizer wrapper is a torch.optim.Optimizer; its class is not rewritten into one of the user's",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_wrappers.py::test_fabric_optimizer_steps": Difference(
+        "private",
+        "its last part gives the strategy an Optimizable `model`, which Lightning's optimizer wrapper steps instead of"
+        " the optimizer (its DeepSpeed special case); fabric_lite's wrapper passes the optimizer, and"
+        " DeepSpeedStrategy.optimizer_step steps its engine",
+    ),
+    "tests_fabric/test_wrappers.py::test_step_method_redirection": Difference(
+        "private",
+        "counts forward_context calls of a full-precision plugin (Mock(wraps=Precision())): fabric_lite's module"
+        " wrapper skips the forward hooks of a plugin that overrides none (Precision.changes_forward(), decided at"
+        " setup); the redirection itself is checked and passes",
+    ),
+    "tests_fabric/test_wrappers.py::test_unwrap_compiled": Difference(
+        "documented",
+        "torch.compile is not patched at import (no __wrapped__, no _compile_kwargs); _unwrap_compiled returns the"
+        " settings read from the compiled module, not Lightning's keyword arguments",
+        section="What differs, and why",
+    ),
     # --- data loaders, CLI, consolidation, loading and cloud IO ---
     # --- cluster environments, seeds, ranks, loggers, throughput, spikes, warnings, imports ---
     # --- FSDP, ModelParallel, FSDP precision ---

@@ -1,0 +1,131 @@
+"""A module that knows its device and dtype: ``module.device`` and ``module.dtype``, at Lightning Fabric's path.
+
+A plain ``nn.Module`` has no device of its own: its parameters may sit on several devices, and a module without
+parameters has none to ask. A module built on :class:`_DeviceDtypeModuleMixin` records the device and dtype it was
+created under, and then those it was last moved or cast to (``to``, ``cuda``, ``cpu``, ``type``, ``float``,
+``double``, ``half``), and hands them to every such module inside it, also under plain ``nn.Module`` levels.
+The module that ``Fabric.setup`` returns is one, so ``fabric_model.device`` is where the model was set up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch.nn import Module
+from typing_extensions import Self, override
+
+
+class _DeviceDtypeModuleMixin(Module):
+    """An ``nn.Module`` with ``device`` and ``dtype`` properties, kept up to date by its own moves and casts.
+
+    Example::
+
+        class Head(_DeviceDtypeModuleMixin):
+            ...
+
+        head = Head().to("cpu", torch.float64)
+        head.device, head.dtype  # device(type='cpu'), torch.float64
+    """
+
+    # TorchScript cannot compile these properties (they return Python-side state): it leaves them out
+    __jit_unused_properties__: ClassVar[list[str]] = ["device", "dtype"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        # where new tensors go now: `with torch.device(...)` and the default dtype decide a new module's place
+        self._dtype: str | torch.dtype = torch.get_default_dtype()
+        self._device: torch.device = torch.get_default_device()
+
+    @property
+    def dtype(self) -> str | torch.dtype:
+        """The dtype the module was created under or last cast to."""
+        return self._dtype
+
+    @dtype.setter
+    def dtype(self, value: str | torch.dtype) -> None:
+        raise RuntimeError(
+            f"The dtype of a module cannot be set (got {value!r}): cast the module instead, module.to({value!r})."
+        )
+
+    @property
+    def device(self) -> torch.device:
+        """The device the module was created on or last moved to; a CUDA device always with its index."""
+        device = self._device
+        if device.type == "cuda" and device.index is None:
+            return torch.device("cuda", torch.cuda.current_device())
+        return device
+
+    @override
+    def to(self, *args: Any, **kwargs: Any) -> Self:
+        """:meth:`torch.nn.Module.to`, recording the device and dtype it moves to."""
+        # the arguments as nn.Module.to reads them: a device and a dtype, each given or None
+        device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
+        moved = super().to(*args, **kwargs)
+        _update_properties(self, device=device, dtype=dtype)
+        return moved
+
+    @override
+    def cuda(self, device: torch.device | int | None = None) -> Self:
+        """:meth:`torch.nn.Module.cuda`, recording the device (the current CUDA device when none is given)."""
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif isinstance(device, int):
+            device = torch.device("cuda", device)
+        moved = super().cuda(device=device)
+        _update_properties(self, device=device)
+        return moved
+
+    @override
+    def cpu(self) -> Self:
+        """:meth:`torch.nn.Module.cpu`, recording the device."""
+        moved = super().cpu()
+        _update_properties(self, device=torch.device("cpu"))
+        return moved
+
+    @override
+    def type(self, dst_type: str | torch.dtype) -> Self:
+        """:meth:`torch.nn.Module.type`, recording the dtype."""
+        cast = super().type(dst_type=dst_type)
+        _update_properties(self, dtype=dst_type)
+        return cast
+
+    @override
+    def float(self) -> Self:
+        """:meth:`torch.nn.Module.float`, recording the dtype."""
+        cast = super().float()
+        _update_properties(self, dtype=torch.float)
+        return cast
+
+    @override
+    def double(self) -> Self:
+        """:meth:`torch.nn.Module.double`, recording the dtype."""
+        cast = super().double()
+        _update_properties(self, dtype=torch.double)
+        return cast
+
+    @override
+    def half(self) -> Self:
+        """:meth:`torch.nn.Module.half`, recording the dtype."""
+        cast = super().half()
+        _update_properties(self, dtype=torch.half)
+        return cast
+
+
+def _update_properties(
+    root: Module, device: torch.device | None = None, dtype: str | torch.dtype | None = None
+) -> None:
+    """Record ``device`` and ``dtype`` (where given) on every :class:`_DeviceDtypeModuleMixin` in ``root``, ``root``
+    included, without moving anything (the parameters may be on several devices, or on the meta device).
+
+    Example::
+
+        _update_properties(fabric_model, device=torch.device("cuda", 0))  # fabric_model.device: cuda:0
+    """
+    for module in root.modules():
+        if not isinstance(module, _DeviceDtypeModuleMixin):
+            continue
+        if device is not None:
+            module._device = device
+        if dtype is not None:
+            module._dtype = dtype

@@ -1,0 +1,173 @@
+"""``Fabric`` and its wrappers as Lightning Fabric's own tests see them, in one process: the set-up module's
+``device``/``dtype``, ``mark_forward_method``'s inputs, the step methods' redirection, ``_unwrap_objects``,
+``launch``'s checks, and how ``save``/``load``/``load_raw`` call the strategy."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest.mock import Mock
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from fabric_lite import Fabric
+from fabric_lite.strategies.single_device import SingleDeviceStrategy
+from fabric_lite.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
+from fabric_lite.wrappers import _FabricDataLoader, _FabricModule, _FabricOptimizer, _unwrap_compiled, _unwrap_objects
+
+
+def _fabric() -> Fabric:
+    return Fabric(accelerator="cpu", devices=1)
+
+
+@pytest.mark.parametrize("method", ["setup", "setup_module"])
+@pytest.mark.parametrize("move_to_device", [True, False])
+def test_the_set_up_module_knows_its_device(method: str, move_to_device: bool) -> None:
+    fabric = _fabric()
+    model = getattr(fabric, method)(nn.Linear(2, 3), move_to_device=move_to_device)
+    assert isinstance(model, _DeviceDtypeModuleMixin)
+    assert model.device == torch.device("cpu") and model.dtype is torch.float32
+    empty = getattr(fabric, method)(nn.Sequential(), move_to_device=move_to_device)  # no parameter to ask
+    assert empty.device == torch.device("cpu")
+
+
+def test_the_set_up_module_passes_moves_and_casts_to_modules_of_its_kind_inside() -> None:
+    class Inner(_DeviceDtypeModuleMixin):
+        pass
+
+    inner = Inner()
+    model = _fabric().setup(nn.Sequential(inner))
+    model.to(torch.float64)
+    assert model.dtype is inner.dtype is torch.float64
+    model.half()
+    assert inner.dtype is torch.float16
+
+
+def test_the_precision_of_fabric_is_the_strategys() -> None:
+    fabric = Fabric(accelerator="cpu", devices=1, precision="64-true")
+    assert fabric._precision is fabric.strategy.precision
+
+
+class _Wrapper(nn.Module):
+    """What a strategy such as DDP puts around the module: its forward calls the module's."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.calls = 0
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.module(*args, **kwargs)
+
+
+class _Steps(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def training_step(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x) * 2
+
+    def helper(self) -> int:
+        return 3
+
+
+def test_mark_forward_method_takes_a_name_or_a_bound_method_only() -> None:
+    module = _Steps()
+    wrapped = _FabricModule(_Wrapper(module), SingleDeviceStrategy(device=torch.device("cpu")), original_module=module)
+    with pytest.raises(TypeError, match="Expected a method or a string, but got: function"):
+        wrapped.mark_forward_method(lambda: None)
+    with pytest.raises(ValueError, match="You cannot mark the forward method itself"):
+        wrapped.mark_forward_method("forward")
+    with pytest.raises(AttributeError, match=r"`_Steps.missing` does not exist or is not a method"):
+        wrapped.mark_forward_method("missing")
+    wrapped.mark_forward_method(module.helper)
+    assert "helper" in wrapped._forward_methods
+
+
+def test_a_step_method_is_looked_up_when_it_is_called() -> None:
+    module = _Steps()
+    forward_module = _Wrapper(module)
+    wrapped = _FabricModule(forward_module, SingleDeviceStrategy(device=torch.device("cpu")), original_module=module)
+    redirect = wrapped.predict_step  # a LightningModule step method _Steps lacks: no error until it is called
+    assert redirect.__name__ == "call_forward_module"
+    with pytest.raises(AttributeError, match="has no attribute 'predict_step'"):
+        redirect(torch.zeros(1))
+    assert "forward" not in module.__dict__  # the temporary redirection is undone after the error too
+    assert torch.equal(wrapped.training_step(torch.zeros(1)), torch.full((1,), 2.0))
+    assert forward_module.calls == 2  # both went through the strategy's module
+
+
+def test_unwrap_objects_unwraps_nested_collections_and_loaders() -> None:
+    fabric = _fabric()
+    net = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    model, wrapped_optimizer = fabric.setup(net, optimizer)
+    loader = DataLoader(range(4))
+    wrapped_loader = fabric.setup_dataloaders(loader)
+    assert isinstance(wrapped_optimizer, _FabricOptimizer) and isinstance(wrapped_loader, _FabricDataLoader)
+    state = {"n": 1, "model": model, "nested": [model, wrapped_optimizer, (wrapped_loader,)], "loader": loader}
+    assert _unwrap_objects(state) == {"n": 1, "model": net, "nested": [net, optimizer, (loader,)], "loader": loader}
+    assert _unwrap_objects(torch.compile(model)) is net
+
+
+def test_save_keeps_the_loader_wrapper_so_the_checkpoint_holds_its_position() -> None:
+    fabric = _fabric()
+    loader = fabric.setup_dataloaders(DataLoader(range(4)))
+    fabric.strategy.save_checkpoint = Mock()  # type: ignore[method-assign]
+    fabric.save("ckpt", {"loader": loader})
+    assert fabric.strategy.save_checkpoint.call_args.kwargs["state"]["loader"] is loader
+
+
+def test_unwrap_compiled_returns_the_module_and_its_settings() -> None:
+    net = nn.Linear(1, 1)
+    module, settings = _unwrap_compiled(torch.compile(net, backend="eager"))
+    assert module is net and settings is not None
+    assert _unwrap_compiled(net) == (net, None)
+
+
+def test_save_load_and_load_raw_call_the_strategy_by_keyword() -> None:
+    fabric = _fabric()
+    net = nn.Linear(2, 2)
+    model = fabric.setup(net)
+    strategy = fabric.strategy
+    strategy.save_checkpoint = Mock()  # type: ignore[method-assign]
+    strategy.load_checkpoint = Mock(return_value={})  # type: ignore[method-assign]
+    fabric.save("a.ckpt", {"model": model})
+    strategy.save_checkpoint.assert_called_once_with(path="a.ckpt", state={"model": net}, filter=None)
+    fabric.load("a.ckpt", weights_only=False)
+    strategy.load_checkpoint.assert_called_with(path="a.ckpt", state=None, strict=True, weights_only=False)
+    fabric.load_raw("b.pt", model, strict=False)
+    strategy.load_checkpoint.assert_called_with(path="b.pt", state=net, strict=False, weights_only=None)
+
+
+def test_launch_refuses_what_a_called_function_returned() -> None:
+    def train(fabric: Fabric) -> None:
+        return None
+
+    with pytest.raises(TypeError, match=r"needs to be a callable, but got None.*\.launch\(your_fn\)"):
+        _fabric().launch(train(None))  # type: ignore[arg-type]  # the mistake: train() instead of train
+    with pytest.raises(TypeError, match="needs to take at least one argument"):
+        _fabric().launch(lambda: None)
+    assert _fabric().launch() is None  # no function: nothing to run here
+
+
+def test_launch_without_a_function_goes_to_a_launcher_that_needs_none() -> None:
+    fabric = _fabric()
+    fabric.strategy._launcher = Mock()  # a launcher that does not say it needs a function
+    fabric.launch()
+    fabric.strategy._launcher.launch.assert_called_once()
+
+
+def test_a_parallel_strategy_needs_launch_first() -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
+    with pytest.raises(RuntimeError, match=r"you must call `\.launch\(\)`"):
+        fabric.setup(nn.Linear(1, 1))
+
+
+def test_log_dict_refuses_a_tensor_of_several_elements() -> None:
+    fabric = Fabric(accelerator="cpu", devices=1, loggers=Mock())
+    with pytest.raises(ValueError, match="it cannot be converted to a scalar"):
+        fabric.log("x", torch.tensor([3, 4]))
