@@ -44,7 +44,6 @@ from fabric_lite.utilities.seed import (
     global_seed,
     pl_worker_init_function,
     seed_workers_requested,
-    worker_init_function,
 )
 
 __all__ = [
@@ -209,9 +208,10 @@ def _set_sampler_epoch(dataloader: object, epoch: int) -> None:
 
 
 def add_worker_init_fn(dataloader: DataLoader[Any], rank: int) -> None:
-    """Give the loader's workers distinct seeds when ``seed_everything(workers=True)`` asked for it."""
+    """Give the loader's workers distinct seeds when ``seed_everything(workers=True)`` asked for it, with Lightning's
+    ``worker_init_fn`` (:func:`pl_worker_init_function`): the workers draw the same numbers as under Lightning."""
     if dataloader.worker_init_fn is None and seed_workers_requested():
-        dataloader.worker_init_fn = functools.partial(worker_init_function, rank=rank)
+        dataloader.worker_init_fn = functools.partial(pl_worker_init_function, rank=rank)
 
 
 class SeedPerSample(Dataset[Any]):

@@ -25,7 +25,7 @@ from torch.utils.data import (
 from fabric_lite import Fabric, seed_everything
 from fabric_lite.utilities.data import DistributedSamplerWrapper, distributed_sampler, replace_sampler
 from fabric_lite.utilities.exceptions import MisconfigurationException
-from fabric_lite.utilities.seed import ENV_SEED, ENV_SEED_WORKERS, worker_init_function
+from fabric_lite.utilities.seed import ENV_SEED, ENV_SEED_WORKERS, pl_worker_init_function
 from tests.helpers.harness import per_rank
 from tests.helpers.jobs.dataloaders import EveryOtherBatchSampler, N, PairBatchSampler, ReversedSampler, collate
 
@@ -120,7 +120,8 @@ def test_worker_init_fn_is_added_only_when_asked(no_seed):
     Fabric.seed_everything(3)  # workers=True by default on Fabric
     loader = DataLoader(list(range(4)), num_workers=1)
     init = fabric.setup_dataloaders(loader).worker_init_fn
-    assert isinstance(init, functools.partial) and init.func is worker_init_function and init.keywords == {"rank": 0}
+    # Lightning's worker_init_fn: the workers draw the numbers they draw under Lightning
+    assert isinstance(init, functools.partial) and init.func is pl_worker_init_function and init.keywords == {"rank": 0}
 
     def mine(worker_id):
         pass
@@ -370,7 +371,7 @@ def test_loader_generator_seeds_the_sampler(two_ranks):
 def test_workers_settings_kept_and_seeded_per_rank(two_ranks):
     for rank, r in enumerate(_both(two_ranks, "workers")):
         assert (r["num_workers"], r["persistent_workers"], r["collate_is_ours"]) == (2, True, True)
-        assert (r["worker_init"], r["worker_init_rank"]) == ("worker_init_function", rank)
+        assert (r["worker_init"], r["worker_init_rank"]) == ("pl_worker_init_function", rank)
         assert r["user_worker_init_kept"] and r["own_num_workers"] == 1
 
 
