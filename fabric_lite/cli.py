@@ -108,7 +108,7 @@ class LaunchCommand:
 
         args = build_parser().parse_args(["run", "--accelerator", "cpu", "--devices", "2", "train.py"])
         command = launch_command(args, Machine.detect())
-        command.env  # {'LT_DEVICES': '2', 'LT_NUM_NODES': '1', 'LT_ACCELERATOR': 'cpu'}
+        command.env  # {'LT_CLI_USED': '1', 'LT_DEVICES': '2', 'LT_NUM_NODES': '1', 'LT_ACCELERATOR': 'cpu'}
     """
 
     #: the arguments for ``torch.distributed.run``
