@@ -1,4 +1,5 @@
-"""The mark ``fabric-lite run`` leaves in the environment of every process it starts (Lightning's ``LT_CLI_USED``).
+"""The mark ``fabric-lite run`` leaves in the environment of every process it starts: Lightning's ``LT_CLI_USED``,
+under Lightning's name, so that a script started by either library's command line knows it.
 
 ``Fabric()`` in such a process joins the process group at once, so the script needs no ``fabric.launch()``. A
 module of its own: ``fabric_lite.fabric`` reads it, and must not import ``fabric_lite._run_script`` (which runs as
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-#: set to "1" in every process ``fabric-lite run`` starts (and inherited by their children)
-CLI_USED_ENV_VAR = "FABRIC_LITE_CLI_USED"
+#: set to "1" by ``fabric-lite run`` for every process it starts (and inherited by their children)
+CLI_USED_ENV_VAR = "LT_CLI_USED"
 
 
 def launched_by_cli(env: Mapping[str, str]) -> bool:

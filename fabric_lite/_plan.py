@@ -308,11 +308,11 @@ def _strategy_choice(strategy: Any) -> str:
 
 #: how ``fabric-lite run`` hands its flags to ``Fabric(...)`` in the script: argument name -> environment variable
 CLI_ENV_VARS = {
-    "accelerator": "FABRIC_LITE_ACCELERATOR",
-    "strategy": "FABRIC_LITE_STRATEGY",
-    "devices": "FABRIC_LITE_DEVICES",
-    "num_nodes": "FABRIC_LITE_NUM_NODES",
-    "precision": "FABRIC_LITE_PRECISION",
+    "accelerator": "LT_ACCELERATOR",
+    "strategy": "LT_STRATEGY",
+    "devices": "LT_DEVICES",
+    "num_nodes": "LT_NUM_NODES",
+    "precision": "LT_PRECISION",
 }
 
 

@@ -6,8 +6,6 @@
 ``python -m MODULE ARGS...`` would), inside torch's error recorder: an exception that ends the script is
 written to the file torchrun's agent reads, so the agent's root-cause report shows the failing rank's
 exception and traceback instead of only an exit code.
-
-It also marks the process as started by the command line (see ``fabric_lite._cli_env``).
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ from __future__ import annotations
 import os
 import runpy
 import sys
-
-from fabric_lite._cli_env import CLI_USED_ENV_VAR
 
 
 def main() -> None:
@@ -32,7 +28,6 @@ def main() -> None:
     # imported here: this module is light to import, torch's elastic package is not
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    os.environ[CLI_USED_ENV_VAR] = "1"
     if sys.argv[1] == "-m":
         module = sys.argv[2]
         sys.argv = [module, *sys.argv[3:]]  # runpy puts the module's file in sys.argv[0]

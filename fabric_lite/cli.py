@@ -20,11 +20,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fabric_lite._cli_env import CLI_USED_ENV_VAR
 from fabric_lite._plan import (
     _ACCELERATOR_CHOICES,
     _LEGACY_PRECISIONS,
@@ -34,15 +37,26 @@ from fabric_lite._plan import (
     resolve_plan,
 )
 from fabric_lite.as_lightning import ENV_VAR as AS_LIGHTNING_ENV_VAR
-from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from fabric_lite.utilities.consolidate import add_consolidate_arguments, run_consolidate
+from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StrategyEntry
+from fabric_lite.utilities._fs import _is_remote, _local_path
+from fabric_lite.utilities.consolidate_checkpoint import add_consolidate_arguments, run_consolidate
 
-#: strategies torchrun can run: one process per node, or one per device started like a script re-run (``popen``);
-#: spawn/fork strategies start their own processes, and those started by another launcher (horovodrun) need it
-CLI_STRATEGIES = (
-    "auto",
-    *(name for name, entry in STRATEGY_REGISTRY.items() if not entry.parallel or entry.start_method == "popen"),
-)
+
+def _not_for_the_cli(name: str, entry: StrategyEntry) -> str | None:
+    """Why ``fabric-lite run --strategy name`` is refused (as Lightning's ``fabric run`` refuses it), or None."""
+    if entry.parallel and entry.start_method != "popen":
+        # torchrun starts the processes: one per device, each like a script re-run (``popen``)
+        how = f"with {entry.start_method}" if entry.start_method else "by its own launcher (e.g. horovodrun)"
+        return f"its processes are started {how}, not by torchrun; run the script with python instead"
+    if re.search("xla|tpu", name):
+        return "fabric_lite does not run on XLA/TPU"
+    if "offload" in name:
+        return "offloading needs settings a flag cannot give; configure the strategy in Fabric(strategy=...) instead"
+    return None
+
+
+#: the strategies ``fabric-lite run --strategy`` takes (Lightning's ``fabric run`` takes the same registry names)
+CLI_STRATEGIES = ("auto", *(name for name, entry in STRATEGY_REGISTRY.items() if _not_for_the_cli(name, entry) is None))
 CLI_PRECISIONS = (*PRECISIONS, *(key for key in _LEGACY_PRECISIONS if isinstance(key, str)))
 #: torchrun's default port, used by every node of a multi-node job unless --main-port says otherwise
 DEFAULT_MULTI_NODE_PORT = 29500
@@ -94,7 +108,7 @@ class LaunchCommand:
 
         args = build_parser().parse_args(["run", "--accelerator", "cpu", "--devices", "2", "train.py"])
         command = launch_command(args, Machine.detect())
-        command.env  # {'FABRIC_LITE_DEVICES': '2', 'FABRIC_LITE_NUM_NODES': '1', 'FABRIC_LITE_ACCELERATOR': 'cpu'}
+        command.env  # {'LT_CLI_USED': '1', 'LT_DEVICES': '2', 'LT_NUM_NODES': '1', 'LT_ACCELERATOR': 'cpu'}
     """
 
     #: the arguments for ``torch.distributed.run``
@@ -118,6 +132,31 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+def _one_of(
+    flag: str, choices: Sequence[str], refused: Callable[[str], str | None] = lambda _: None
+) -> Callable[[str], str]:
+    """A ``type=`` for ``flag`` that takes one of ``choices``; anything else is a usage error in the words of
+    Lightning's ``fabric run`` (click's "Invalid value for ..."), with the choices and, from ``refused``, why a
+    known name is not one of them."""
+
+    def parse(text: str) -> str:
+        if text in choices:
+            return text
+        why = refused(text)
+        because = f" ({why})" if why else ""
+        # an ArgumentError without an action: argparse prints the message as it is, as a usage error (exit 2)
+        raise argparse.ArgumentError(
+            None, f"Invalid value for '{flag}': {text!r}{because} is not one of {', '.join(choices)}."
+        )
+
+    parse.__name__ = flag.lstrip("-")
+    return parse
+
+
+def _refused_strategy(name: str) -> str | None:
+    return _not_for_the_cli(name, STRATEGY_REGISTRY[name]) if name in STRATEGY_REGISTRY else None
 
 
 class _CommandParser(argparse.ArgumentParser):
@@ -209,15 +248,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--accelerator",
-        choices=_ACCELERATOR_CHOICES,
+        type=_one_of("--accelerator", _ACCELERATOR_CHOICES),
+        metavar="{" + ",".join(_ACCELERATOR_CHOICES) + "}",
         help="the hardware to run on; 'auto' picks CUDA, then MPS, then the CPU (e.g. --accelerator cpu)."
         " Default: what Fabric(accelerator=...) in the script says, else 'auto'.",
     )
     run.add_argument(
         "--strategy",
-        choices=CLI_STRATEGIES,
+        type=_one_of("--strategy", CLI_STRATEGIES, _refused_strategy),
+        metavar="{" + ",".join(CLI_STRATEGIES) + "}",
         help="how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
-        " script says, else 'auto' (ddp for several processes).",
+        " script says, else 'auto' (ddp for several processes). Strategies that start their own processes"
+        " (ddp_spawn, ...) or offload (deepspeed_stage_3_offload, ...) are set in the script's Fabric(...).",
     )
     run.add_argument(
         "--devices",
@@ -254,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--precision",
-        choices=CLI_PRECISIONS,
+        type=_one_of("--precision", CLI_PRECISIONS),
+        metavar="{" + ",".join(CLI_PRECISIONS) + "}",
         help="numeric precision (e.g. --precision bf16-mixed). Default: what Fabric(precision=...) in the script"
         " says, else '32-true'.",
     )
@@ -369,7 +412,11 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
             f"--num-nodes {args.num_nodes} needs --main-address: the address of the machine started with"
             " --node-rank 0, reachable from every node (e.g. --main-address 10.0.0.1)."
         )
-    env = {CLI_ENV_VARS["devices"]: str(args.devices), CLI_ENV_VARS["num_nodes"]: str(args.num_nodes)}
+    env = {
+        CLI_USED_ENV_VAR: "1",
+        CLI_ENV_VARS["devices"]: str(args.devices),
+        CLI_ENV_VARS["num_nodes"]: str(args.num_nodes),
+    }
     if args.as_lightning:
         env[AS_LIGHTNING_ENV_VAR] = "1"  # each worker turns the hook on at start-up (fabric_lite-as-lightning.pth)
     for name in ("accelerator", "strategy", "precision"):
@@ -452,6 +499,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "consolidate":
+        folder = args.checkpoint_folder
+        if not _is_remote(folder) and not os.path.exists(_local_path(folder)):
+            # a usage error, as in `fabric consolidate` (click checks the path before anything runs)
+            print(
+                "usage: fabric-lite consolidate CHECKPOINT_FOLDER [--output_file FILE]\nfabric-lite consolidate: error:"
+                f" Invalid value for 'CHECKPOINT_FOLDER': Path {folder!r} does not exist.",
+                file=sys.stderr,
+            )
+            return 2
         return run_consolidate(args)
     if args.command != "run":
         parser.print_help(sys.stderr)
@@ -482,3 +538,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         import shutil
 
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _get_supported_strategies() -> list[str]:
+    """The registry names ``fabric-lite run --strategy`` takes (Lightning's name for this list; ``"auto"``, the
+    default, aside).
+
+    Example::
+
+        "ddp" in _get_supported_strategies(), "ddp_spawn" in _get_supported_strategies()  # (True, False)
+    """
+    return [name for name in CLI_STRATEGIES if name != "auto"]
+
+
+class _Command:
+    """A ``fabric-lite`` command called as Lightning's click commands are (``lightning.fabric.cli._run``,
+    ``_consolidate``, and ``_main``, the ``fabric`` console script): ``_run.main(["train.py", "--devices", "2"])``.
+
+    As in click's standalone mode (the default), it ends with ``SystemExit`` carrying the exit status;
+    ``standalone_mode=False`` returns the status instead (a usage error still exits with 2, as argparse does).
+    """
+
+    def __init__(self, command: str | None) -> None:
+        self._command = command
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> int:
+        argv = list(sys.argv[1:] if args is None else args)
+        status = main(argv if self._command is None else [self._command, *argv])
+        if standalone_mode:
+            raise SystemExit(status)
+        return status
+
+    def __call__(self, *args: Any, **kwargs: Any) -> int:
+        return self.main(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<fabric-lite {self._command or 'command line'}>"
+
+
+#: Lightning's names for the commands: ``fabric run ...`` (``_run``), ``fabric consolidate ...`` (``_consolidate``),
+#: and the ``fabric`` console script itself (``_main``), which the import hook serves from this module
+_main = _Command(None)
+_run = _Command("run")
+_consolidate = _Command("consolidate")

@@ -26,7 +26,7 @@ from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities import _resume
 from fabric_lite.utilities._resume import EpochStart
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
-from fabric_lite.utilities.data import SeedPerSample, sized_len
+from fabric_lite.utilities.data import SeedPerSample, _set_sampler_epoch, sized_len
 from fabric_lite.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin
 from fabric_lite.utilities.seed import _gather_per_rank, _rank_and_world_size
 
@@ -510,16 +510,6 @@ def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
 
     tensor.register_hook(check)  # type: ignore[no-untyped-call]
     return tensor
-
-
-def _set_sampler_epoch(dataloader: Any, epoch: int) -> None:
-    """Call ``set_epoch(epoch)`` on the loader's sampler and on its batch sampler's sampler, where they have it."""
-    sampler = getattr(dataloader, "sampler", None)
-    inner = getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
-    for target in (sampler, None if inner is sampler else inner):
-        set_epoch = getattr(target, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
 
 
 def _unwrap_objects(collection: Any) -> Any:

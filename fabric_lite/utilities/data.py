@@ -1,4 +1,5 @@
-"""Dataloader helpers: distributed samplers, re-creating a loader with a new sampler, lengths, worker counts, and
+"""Dataloader helpers: distributed samplers, re-creating a loader with a new sampler (its machinery is
+:mod:`fabric_lite.utilities._recreate`, re-exported here under Lightning's names), lengths, worker counts, and
 ``AttributeDict`` (the public names of Lightning Fabric's ``utilities.data``); and ``SeedPerSample``, per-sample
 random streams for augmentation that survives a resume inside an epoch.
 
@@ -13,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import random
 from collections.abc import Sized
@@ -22,17 +22,21 @@ from typing import Any, TypeGuard
 import numpy as np
 import torch
 from torch.utils.data import (
-    BatchSampler,
     DataLoader,
     Dataset,
     DistributedSampler,
     IterableDataset,
     RandomSampler,
-    Sampler,
     SequentialSampler,
     get_worker_info,
 )
 
+# Lightning's names in this module
+from fabric_lite.utilities._recreate import _get_dataloader_init_args_and_kwargs as _get_dataloader_init_args_and_kwargs
+from fabric_lite.utilities._recreate import _replace_dunder_methods as _replace_dunder_methods
+from fabric_lite.utilities._recreate import _replace_value_in_saved_args as _replace_value_in_saved_args
+from fabric_lite.utilities._recreate import _update_dataloader, get_all_subclasses
+from fabric_lite.utilities._recreate import _WrapAttrTag as _WrapAttrTag
 from fabric_lite.utilities.distributed import DistributedSamplerWrapper
 from fabric_lite.utilities.exceptions import MisconfigurationException
 from fabric_lite.utilities.rank_zero import rank_zero_warn
@@ -40,7 +44,6 @@ from fabric_lite.utilities.seed import (
     global_seed,
     pl_worker_init_function,
     seed_workers_requested,
-    worker_init_function,
 )
 
 __all__ = [
@@ -124,28 +127,6 @@ def suggested_max_num_workers(local_world_size: int) -> int:
     return max(1, _num_cpus_available() // local_world_size - 1)
 
 
-def get_all_subclasses(cls: type) -> set[type]:
-    """Every direct and indirect subclass of ``cls`` (defined so far).
-
-    Example::
-
-        >>> class A: ...
-        >>> class B(A): ...
-        >>> class C(B): ...
-        >>> sorted(c.__name__ for c in get_all_subclasses(A))
-        ['B', 'C']
-    """
-    found: set[type] = set()
-    pending: list[type] = [cls]
-    while pending:
-        subclasses: list[type] = pending.pop().__subclasses__()
-        for subclass in subclasses:
-            if subclass not in found:
-                found.add(subclass)
-                pending.append(subclass)
-    return found
-
-
 class AttributeDict(dict[str, Any]):
     """A ``dict`` whose keys are also attributes: ``state.step += 1`` is ``state["step"] += 1``.
 
@@ -206,64 +187,31 @@ def distributed_sampler(dataloader: DataLoader[Any], num_replicas: int, rank: in
     return DistributedSamplerWrapper(sampler, num_replicas=num_replicas, rank=rank, shuffle=False, seed=seed)
 
 
-_LOADER_ARGS = (
-    "num_workers",
-    "collate_fn",
-    "pin_memory",
-    "timeout",
-    "worker_init_fn",
-    "multiprocessing_context",
-    "generator",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory_device",
-    "in_order",
-)
+#: ``setup_dataloaders``' name for :func:`_update_dataloader`: the loader made again around a new sampler
+replace_sampler = _update_dataloader
 
 
-def replace_sampler(dataloader: DataLoader[Any], sampler: Sampler[Any]) -> DataLoader[Any]:
-    """A new loader like ``dataloader`` (same batch size, drop_last, workers, collate_fn, ...) that draws from
-    ``sampler``.
+def _set_sampler_epoch(dataloader: object, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on the loader's sampler and on its batch sampler's sampler, where they have it (once
+    where they are the same object): a ``DistributedSampler`` shuffles by its epoch.
 
-    Raises:
-        TypeError: the loader uses a custom batch sampler, or is a subclass whose constructor does not take the
-            standard ``DataLoader`` arguments; the message says to pass ``use_distributed_sampler=False``.
+    Example::
+
+        _set_sampler_epoch(loader, 3)  # loader.sampler.set_epoch(3), if it has set_epoch
     """
-    batch_sampler = dataloader.batch_sampler
-    if batch_sampler is not None and type(batch_sampler) is not BatchSampler:
-        raise TypeError(
-            f"The dataloader uses a custom batch sampler ({type(batch_sampler).__name__}), which fabric_lite cannot"
-            " split across processes for you. Pass use_distributed_sampler=False to setup_dataloaders and give the"
-            " batch sampler a DistributedSampler yourself."
-        )
-    batch_size, drop_last = dataloader.batch_size, dataloader.drop_last
-    if batch_sampler is not None and dataloader.batch_size is None:
-        # built with batch_sampler=BatchSampler(...): torch leaves batch_size=None, the batching lives there
-        batch_size, drop_last = batch_sampler.batch_size, batch_sampler.drop_last
-    kwargs: dict[str, Any] = {
-        "dataset": dataloader.dataset,
-        "batch_size": batch_size,
-        "sampler": sampler,
-        "drop_last": drop_last,
-    }
-    accepted = inspect.signature(DataLoader.__init__).parameters
-    for name in _LOADER_ARGS:
-        if name in accepted and hasattr(dataloader, name):
-            kwargs[name] = getattr(dataloader, name)
-    cls = type(dataloader)
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise TypeError(
-            f"fabric_lite could not re-create your {cls.__name__} with a distributed sampler ({err}). Pass"
-            " use_distributed_sampler=False to setup_dataloaders and give the loader a DistributedSampler yourself."
-        ) from err
+    sampler = getattr(dataloader, "sampler", None)
+    inner = getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
+    for target in (sampler, None if inner is sampler else inner):
+        set_epoch = getattr(target, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
 
 
 def add_worker_init_fn(dataloader: DataLoader[Any], rank: int) -> None:
-    """Give the loader's workers distinct seeds when ``seed_everything(workers=True)`` asked for it."""
+    """Give the loader's workers distinct seeds when ``seed_everything(workers=True)`` asked for it, with Lightning's
+    ``worker_init_fn`` (:func:`pl_worker_init_function`): the workers draw the same numbers as under Lightning."""
     if dataloader.worker_init_fn is None and seed_workers_requested():
-        dataloader.worker_init_fn = functools.partial(worker_init_function, rank=rank)
+        dataloader.worker_init_fn = functools.partial(pl_worker_init_function, rank=rank)
 
 
 class SeedPerSample(Dataset[Any]):

@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -22,7 +24,16 @@ from torch import nn
 
 from fabric_lite._plan import Machine, resolve_plan
 from fabric_lite.accelerators import CPUAccelerator, CUDAAccelerator
-from fabric_lite.cli import CLI_STRATEGIES, build_parser, launch_command, main
+from fabric_lite.cli import (
+    CLI_STRATEGIES,
+    _consolidate,
+    _get_supported_strategies,
+    _main,
+    _run,
+    build_parser,
+    launch_command,
+    main,
+)
 from fabric_lite.strategies import DDPStrategy
 from tests.helpers.cluster.processes import run_tagged
 from tests.helpers.harness import REPO, Completed, base_env, lightning_python, run_python
@@ -196,10 +207,11 @@ def test_settings_reach_fabric_through_the_environment() -> None:
     launch = launch_command(args, Machine())
     assert launch.nproc_per_node == 3
     assert launch.env == {
-        "FABRIC_LITE_ACCELERATOR": "cpu",
-        "FABRIC_LITE_DEVICES": "3",
-        "FABRIC_LITE_NUM_NODES": "1",
-        "FABRIC_LITE_PRECISION": "bf16",
+        "LT_CLI_USED": "1",  # Lightning's mark: Fabric() in the script joins the other processes at once
+        "LT_ACCELERATOR": "cpu",
+        "LT_DEVICES": "3",
+        "LT_NUM_NODES": "1",
+        "LT_PRECISION": "bf16",
     }
 
 
@@ -218,9 +230,18 @@ def test_processes_per_node(argv: list[str], machine: Machine, nproc: int) -> No
     assert command(*argv, ABS_SCRIPT, machine=machine)[:2] == ["--nproc-per-node", str(nproc)]
 
 
-def test_strategies_that_start_their_own_processes_are_not_offered() -> None:
+def test_strategies_that_start_their_own_processes_offload_or_need_xla_are_not_offered() -> None:
     assert {"auto", "ddp", "single_device"} <= set(CLI_STRATEGIES)
-    assert not {"ddp_spawn", "ddp_fork", "ddp_notebook"} & set(CLI_STRATEGIES)
+    assert not {"ddp_spawn", "ddp_fork", "ddp_notebook", "horovod"} & set(CLI_STRATEGIES)
+    # as in Lightning's `fabric run`: offloading is configured in the script, and there is no XLA/TPU
+    assert not {"fsdp_cpu_offload", "deepspeed_stage_3_offload", "xla", "single_xla", "single_tpu"} & set(
+        CLI_STRATEGIES
+    )
+    # Lightning's name for the list, without the default
+    assert _get_supported_strategies() == [name for name in CLI_STRATEGIES if name != "auto"]
+    assert {"ddp", "ddp_find_unused_parameters_true", "dp", "fsdp", "deepspeed_stage_3"} <= set(
+        _get_supported_strategies()
+    )
 
 
 @pytest.fixture
@@ -261,10 +282,18 @@ def test_invalid_flags_fail_before_anything_starts(
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
-        (["--strategy", "ddp_spawn", ABS_SCRIPT], ["--strategy: invalid choice: 'ddp_spawn'", "'ddp'"]),
-        (["--strategy", "no_such_strategy", ABS_SCRIPT], ["invalid choice: 'no_such_strategy'", "single_device"]),
-        (["--accelerator", "tpu", ABS_SCRIPT], ["invalid choice: 'tpu'", "'cpu'"]),
-        (["--precision", "8", ABS_SCRIPT], ["invalid choice: '8'", "bf16-mixed"]),
+        # Lightning's wording (click's), with the choices and why a known strategy is not one of them
+        (
+            ["--strategy", "ddp_spawn", ABS_SCRIPT],
+            ["Invalid value for '--strategy': 'ddp_spawn' (its processes are started with spawn", "python", "ddp,"],
+        ),
+        (
+            ["--strategy", "deepspeed_stage_3_offload", ABS_SCRIPT],
+            ["Invalid value for '--strategy': 'deepspeed_stage_3_offload' (offloading", "Fabric(strategy=...)"],
+        ),
+        (["--strategy", "no_such_strategy", ABS_SCRIPT], ["'no_such_strategy' is not one of", "single_device"]),
+        (["--accelerator", "tpu", ABS_SCRIPT], ["Invalid value for '--accelerator': 'tpu' is not one of", "cpu"]),
+        (["--precision", "8", ABS_SCRIPT], ["Invalid value for '--precision': '8' is not one of", "bf16-mixed"]),
         (["--num-nodes", "0", ABS_SCRIPT], ["--num-nodes: 0 is out of range"]),
         (["--num-nodes", "two", ABS_SCRIPT], ["--num-nodes: 'two' is not an integer"]),
         (["--main-port", "70000", ABS_SCRIPT], ["--main-port: 70000 is out of range", "between 1 and 65535"]),
@@ -281,6 +310,64 @@ def test_malformed_flags_are_usage_errors(
     err = capsys.readouterr().err
     for fragment in fragments:
         assert fragment in err, (fragment, err)
+
+
+@pytest.fixture
+def recorded_launch(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str]]]:
+    """torchrun's command lines, recorded instead of run, on a CPU-only machine; the environment is put back."""
+    launches: list[list[str]] = []
+
+    def record(torchrun_args: list[str], run_dir: str | None = None) -> int:
+        launches.append(torchrun_args)
+        return 0
+
+    monkeypatch.setattr("fabric_lite.cli._run_torchrun", record)
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: Machine()))
+    with mock.patch.dict(os.environ):
+        for name in ("LT_CLI_USED", "LT_ACCELERATOR", "LT_STRATEGY", "LT_DEVICES", "LT_NUM_NODES", "LT_PRECISION"):
+            os.environ.pop(name, None)
+        yield launches
+
+
+def test_lightnings_command_objects_run_the_cli_and_exit_with_its_status(
+    recorded_launch: list[list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`lightning.fabric.cli._run`, `_consolidate` and `_main` (the `fabric` console script) are called as click
+    commands: `.main(args)` ends with SystemExit(status), and the flags reach the workers as Lightning's variables."""
+    with pytest.raises(SystemExit) as exit_info:
+        _run.main([ABS_SCRIPT, "--accelerator", "cpu", "--devices", "2"])
+    assert exit_info.value.code == 0
+    assert recorded_launch[-1][:2] == ["--nproc-per-node", "2"] and recorded_launch[-1][-1] == ABS_SCRIPT
+    assert {k: v for k, v in os.environ.items() if k.startswith("LT_")} == {
+        "LT_CLI_USED": "1",
+        "LT_ACCELERATOR": "cpu",
+        "LT_DEVICES": "2",
+        "LT_NUM_NODES": "1",
+    }
+    assert _run.main([ABS_SCRIPT], standalone_mode=False) == 0
+    with pytest.raises(SystemExit) as exit_info:
+        _main.main(["run", "--num_nodes=1", ABS_SCRIPT, "--lr", "0.1"])
+    assert exit_info.value.code == 0 and recorded_launch[-1][-3:] == [ABS_SCRIPT, "--lr", "0.1"]
+    # usage errors exit with 2 and click's wording
+    with pytest.raises(SystemExit) as exit_info:
+        _run.main([ABS_SCRIPT, "--strategy", "ddp_spawn"])
+    assert exit_info.value.code == 2
+    assert "Invalid value for '--strategy': 'ddp_spawn'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        _consolidate.main(["no such folder"])
+    assert exit_info.value.code == 2
+    assert "Path 'no such folder' does not exist" in capsys.readouterr().err
+    assert len(recorded_launch) == 3
+
+
+@pytest.mark.parametrize(("devices", "expected"), [("1", 1), ("2", 2), ("0,", 1), ("1,0,2", 3), ("-1", 5)])
+def test_processes_launched_for_gpu_indices_as_lightnings_cli(
+    devices: str, expected: int, recorded_launch: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: Machine(cuda_devices=5)))
+    assert main(["run", ABS_SCRIPT, "--accelerator", "cuda", "--devices", devices]) == 0
+    assert recorded_launch[-1][:2] == ["--nproc-per-node", str(expected)]
+    assert os.environ["LT_DEVICES"] == devices
 
 
 # a CLI setting against the same argument given to Fabric(...) in the script: (name, cli value, Fabric value)
@@ -305,8 +392,8 @@ DISAGREE = [
     ("precision", "bf16-mixed", "64-true", "Fabric(precision='64-true')", "--precision bf16-mixed"),
     ("num_nodes", "1", 2, "Fabric(num_nodes=2)", "--num-nodes 1"),
 ]
-ENV = {"accelerator": "FABRIC_LITE_ACCELERATOR", "strategy": "FABRIC_LITE_STRATEGY", "devices": "FABRIC_LITE_DEVICES"}
-ENV |= {"num_nodes": "FABRIC_LITE_NUM_NODES", "precision": "FABRIC_LITE_PRECISION"}
+ENV = {"accelerator": "LT_ACCELERATOR", "strategy": "LT_STRATEGY", "devices": "LT_DEVICES"}
+ENV |= {"num_nodes": "LT_NUM_NODES", "precision": "LT_PRECISION"}
 
 
 @pytest.mark.parametrize(("name", "cli", "given"), AGREE)
@@ -327,15 +414,15 @@ def test_cli_setting_that_disagrees_with_fabric_names_both(
 
 
 def test_cli_settings_fill_arguments_left_at_their_default() -> None:
-    env = {"FABRIC_LITE_ACCELERATOR": "cuda", "FABRIC_LITE_DEVICES": "0,1", "FABRIC_LITE_PRECISION": "bf16-mixed"}
-    env |= {"FABRIC_LITE_STRATEGY": "ddp", "FABRIC_LITE_NUM_NODES": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+    env = {"LT_ACCELERATOR": "cuda", "LT_DEVICES": "0,1", "LT_PRECISION": "bf16-mixed"}
+    env |= {"LT_STRATEGY": "ddp", "LT_NUM_NODES": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
     plan = resolve_plan(env=env, machine=Machine(cuda_devices=2))
     assert (plan.accelerator, plan.devices, plan.precision) == ("cuda", (0, 1), "bf16-mixed")
     assert (plan.strategy, plan.num_nodes) == ("ddp", 2)
 
 
 def test_cuda_accelerator_instance_agrees_with_cli_gpu() -> None:
-    resolve_plan(env={"FABRIC_LITE_ACCELERATOR": "gpu"}, accelerator=CUDAAccelerator(), machine=Machine(cuda_devices=1))
+    resolve_plan(env={"LT_ACCELERATOR": "gpu"}, accelerator=CUDAAccelerator(), machine=Machine(cuda_devices=1))
 
 
 # -------------------------------------------------------------------------------------------------- launch tier
@@ -527,7 +614,8 @@ def test_consolidate_a_two_rank_fsdp_checkpoint_into_a_file_torch_loads(sharded_
     # an existing output file is never overwritten (as in Lightning)
     again = run_python(["-m", "fabric_lite", "consolidate", str(sharded_checkpoint / "sharded"),
                         "--output_file", str(target)], timeout=60)  # fmt: skip
-    assert again.returncode == 1 and "exists already" in again.stderr and str(target) in again.stderr
+    assert again.returncode == 1 and str(target) in again.stderr
+    assert "The path for the converted checkpoint already exists" in again.stderr  # Lightning's wording
 
 
 @pytest.mark.distributed
@@ -544,13 +632,15 @@ def test_consolidate_reports_a_missing_or_non_checkpoint_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = tmp_path / "nope"
-    assert main(["consolidate", str(missing), "--output_file", str(tmp_path / "out.pt")]) == 1
-    assert f"The checkpoint folder {str(missing)!r} does not exist" in capsys.readouterr().err
+    # a usage error, as in Lightning's `fabric consolidate` (click's wording)
+    assert main(["consolidate", str(missing), "--output_file", str(tmp_path / "out.pt")]) == 2
+    assert f"Invalid value for 'CHECKPOINT_FOLDER': Path {str(missing)!r} does not exist" in capsys.readouterr().err
     plain = tmp_path / "plain"
     plain.mkdir()
     (plain / "notes.txt").write_text("hi")
     assert main(["consolidate", str(plain)]) == 1
     err = capsys.readouterr().err
+    assert "Only FSDP-sharded checkpoints saved with Lightning are supported" in err  # Lightning's wording
     assert "is not a sharded checkpoint" in err and "notes.txt" in err and str(plain) in err
     assert not (tmp_path / "out.pt").exists() and not (tmp_path / "plain.consolidated").exists()
     with pytest.raises(SystemExit) as exit_info:

@@ -24,9 +24,10 @@ from torch.utils.data import (
 
 from fabric_lite import Fabric, seed_everything
 from fabric_lite.utilities.data import DistributedSamplerWrapper, distributed_sampler, replace_sampler
-from fabric_lite.utilities.seed import ENV_SEED, ENV_SEED_WORKERS, worker_init_function
+from fabric_lite.utilities.exceptions import MisconfigurationException
+from fabric_lite.utilities.seed import ENV_SEED, ENV_SEED_WORKERS, pl_worker_init_function
 from tests.helpers.harness import per_rank
-from tests.helpers.jobs.dataloaders import N, PairBatchSampler, ReversedSampler, collate
+from tests.helpers.jobs.dataloaders import EveryOtherBatchSampler, N, PairBatchSampler, ReversedSampler, collate
 
 
 @pytest.fixture
@@ -119,7 +120,8 @@ def test_worker_init_fn_is_added_only_when_asked(no_seed):
     Fabric.seed_everything(3)  # workers=True by default on Fabric
     loader = DataLoader(list(range(4)), num_workers=1)
     init = fabric.setup_dataloaders(loader).worker_init_fn
-    assert isinstance(init, functools.partial) and init.func is worker_init_function and init.keywords == {"rank": 0}
+    # Lightning's worker_init_fn: the workers draw the numbers they draw under Lightning
+    assert isinstance(init, functools.partial) and init.func is pl_worker_init_function and init.keywords == {"rank": 0}
 
     def mine(worker_id):
         pass
@@ -263,16 +265,30 @@ def test_replace_sampler_with_an_incompatible_subclass_says_what_to_do():
         def __init__(self, data, size):
             super().__init__(data, batch_size=size)
 
-    with pytest.raises(TypeError, match=r"Custom.*use_distributed_sampler=False"):
+    # Lightning's class and wording; the message names the arguments and both ways out
+    with pytest.raises(MisconfigurationException, match=r"`Custom`.*\['data', 'size'\].*use_distributed_sampler=False"):
         replace_sampler(Custom(list(range(4)), 2), SequentialSampler(range(4)))
 
 
-def test_replace_sampler_refuses_a_custom_batch_sampler():
+def test_replace_sampler_makes_a_custom_batch_sampler_again_around_the_sampler():
     dataset = list(range(8))
     loader = DataLoader(dataset, batch_sampler=PairBatchSampler(SequentialSampler(dataset), 2, False))
+    sampler = DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=False)
+    new = replace_sampler(loader, sampler)
+    assert type(new.batch_sampler) is PairBatchSampler and new.batch_sampler.sampler is sampler
+    assert (new.batch_sampler.batch_size, new.batch_sampler.drop_last) == (2, False)
+    assert [batch.tolist() for batch in new] == [[1, 3], [5, 7]]
+    assert loader.batch_sampler.sampler is not sampler  # the user's loader is untouched
+
+
+def test_replace_sampler_refuses_a_batch_sampler_it_cannot_make_again():
+    dataset = list(range(8))
+    loader = DataLoader(dataset, batch_sampler=EveryOtherBatchSampler(8))
     with pytest.raises(TypeError) as info:
         replace_sampler(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
-    assert "PairBatchSampler" in str(info.value) and "use_distributed_sampler=False" in str(info.value)
+    message = str(info.value)
+    assert "EveryOtherBatchSampler" in message and "use_distributed_sampler=False" in message
+    assert "can't inject a (distributed) sampler into your batch sampler" in message  # Lightning's wording
 
 
 def test_replace_sampler_keeps_batching_of_an_explicit_standard_batch_sampler():
@@ -355,7 +371,7 @@ def test_loader_generator_seeds_the_sampler(two_ranks):
 def test_workers_settings_kept_and_seeded_per_rank(two_ranks):
     for rank, r in enumerate(_both(two_ranks, "workers")):
         assert (r["num_workers"], r["persistent_workers"], r["collate_is_ours"]) == (2, True, True)
-        assert (r["worker_init"], r["worker_init_rank"]) == ("worker_init_function", rank)
+        assert (r["worker_init"], r["worker_init_rank"]) == ("pl_worker_init_function", rank)
         assert r["user_worker_init_kept"] and r["own_num_workers"] == 1
 
 
@@ -371,12 +387,20 @@ def test_custom_sampler_is_wrapped_and_sharded(two_ranks):
 
 
 @pytest.mark.distributed
-def test_custom_batch_sampler_raises_with_the_fix(two_ranks):
+def test_custom_batch_sampler_is_made_again_around_the_distributed_sampler(two_ranks):
+    for rank, r in enumerate(_both(two_ranks, "batch_sampler")):
+        assert (r["batch_sampler"], r["inner_sampler"]) == ("PairBatchSampler", "DistributedSampler")
+        shard = list(range(rank, N, 2))
+        assert r["batches"] == [shard[i : i + 2] for i in range(0, len(shard), 2)]
+
+
+@pytest.mark.distributed
+def test_batch_sampler_that_cannot_be_made_again_raises_with_the_fix(two_ranks):
     for r in _both(two_ranks, "batch_sampler"):
-        assert r["error"] is not None, "a custom batch sampler was silently accepted"
-        assert "PairBatchSampler" in r["error"] and "use_distributed_sampler=False" in r["error"]
-        assert r["kept_batch_sampler"] == "PairBatchSampler"
-        assert r["epochs"] == [list(range(N))]
+        assert r["error"] is not None, "a batch sampler that cannot take a sampler was silently accepted"
+        assert "EveryOtherBatchSampler" in r["error"] and "use_distributed_sampler=False" in r["error"]
+        assert r["kept_batch_sampler"] == "EveryOtherBatchSampler"
+        assert r["kept_epochs"] == [list(range(N))]
 
 
 @pytest.mark.distributed

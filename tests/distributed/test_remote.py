@@ -334,7 +334,7 @@ def test_consolidate_between_urls(memory_url: str, tmp_path: Path, capsys: pytes
         assert torch.equal(loaded["model"]["w"], torch.arange(6.0)) and loaded["step"] == 4, url
     capsys.readouterr()
     assert main([f"{memory_url}/sharded", "--output_file", f"{memory_url}/one.ckpt"]) == 1  # never overwritten
-    assert "exists already" in capsys.readouterr().err
+    assert "The path for the converted checkpoint already exists" in capsys.readouterr().err
     assert main([f"{memory_url}/nothing", f"{memory_url}/x.ckpt"]) == 1
     assert f"Checkpoint not found: '{memory_url}/nothing'" in capsys.readouterr().err
 

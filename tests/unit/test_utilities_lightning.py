@@ -8,6 +8,7 @@ tests/compat/test_utilities_compat.py.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -446,6 +447,24 @@ def test_get_filesystem_without_fsspec(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_local_file_protocol() -> None:
     assert _is_local_file_protocol("/a/b") and _is_local_file_protocol("file:///a") and _is_local_file_protocol("a")
     assert not _is_local_file_protocol("s3://bucket") and not _is_local_file_protocol("simplecache::s3://b")
+
+
+def test_a_checkpoint_for_an_object_store_is_uploaded_in_one_pipe_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``fs.pipe`` of the complete bytes (s3fs and gcsfs send the parts of a large one in parallel), never a file
+    opened for writing, and no ``makedirs`` (on an object store it would create a bucket)."""
+    pytest.importorskip("fsspec")
+    from unittest import mock
+
+    from fabric_lite.utilities.cloud_io import _atomic_save
+
+    fs = mock.MagicMock()
+    monkeypatch.setattr("fsspec.core.url_to_fs", lambda url, **kwargs: (fs, "bucket/run/last.ckpt"))
+    _atomic_save({"w": torch.arange(3)}, "s3://bucket/run/last.ckpt")
+    fs.pipe.assert_called_once()
+    path, data = fs.pipe.call_args.args
+    assert path == "bucket/run/last.ckpt" and torch.load(io.BytesIO(data), weights_only=True)["w"].tolist() == [0, 1, 2]
+    fs.open.assert_not_called()
+    fs.makedirs.assert_not_called()
 
 
 # ---------------------------------------------------------------------------------------------------- data

@@ -13,11 +13,11 @@ Both take fsspec URLs too (``s3://bucket/run/last.ckpt``, ``memory://...``; see
 :mod:`fabric_lite.utilities.cloud_io`); ``file://`` URLs are local paths. What "atomic" means for a URL:
 
 * object stores (``s3://``, ``gs://``, ``az://``, ...): the checkpoint is serialised in memory first and uploaded in
-  one request (``fs.pipe_file``: one PUT, or a multipart upload that the store only publishes when it completes),
+  one request (``fs.pipe``: one PUT, or a multipart upload that the store only publishes when it completes),
   so readers see the previous object or the complete new one; a failed serialisation uploads nothing, and a failed
   upload leaves the previous object as it was.
 * ``memory://``: the new file replaces the old one in a single step once it is complete.
-* other fsspec filesystems (``sftp://``, ``hdfs://``, ...): one ``pipe_file`` call of the complete bytes; whether a
+* other fsspec filesystems (``sftp://``, ``hdfs://``, ...): one ``pipe`` call of the complete bytes; whether a
   reader can see a partly written file then depends on that filesystem.
 """
 
@@ -101,8 +101,9 @@ def _save_to_url(checkpoint: Any, url: str, storage_options: dict[str, Any] | No
         torch.save(checkpoint, buffer)
         if not _is_object_store(url):  # on an object store, makedirs of a missing bucket would create one
             fs.makedirs(fs._parent(fs_path), exist_ok=True)
-        # the complete bytes in one call: a single PUT, or a multipart upload published only once it completes
-        fs.pipe_file(fs_path, buffer.getvalue())
+        # the complete bytes in one call: a single PUT, or a multipart upload (parallel parts on S3 and GCS)
+        # published only once it completes
+        fs.pipe(fs_path, buffer.getvalue())
     except Exception as err:
         raise CheckpointError(
             f"Saving the checkpoint to {url!r} failed: {type(err).__name__}: {err}. The previous object at that URL,"

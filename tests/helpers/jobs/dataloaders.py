@@ -145,20 +145,43 @@ def check_custom_sampler(fabric: Any) -> dict[str, Any]:
 
 
 class PairBatchSampler(BatchSampler):
-    """A custom batch sampler (any subclass counts as custom)."""
+    """A custom batch sampler with BatchSampler's arguments: made again around the distributed sampler."""
+
+
+class EveryOtherBatchSampler:
+    """A batch sampler that does not follow BatchSampler's arguments: it cannot be made again around another."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter([[i, i + 1] for i in range(0, self.size, 2)])
+
+    def __len__(self) -> int:
+        return self.size // 2
 
 
 def check_batch_sampler(fabric: Any) -> dict[str, Any]:
     dataset = list(range(N))
     loader = DataLoader(dataset, batch_sampler=PairBatchSampler(SequentialSampler(dataset), 2, False))
+    floader = fabric.setup_dataloaders(loader)
+    batch_sampler = floader._dataloader.batch_sampler
+    odd = DataLoader(dataset, batch_sampler=EveryOtherBatchSampler(N))
     try:
-        fabric.setup_dataloaders(loader)
+        fabric.setup_dataloaders(odd)
     except TypeError as err:
         error = str(err)
     else:
         error = None
-    kept = fabric.setup_dataloaders(loader, use_distributed_sampler=False)
-    return {"error": error, "kept_batch_sampler": type(kept.batch_sampler).__name__, "epochs": _epochs(kept, 1)}
+    kept = fabric.setup_dataloaders(odd, use_distributed_sampler=False)
+    return {
+        "batch_sampler": type(batch_sampler).__name__,
+        "inner_sampler": type(batch_sampler.sampler).__name__,
+        "batches": [[int(i) for i in batch] for batch in floader],
+        "error": error,
+        "kept_batch_sampler": type(kept.batch_sampler).__name__,
+        "kept_epochs": _epochs(kept, 1),
+    }
 
 
 def check_no_distributed_sampler(fabric: Any) -> dict[str, Any]:
