@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.optim import Optimizer
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 from fabric_lite._build import build_strategy
 from fabric_lite._cli_env import launched_by_cli
@@ -33,6 +33,7 @@ from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import convert_leaves, convert_to_tensors, move_data_to_device
 from fabric_lite.utilities.data import (
+    _replace_dunder_methods,
     add_worker_init_fn,
     distributed_sampler,
     has_iterable_dataset,
@@ -340,7 +341,10 @@ class Fabric:
         # the end of the launched function is the end of the run: write what the loggers buffered (under
         # ddp_fork the process then ends with os._exit, which skips the loggers' exit hooks)
         try:
-            result = function(self, *args, **kwargs)
+            # loaders made in the function record their constructor's arguments, so that setup_dataloaders can make a
+            # DataLoader subclass again around a DistributedSampler whatever its __init__ takes (as in Lightning)
+            with _replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler):
+                result = function(self, *args, **kwargs)
         except BaseException:
             # a checkpoint still being written is finished (or its error printed); the training error is raised
             self._strategy._finish_saves_after_failure()

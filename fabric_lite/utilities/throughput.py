@@ -422,7 +422,7 @@ def _plugin_to_compute_dtype(plugin: Precision) -> torch.dtype:
         raise RuntimeError(f"Expected a precision plugin, got {plugin!r}")
     if hasattr(type(plugin), "mixed_precision_config"):  # FSDPPrecision
         return plugin.mixed_precision_config.reduce_dtype or torch.float32  # type: ignore[attr-defined]
-    dtype = getattr(plugin, "_dtype", torch.float32)
+    dtype = getattr(plugin, "_desired_input_dtype", torch.float32)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 

@@ -171,3 +171,20 @@ def test_log_dict_refuses_a_tensor_of_several_elements() -> None:
     fabric = Fabric(accelerator="cpu", devices=1, loggers=Mock())
     with pytest.raises(ValueError, match="it cannot be converted to a scalar"):
         fabric.log("x", torch.tensor([3, 4]))
+
+
+def test_a_loader_made_in_the_launched_function_can_be_made_again_around_a_sampler() -> None:
+    from torch.utils.data import DistributedSampler
+
+    from fabric_lite.utilities.data import replace_sampler
+    from fabric_lite.utilities.exceptions import MisconfigurationException
+
+    class Custom(DataLoader):  # type: ignore[type-arg]
+        def __init__(self, size: int, **kwargs: Any) -> None:  # `size` is kept under no attribute of that name
+            super().__init__(range(size), **kwargs)
+
+    loader = _fabric().launch(lambda fabric: Custom(6, batch_size=2))
+    again = replace_sampler(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=1, shuffle=False))
+    assert type(again) is Custom and [batch.tolist() for batch in again] == [[1, 3], [5]]
+    with pytest.raises(MisconfigurationException, match=r"The missing attributes are \['size'\]"):
+        replace_sampler(Custom(6, batch_size=2), DistributedSampler(range(6), num_replicas=2, rank=1))  # made outside
