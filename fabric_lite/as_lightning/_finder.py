@@ -155,6 +155,14 @@ class _ClientLoader(importlib.abc.Loader):
         # importlib gave the module this alias's spec; it stays fabric_lite's module, with its own spec
         module.__spec__ = self._own_spec
 
+    def get_code(self, fullname: str) -> types.CodeType | None:
+        """The code of ``fabric_lite.X``: what ``python -m lightning.fabric.X`` runs (runpy asks the loader)."""
+        spec = importlib.util.find_spec(self._target)
+        loader = spec.loader if spec is not None else None
+        if not isinstance(loader, importlib.abc.InspectLoader):
+            raise ImportError(f"No code to run for {self._requested!r} ({self._target!r} has no source loader)")
+        return loader.get_code(self._target)
+
 
 class _ClientPackageLoader(importlib.abc.Loader):
     """``lightning.fabric`` / ``lightning_fabric`` themselves: fabric_lite's top-level names and submodules, with

@@ -86,6 +86,14 @@ def test_the_environment_variable_turns_the_hook_on_at_start_up() -> None:
     assert off.returncode != 0 and "No module named 'lightning'" in off.stderr, off.output
 
 
+def test_python_dash_m_runs_a_lightning_module_path_as_fabric_lites() -> None:
+    """``python -m lightning.fabric.utilities.consolidate_checkpoint`` (Lightning's documented command) runs
+    fabric_lite's module of that path under the hook."""
+    env = base_env({"FABRIC_LITE_AS_LIGHTNING": "1"})
+    done = run_python(["-m", "lightning.fabric.utilities.consolidate_checkpoint", "--help"], env=env, timeout=90)
+    assert done.returncode == 0 and "python -m fabric_lite.utilities.consolidate_checkpoint" in done.stdout, done.output
+
+
 def test_one_line_of_python_and_uninstall() -> None:
     code = (
         "import fabric_lite.as_lightning as hook, os, sys\n"
