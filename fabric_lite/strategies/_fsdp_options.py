@@ -7,14 +7,17 @@ one function per argument, each taking FSDP1's classes too.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
-from torch.nn import Module
+import torch
+from torch.nn import Module, Parameter
 
-from fabric_lite.strategies._fsdp_setup import module_classes
+from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, check_wrap_policy, module_classes
 from fabric_lite.utilities.rank_zero import rank_zero_deprecation, rank_zero_warn
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
 ShardingStrategyName: TypeAlias = Literal[
@@ -100,19 +103,18 @@ def mixed_precision_setting(value: Any) -> MixedPrecisionPolicy | None:
     )
 
 
-def checkpointing_classes(
-    activation_checkpointing: Any, activation_checkpointing_policy: Any
-) -> frozenset[type[Module]]:
-    """The layer classes to checkpoint: ``activation_checkpointing_policy``, or Lightning's deprecated spelling
+def checkpointing_policy(activation_checkpointing: Any, activation_checkpointing_policy: Any) -> AutoWrapPolicy:
+    """Which layers to checkpoint: ``activation_checkpointing_policy`` (any form ``auto_wrap_policy`` takes, FSDP1's
+    ``ModuleWrapPolicy`` and policy functions included, as in Lightning), or Lightning's deprecated spelling
     ``activation_checkpointing`` (one class or a list of classes), which warns as Lightning does.
 
     Raises:
         ValueError: both are given.
-        TypeError: a value that is not layer classes.
+        TypeError: a value that is not a policy.
 
     Example::
 
-        checkpointing_classes(None, {Block})  # frozenset({Block})
+        checkpointing_policy(None, {Block})  # {Block}
     """
     if activation_checkpointing is not None and activation_checkpointing_policy is not None:
         raise ValueError(
@@ -126,14 +128,12 @@ def checkpointing_classes(
             f"`FSDPStrategy(activation_checkpointing_policy={set(classes)})` instead.",
             stacklevel=7,  # the caller of FSDPStrategy(...)
         )
-        return classes
-    if activation_checkpointing_policy is None:
-        return frozenset()
-    return module_classes(activation_checkpointing_policy, "activation_checkpointing_policy")
+        return set(classes)
+    return check_wrap_policy(activation_checkpointing_policy, "activation_checkpointing_policy")
 
 
 def sharding_setting(
-    sharding_strategy: Any, reshard_after_forward: bool | None, device_mesh: Any
+    sharding_strategy: Any, reshard_after_forward: bool | None, device_mesh: Any, process_group: Any = None
 ) -> tuple[str, bool | None]:
     """The sharding strategy's name (upper case) and the ``reshard_after_forward`` that ``fully_shard`` gets.
 
@@ -144,7 +144,7 @@ def sharding_setting(
 
     Raises:
         ValueError: an unknown strategy, ``reshard_after_forward=True`` with a strategy that keeps parameters
-            gathered, or a ``device_mesh`` with a strategy that has no use for it.
+            gathered, a ``device_mesh`` or ``process_group`` with a strategy that has no use for it, or both.
         TypeError: a ``device_mesh`` that is neither a (replicate, shard) tuple of sizes nor a ``DeviceMesh``.
 
     Example::
@@ -161,6 +161,8 @@ def sharding_setting(
             )
         reshard_after_forward = False
     _check_device_mesh(device_mesh, name)
+    if process_group is not None:
+        _check_process_group(process_group, name, device_mesh)
     return name, reshard_after_forward
 
 
@@ -239,8 +241,161 @@ def _check_device_mesh(device_mesh: Any, name: str) -> None:
         )
 
 
+def _check_process_group(process_group: Any, name: str, device_mesh: Any) -> None:
+    from torch.distributed import ProcessGroup
+
+    if device_mesh is not None:
+        raise ValueError(
+            "The arguments `FSDPStrategy(process_group=..., device_mesh=...)` are mutually exclusive: both say which"
+            f" ranks shard the model (got process_group={process_group!r}, device_mesh={device_mesh!r}). Pass only"
+            " one of them."
+        )
+    pair = isinstance(process_group, tuple) and len(process_group) == 2
+    if not isinstance(process_group, ProcessGroup) and not (
+        pair and all(isinstance(g, ProcessGroup) for g in process_group)
+    ):
+        raise TypeError(
+            f"FSDPStrategy(process_group={process_group!r}): expected a torch.distributed.ProcessGroup to shard over,"
+            " or for the hybrid strategies a tuple (shard group within a node, replicate group across nodes)."
+        )
+    if name in _HYBRID and not pair:
+        raise ValueError(
+            f"FSDPStrategy(sharding_strategy={name!r}, process_group=...): a hybrid strategy takes a tuple of two"
+            " groups, (shard group within a node, replicate group across nodes), as FSDP1 does."
+        )
+    if name not in _HYBRID and (pair or name == "NO_SHARD"):
+        raise ValueError(
+            f"FSDPStrategy(sharding_strategy={name!r}, process_group=...): "
+            + (
+                "NO_SHARD replicates over every rank and takes no group; use DDPStrategy(process_group=...) to"
+                " replicate over a group."
+                if name == "NO_SHARD"
+                else "a tuple of two groups needs sharding_strategy='HYBRID_SHARD' (or '_HYBRID_SHARD_ZERO2');"
+                f" {name} takes one group."
+            )
+        )
+
+
+def mesh_from_process_group(process_group: Any, device_type: str) -> DeviceMesh:
+    """The mesh of FSDP1's ``process_group``: a 1-D ``("shard",)`` mesh over one group, or for a hybrid strategy's
+    ``(shard, replicate)`` pair a 2-D ``("replicate", "shard")`` mesh of the two groups. FSDP2 communicates over the
+    groups themselves; the layout of global ranks is this rank's shard group shifted to each member of its replicate
+    group (every shard group is a translate of the others, as in a grid of nodes x devices).
+
+    Raises:
+        ValueError: the two groups do not form such a grid around this rank.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(process_group, tuple):
+        return DeviceMesh.from_group(process_group, device_type, mesh_dim_names=("shard",))
+    shard, replicate = process_group
+    me = dist.get_rank()
+    shard_ranks, replicate_ranks = dist.get_process_group_ranks(shard), dist.get_process_group_ranks(replicate)
+    layout = [[s - me + r for s in shard_ranks] for r in replicate_ranks]
+    flat = [rank for row in layout for rank in row]
+    if me not in shard_ranks or me not in replicate_ranks or len(set(flat)) != len(flat) or min(flat) < 0:
+        raise ValueError(
+            f"FSDPStrategy(process_group=(shard, replicate)): on rank {me} the shard group {shard_ranks} and the"
+            f" replicate group {replicate_ranks} do not form a grid (replicate x shard ranks, each shard group the"
+            " others shifted). Pass the groups of such a grid, or device_mesh=(replicate, shard) sizes."
+        )
+    return DeviceMesh.from_group(
+        [replicate, shard], device_type, mesh=torch.tensor(layout), mesh_dim_names=("replicate", "shard")
+    )
+
+
+#: FSDP1's ``FullyShardedDataParallel`` arguments that Lightning takes through ``FSDPStrategy(**kwargs)``, beyond the
+#: ones ``FSDPStrategy`` names (``device_id`` is Lightning's own to set, and ``param_init_fn`` a named argument here)
+FSDP1_ARGUMENTS = (
+    "process_group",
+    "backward_prefetch",
+    "ignored_modules",
+    "ignored_states",
+    "sync_module_states",
+    "forward_prefetch",
+    "limit_all_gathers",
+    "use_orig_params",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FSDP1Options:
+    """FSDP1's arguments (:data:`FSDP1_ARGUMENTS`) as ``fully_shard`` (FSDP2) uses them.
+
+    * ``process_group``: the group (or hybrid pair of groups) to shard over, made into the mesh
+      (:func:`mesh_from_process_group`).
+    * ``sync_module_states``: every rank starts from global rank 0's parameters and buffers (broadcast before
+      sharding, or module by module when they are materialised from the meta device).
+    * ``forward_prefetch``: each unit all-gathers the next unit's parameters before its own forward runs, in the
+      order of ``model.modules()`` (a transformer's blocks in order), with ``set_modules_to_forward_prefetch``.
+    * ``ignored``: the modules of ``ignored_modules`` and the parameters or modules of ``ignored_states`` are left
+      out of sharding (``fully_shard(ignored_params=...)``): whole on every rank, their gradients not reduced.
+
+    Accepted, with no effect, because FSDP2 has no such switch: ``limit_all_gathers`` (FSDP2 needs no rate limiter:
+    it frees a unit's gathered parameters through stream events, which bounds what FSDP1's limiter bounded),
+    ``use_orig_params`` (FSDP2 always keeps the original parameters, one ``DTensor`` each under its own name: FSDP1's
+    ``True``) and ``backward_prefetch`` (FSDP2 always prefetches the next unit's all-gather at the start of a unit's
+    backward, FSDP1's ``BACKWARD_PRE``; it has neither ``BACKWARD_POST`` nor an off switch).
+    """
+
+    process_group: Any = None
+    sync_module_states: bool = False
+    forward_prefetch: bool = False
+    ignored: tuple[Module | Parameter, ...] = ()
+
+    def ignored_params(self) -> set[Parameter]:
+        """The parameters left out of sharding: those given, and every parameter of the modules given."""
+        params: set[Parameter] = set()
+        for item in self.ignored:
+            params.update(item.parameters() if isinstance(item, Module) else [item])
+        return params
+
+
+def fsdp1_options(kwargs: dict[str, Any]) -> tuple[FSDP1Options, dict[str, Any]]:
+    """Take FSDP1's arguments out of ``kwargs``: the checked :class:`FSDP1Options`, and the rest (for ``fully_shard``).
+
+    Raises:
+        TypeError: a value FSDP1 does not take either; the message names it.
+
+    Example::
+
+        fsdp1_options({"limit_all_gathers": True, "shard_placement_fn": None})
+        # (FSDP1Options(), {"shard_placement_fn": None})
+    """
+    rest = {k: v for k, v in kwargs.items() if k not in FSDP1_ARGUMENTS}
+    for flag in ("sync_module_states", "forward_prefetch", "limit_all_gathers", "use_orig_params"):
+        if flag in kwargs and not isinstance(kwargs[flag], bool):
+            raise TypeError(f"FSDPStrategy({flag}={kwargs[flag]!r}): expected True or False.")
+    prefetch = kwargs.get("backward_prefetch")
+    backward_prefetch = _fsdp1_class("BackwardPrefetch")
+    if prefetch is not None and not (backward_prefetch is not None and isinstance(prefetch, backward_prefetch)):
+        raise TypeError(
+            f"FSDPStrategy(backward_prefetch={prefetch!r}): expected a torch.distributed.fsdp.BackwardPrefetch or None."
+        )
+    ignored: list[Module | Parameter] = []
+    for name, kinds in (("ignored_modules", (Module,)), ("ignored_states", (Module, Parameter))):
+        value = kwargs.get(name)
+        if value is None:
+            continue
+        items = list(value) if isinstance(value, Iterable) and not isinstance(value, (Module, torch.Tensor)) else None
+        if items is None or not all(isinstance(item, kinds) for item in items):
+            what = "modules" if name == "ignored_modules" else "parameters or modules"
+            raise TypeError(f"FSDPStrategy({name}={value!r}): expected an iterable of {what} to leave unsharded.")
+        ignored.extend(items)
+    options = FSDP1Options(
+        process_group=kwargs.get("process_group"),
+        sync_module_states=bool(kwargs.get("sync_module_states", False)),
+        forward_prefetch=bool(kwargs.get("forward_prefetch", False)),
+        ignored=tuple(ignored),
+    )
+    return options, rest
+
+
 def _fsdp1_class(name: str) -> Any:
-    """FSDP1's ``CPUOffload``/``MixedPrecision``/``ShardingStrategy``, or ``None`` where torch no longer has it."""
+    """FSDP1's ``CPUOffload``/``MixedPrecision``/``ShardingStrategy``/``BackwardPrefetch``, or ``None`` where torch no
+    longer has it."""
     try:
         import torch.distributed.fsdp as fsdp
     except ImportError:  # pragma: no cover - torch without distributed

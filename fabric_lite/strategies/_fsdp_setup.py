@@ -1,7 +1,10 @@
 """How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` shards a module, one plain function per capability.
 
-* :func:`wrap_targets`: which submodules become their own sharded unit (all-gathered and freed on their own).
+* :func:`wrap_targets`: which submodules become their own sharded unit (all-gathered and freed on their own), or have
+  their activations checkpointed; the policies are fabric_lite's forms and FSDP1's (``ModuleWrapPolicy``, functions
+  ``fn(module, recurse, nonwrapped_numel)``), as Lightning passes them.
 * :func:`apply_activation_checkpointing`: recompute the activations of chosen layers in backward.
+* :func:`broadcast_from_rank_zero`: ``sync_module_states``, rank 0's values on every rank.
 * :func:`meta_owners`, :func:`check_initialisable`, :func:`materialize`: turn parameters created on the meta
   device into real, sharded ones, initialised exactly as an eager construction would have initialised them.
 
@@ -10,17 +13,23 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn import Module
 
-#: which submodules to shard as units: layer classes, a predicate ``(module) -> bool``, or a minimum number of
-#: parameters a subtree must hold (not counting those of units inside it)
-AutoWrapPolicy: TypeAlias = set[type[Module]] | Callable[[Module], bool] | int | None
+if TYPE_CHECKING:
+    from torch.distributed.fsdp.wrap import _Policy
+
+#: which submodules to shard as units: layer classes, a predicate ``(module) -> bool``, a minimum number of
+#: parameters a subtree must hold (not counting those of units inside it), or one of FSDP1's policies: a
+#: ``ModuleWrapPolicy``/``CustomPolicy``, or a function ``fn(module, recurse, nonwrapped_numel) -> bool`` such as
+#: ``functools.partial(size_based_auto_wrap_policy, min_num_params=...)``
+AutoWrapPolicy: TypeAlias = "set[type[Module]] | Callable[..., bool] | int | _Policy | None"
 #: a function that initialises the parameters and buffers that ``module`` itself holds (not its children's)
 ParamInitFn: TypeAlias = Callable[[Module], None]
 
@@ -39,8 +48,9 @@ def module_classes(value: Any, argument: str) -> frozenset[type[Module]]:
     return frozenset(classes)
 
 
-def check_wrap_policy(policy: Any) -> AutoWrapPolicy:
-    """Validate ``auto_wrap_policy``: ``None``, classes, a predicate, or a positive parameter count.
+def check_wrap_policy(policy: Any, argument: str = "auto_wrap_policy") -> AutoWrapPolicy:
+    """Validate a policy (``argument``: ``auto_wrap_policy`` or ``activation_checkpointing_policy``): ``None``,
+    classes, a predicate, a positive parameter count, or one of FSDP1's policies.
 
     Raises:
         TypeError, ValueError: any other value; the message names it and shows each accepted form.
@@ -48,24 +58,43 @@ def check_wrap_policy(policy: Any) -> AutoWrapPolicy:
     if policy is None:
         return None
     if isinstance(policy, bool):
-        raise TypeError(f"FSDPStrategy(auto_wrap_policy={policy!r}) is not a policy. {_POLICY_FORMS}")
+        raise TypeError(f"FSDPStrategy({argument}={policy!r}) is not a policy. {_POLICY_FORMS}")
     if isinstance(policy, int):
         if policy < 1:
             raise ValueError(
-                f"FSDPStrategy(auto_wrap_policy={policy}): a minimum parameter count must be >= 1. {_POLICY_FORMS}"
+                f"FSDPStrategy({argument}={policy}): a minimum parameter count must be >= 1. {_POLICY_FORMS}"
             )
         return policy
     if _is_module_class(policy) or isinstance(policy, (set, frozenset, list, tuple)):
-        return set(module_classes(policy, "auto_wrap_policy"))
-    if callable(policy):
+        return set(module_classes(policy, argument))
+    if _is_fsdp1_policy_object(policy) or callable(policy):
         return policy  # type: ignore[no-any-return]
-    raise TypeError(f"FSDPStrategy(auto_wrap_policy={policy!r}) is not a policy. {_POLICY_FORMS}")
+    raise TypeError(f"FSDPStrategy({argument}={policy!r}) is not a policy. {_POLICY_FORMS}")
 
 
 _POLICY_FORMS = (
-    "Pass a set of layer classes ({Block}), a function module -> bool, or a minimum number of parameters per unit"
-    " (e.g. 1_000_000)."
+    "Pass a set of layer classes ({Block}), a function module -> bool, a minimum number of parameters per unit"
+    " (e.g. 1_000_000), or an FSDP1 policy (ModuleWrapPolicy, or fn(module, recurse, nonwrapped_numel))."
 )
+
+
+def _is_fsdp1_policy_object(policy: Any) -> bool:
+    """Whether ``policy`` is one of FSDP1's policy objects (``ModuleWrapPolicy``, ``CustomPolicy``)."""
+    try:
+        from torch.distributed.fsdp.wrap import _Policy
+    except ImportError:  # pragma: no cover - a torch without FSDP1
+        return False
+    return isinstance(policy, _Policy)
+
+
+def _takes_fsdp1_arguments(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is an FSDP1 policy function, ``fn(module, recurse, nonwrapped_numel)``, rather than a
+    predicate ``fn(module)``."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: a predicate
+        return False
+    return "recurse" in parameters and "nonwrapped_numel" in parameters
 
 
 def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
@@ -73,10 +102,20 @@ def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
 
     ``fully_shard`` must be applied to a unit's children before the unit, so descendants always come before their
     ancestors here. With a parameter count, a subtree becomes a unit when the parameters it holds outside the units
-    already chosen inside it reach the count.
+    already chosen inside it reach the count. FSDP1's policies choose what they choose under FSDP1: a
+    ``ModuleWrapPolicy``/``CustomPolicy`` its modules; a function ``fn(module, recurse, nonwrapped_numel)`` is asked,
+    as FSDP1 asks it, first whether to look inside a subtree (``recurse=True``, with the subtree's parameter count),
+    then, after the units chosen inside, whether the subtree is a unit (``recurse=False``, with what they left).
     """
     if policy is None:
         return []
+    # reversed pre-order puts every descendant before its ancestors
+    candidates = [m for m in reversed(list(root.modules())) if m is not root]
+    if _is_fsdp1_policy_object(policy):
+        chosen = policy._run_policy(root, set(), {})  # type: ignore[union-attr]
+        return [m for m in candidates if m in chosen]
+    if callable(policy) and _takes_fsdp1_arguments(policy):
+        return _fsdp1_function_targets(root, policy)
     if isinstance(policy, int):
         targets: list[Module] = []
 
@@ -90,24 +129,53 @@ def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
 
         visit(root)
         return targets
-    # reversed pre-order puts every descendant before its ancestors
-    candidates = [m for m in reversed(list(root.modules())) if m is not root]
     if isinstance(policy, (set, frozenset)):
         classes = tuple(policy)
         return [m for m in candidates if isinstance(m, classes)]
-    return [m for m in candidates if policy(m)]
+    return [m for m in candidates if policy(m)]  # type: ignore[operator]
 
 
-def apply_activation_checkpointing(root: Module, classes: frozenset[type[Module]]) -> int:
-    """Recompute, in backward, the activations of every submodule that is an instance of ``classes``; returns how
-    many were found. Uses torch's composable ``checkpoint``, which leaves parameter names unchanged, so checkpoints
-    load the same with or without it. Must run before ``fully_shard``."""
+def _fsdp1_function_targets(root: Module, policy: Callable[..., bool]) -> list[Module]:
+    targets: list[Module] = []
+
+    def visit(module: Module) -> int:  # the parameters that end up in units at or below ``module``
+        total = sum(p.numel() for p in module.parameters())
+        if not policy(module=module, recurse=True, nonwrapped_numel=total):
+            return 0
+        inside = sum(visit(child) for child in module.children())
+        if module is not root and policy(module=module, recurse=False, nonwrapped_numel=total - inside):
+            targets.append(module)  # after the units inside it: children first
+            return total
+        return inside
+
+    visit(root)
+    return targets
+
+
+def apply_activation_checkpointing(root: Module, policy: AutoWrapPolicy) -> int:
+    """Recompute, in backward, the activations of the submodules ``policy`` chooses (as for :func:`wrap_targets`:
+    layer classes, FSDP1's policies, ...; never ``root`` itself); returns how many were found. Uses torch's
+    composable ``checkpoint``, which leaves parameter names unchanged, so checkpoints load the same with or without
+    it. Must run before ``fully_shard``."""
     from torch.distributed._composable.checkpoint_activation import checkpoint
 
-    found = [m for m in root.modules() if isinstance(m, tuple(classes))]
+    found = wrap_targets(root, policy)
     for module in found:
         checkpoint(module)
     return len(found)
+
+
+def broadcast_from_rank_zero(tensors: list[Tensor], device: torch.device) -> None:
+    """Overwrite each of ``tensors`` in place with global rank 0's value (FSDP1's ``sync_module_states``), one at a
+    time through ``device`` (NCCL sends device memory only). Every rank must call it with the same shapes."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        for tensor in tensors:
+            staged = tensor.detach().to(device)
+            dist.broadcast(staged, src=0)
+            if staged is not tensor:
+                tensor.copy_(staged)
 
 
 @dataclass
@@ -162,6 +230,7 @@ def materialize(
     device: torch.device,
     param_init_fn: ParamInitFn | None,
     buffer_device: torch.device | None = None,
+    sync: Callable[[list[Tensor]], None] | None = None,
 ) -> None:
     """Allocate the meta tensors of the sharded ``root`` on ``device`` (buffers on ``buffer_device``, by default the
     same) and initialise them, one module at a time.
@@ -172,6 +241,8 @@ def materialize(
     same seed gives (initialisation consumes the generator in the same order), while no more than one module's
     full-size tensors exist at a time. A parameter shared by two modules keeps the values of its first owner, and
     the second owner's initialisation still consumes the generator, as in an eager construction with tied weights.
+    ``sync``, when given, makes each module's full values the same on every rank before the shards are taken
+    (``sync_module_states``: rank 0's).
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -193,6 +264,8 @@ def materialize(
                     param_init_fn(module)
                 else:
                     module.reset_parameters()  # type: ignore[operator]
+                if sync is not None:
+                    sync([t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None])
                 for n, p in real.items():
                     full = module._parameters[n]
                     assert p is not None and full is not None

@@ -12,10 +12,19 @@ from torch.nn import Module
 from torch.optim import Optimizer
 
 
+class MeshSizeError(ValueError, RuntimeError):
+    """Mesh sizes that do not multiply to the world size: a ``ValueError`` (a bad argument) that is also the
+    ``RuntimeError`` Lightning raises, so ``except`` clauses written for either catch it."""
+
+
 def mesh_shape(
     data_parallel: int | str, tensor_parallel: int | str, replicate: int, world_size: int, num_nodes: int
 ) -> tuple[int, ...]:
-    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one)."""
+    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one).
+
+    Raises:
+        MeshSizeError: the sizes do not fit the world size; the message shows the arithmetic.
+    """
     if data_parallel == "auto" and tensor_parallel == "auto":
         data_parallel, tensor_parallel = num_nodes, world_size // max(num_nodes, 1)
     elif data_parallel == "auto":
@@ -26,14 +35,15 @@ def mesh_shape(
         tensor_parallel = world_size // data_parallel if world_size % data_parallel == 0 else 0
     assert isinstance(data_parallel, int) and isinstance(tensor_parallel, int)
     if data_parallel * tensor_parallel != world_size or not data_parallel or not tensor_parallel:
-        raise ValueError(
-            f"ModelParallelStrategy: data_parallel_size ({data_parallel or 'no whole number'}) x"
-            f" tensor_parallel_size ({tensor_parallel or 'no whole number'}) must equal the world size"
-            f" ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s)). Choose sizes whose"
-            " product is the world size, or leave one of them 'auto'."
+        product = f", not {data_parallel * tensor_parallel}" if data_parallel and tensor_parallel else ""
+        raise MeshSizeError(
+            f"ModelParallelStrategy: the sizes data_parallel_size ({data_parallel or 'no whole number'}) and"
+            f" tensor_parallel_size ({tensor_parallel or 'no whole number'}) multiplied should equal the world size"
+            f" ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s)){product}. Choose"
+            " sizes whose product is the world size, or leave one of them 'auto'."
         )
     if data_parallel % replicate:
-        raise ValueError(
+        raise MeshSizeError(
             f"ModelParallelStrategy: data_parallel_replicate_size ({replicate}) must divide data_parallel_size"
             f" ({data_parallel}), which here is {world_size} ranks / {tensor_parallel} tensor-parallel."
         )

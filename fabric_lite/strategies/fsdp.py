@@ -4,7 +4,9 @@ and optimizer state, and all-gathers a unit's parameters only while that unit co
 from __future__ import annotations
 
 import inspect
+import itertools
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -17,11 +19,14 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import FSDPPrecision, MixedPrecision, Precision
 from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
-from fabric_lite.strategies import _fsdp_options, _fsdp_setup
+from fabric_lite.strategies import _fsdp_options, _fsdp_setup, _model_parallel_ops
+from fabric_lite.strategies._fsdp_lightning import _check_sharded, _FSDPBackwardSyncControl
+from fabric_lite.strategies._fsdp_lightning import _get_full_state_dict_context as _get_full_state_dict_context
+from fabric_lite.strategies._fsdp_lightning import _is_sharded_checkpoint as _is_sharded_checkpoint
 from fabric_lite.strategies._fsdp_options import ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
-from fabric_lite.strategies.strategy import _Sharded
+from fabric_lite.strategies.strategy import _set_gradient_sync, _Sharded
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -79,12 +84,14 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             ``keep_low_precision_grads`` and ``_module_classes_to_ignore`` have no FSDP2 equivalent and are dropped
             (with a warning when set).
         auto_wrap_policy: which submodules become sharded units of their own: a set of layer classes
-            (``{Block}``), a function ``(module) -> bool``, or a minimum number of parameters per unit
-            (``1_000_000``). ``None``: only the whole model (one all-gather of every parameter per forward).
+            (``{Block}``), a function ``(module) -> bool``, a minimum number of parameters per unit (``1_000_000``),
+            or one of FSDP1's policies (a ``ModuleWrapPolicy``, or ``fn(module, recurse, nonwrapped_numel)`` such
+            as ``size_based_auto_wrap_policy``), which choose the units they choose under FSDP1. ``None``: only the
+            whole model (one all-gather of every parameter per forward).
         activation_checkpointing: deprecated (as in Lightning): a layer class or a list of them, the same as
             ``activation_checkpointing_policy={...}``; giving both is an error.
-        activation_checkpointing_policy: layer classes whose activations are recomputed in backward instead of
-            kept (``{Block}``): less memory for one more forward of those layers.
+        activation_checkpointing_policy: the layers whose activations are recomputed in backward instead of kept
+            (``{Block}``, or any form ``auto_wrap_policy`` takes): less memory for one more forward of those layers.
         sharding_strategy: what is sharded, as in Lightning (any case, or FSDP1's ``ShardingStrategy``):
 
             - ``"FULL_SHARD"``: parameters, gradients and optimizer state, over all ranks (default).
@@ -110,7 +117,14 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             models created with ``init_module(empty_init=True)`` whose modules have no ``reset_parameters()``.
         start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
             (``strategy="fsdp"``), ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
-        **kwargs: passed to ``torch.distributed.fsdp.fully_shard`` (e.g. ``shard_placement_fn``).
+        **kwargs: FSDP1's other arguments, which Lightning passes on (see :class:`~fabric_lite.strategies.
+            _fsdp_options.FSDP1Options`): ``process_group`` (a group, or a hybrid strategy's ``(shard, replicate)``
+            pair, made into the mesh), ``sync_module_states`` (start from rank 0's values), ``forward_prefetch``
+            (each unit prefetches the next one's all-gather), ``ignored_modules``/``ignored_states`` (left
+            unsharded), and, with no effect since FSDP2 has no such switch, ``limit_all_gathers``,
+            ``use_orig_params`` (FSDP2 keeps the original parameters always) and ``backward_prefetch`` (FSDP2
+            always prefetches as ``BACKWARD_PRE``). Anything else is passed to
+            ``torch.distributed.fsdp.fully_shard`` (e.g. ``shard_placement_fn``).
 
     Raises:
         ValueError, TypeError: an argument that is not accepted; the message names it and the choices.
@@ -130,7 +144,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         mixed_precision: MixedPrecisionPolicy | FSDP1MixedPrecision | None = None,
         auto_wrap_policy: AutoWrapPolicy = None,
         activation_checkpointing: type[Module] | list[type[Module]] | None = None,
-        activation_checkpointing_policy: set[type[Module]] | None = None,
+        activation_checkpointing_policy: AutoWrapPolicy = None,
         sharding_strategy: ShardingStrategyName | ShardingStrategy = "FULL_SHARD",
         state_dict_type: Literal["sharded", "full"] = "sharded",
         device_mesh: tuple[int, int] | DeviceMesh | None = None,
@@ -162,20 +176,24 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             )
         if param_init_fn is not None and not callable(param_init_fn):
             raise TypeError(f"FSDPStrategy(param_init_fn={param_init_fn!r}): expected a function fn(module).")
+        self._fsdp1, kwargs = _fsdp_options.fsdp1_options(kwargs)
         accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _OWN_ARGUMENTS]
         unknown = sorted(set(kwargs) - set(accepted))
         if unknown:
             raise TypeError(
-                f"FSDPStrategy got unexpected keyword argument(s) {unknown}. Besides its own arguments it passes"
-                f" these to torch.distributed.fsdp.fully_shard: {accepted}."
+                f"FSDPStrategy got unexpected keyword argument(s) {unknown}. Besides its own arguments it takes"
+                f" FSDP1's {list(_fsdp_options.FSDP1_ARGUMENTS)}, and passes these to"
+                f" torch.distributed.fsdp.fully_shard: {accepted}."
             )
         self._sharding_strategy, self._reshard_after_forward = _fsdp_options.sharding_setting(
-            sharding_strategy, reshard_after_forward, device_mesh
+            sharding_strategy, reshard_after_forward, device_mesh, self._fsdp1.process_group
         )
         self._auto_wrap_policy = _fsdp_setup.check_wrap_policy(auto_wrap_policy)
-        self._checkpointing = _fsdp_options.checkpointing_classes(
+        self._checkpointing = _fsdp_options.checkpointing_policy(
             activation_checkpointing, activation_checkpointing_policy
         )
+        #: ``mixed_precision`` as given, for Lightning's :attr:`mixed_precision_config`
+        self._mixed_precision_argument = mixed_precision
         self._mixed_precision = _fsdp_options.mixed_precision_setting(mixed_precision)
         #: ``True`` becomes a ``CPUOffloadPolicy`` at setup, pinning memory when the device is a GPU
         self._cpu_offload: CPUOffloadPolicy | bool = _fsdp_options.cpu_offload_setting(cpu_offload)
@@ -184,6 +202,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         self._fsdp_kwargs = kwargs
         #: the mesh as given: a (replicate, shard) tuple is built into a ``DeviceMesh`` by ``setup_environment``
         self._mesh_argument = device_mesh
+        self._backward_sync_control = _FSDPBackwardSyncControl(self._sync_target, _set_gradient_sync)
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -215,10 +234,28 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         return mixed_precision_policy(self.precision.precision)
 
     @property
-    def sharding_strategy(self) -> str:
-        """How parameters are spread: ``"FULL_SHARD"``, ``"SHARD_GRAD_OP"``, ``"NO_SHARD"``, ``"HYBRID_SHARD"`` or
-        ``"_HYBRID_SHARD_ZERO2"`` (see the class docstring)."""
-        return self._sharding_strategy
+    def mixed_precision_config(self) -> MixedPrecisionPolicy | FSDP1MixedPrecision:
+        """Lightning's name: the ``mixed_precision`` argument as given (FSDP1's ``MixedPrecision`` stays one), or
+        else the policy that matches the precision. What ``fully_shard`` gets is :attr:`mixed_precision`."""
+        given = self._mixed_precision_argument
+        return given if given is not None else self.mixed_precision
+
+    @property
+    def cpu_offload(self) -> CPUOffload | CPUOffloadPolicy | bool:
+        """Whether the shards live on the CPU, as Lightning shows it: FSDP1's ``CPUOffload(offload_params=...)``,
+        or the ``CPUOffloadPolicy`` given (``True``/``False`` where torch no longer has FSDP1's class)."""
+        if not isinstance(self._cpu_offload, bool):
+            return self._cpu_offload
+        fsdp1 = _fsdp_options._fsdp1_class("CPUOffload")
+        return fsdp1(offload_params=self._cpu_offload) if fsdp1 is not None else self._cpu_offload
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy | str:
+        """How parameters are spread, as Lightning shows it: FSDP1's ``ShardingStrategy`` member (``FULL_SHARD``,
+        ``SHARD_GRAD_OP``, ``NO_SHARD``, ``HYBRID_SHARD`` or ``_HYBRID_SHARD_ZERO2``; see the class docstring), or
+        its name where torch no longer has FSDP1's enum."""
+        fsdp1 = _fsdp_options._fsdp1_class("ShardingStrategy")
+        return fsdp1[self._sharding_strategy] if fsdp1 is not None else self._sharding_strategy
 
     @property
     def device_mesh(self) -> DeviceMesh:
@@ -240,6 +277,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
         if not dist.is_initialized():
             raise RuntimeError("FSDPStrategy needs the process group: call fabric.launch() first.")
+        if self._fsdp1.process_group is not None:
+            return _fsdp_options.mesh_from_process_group(self._fsdp1.process_group, self.root_device.type)
         given = self._mesh_argument
         if isinstance(given, DeviceMesh):
             if given.size() != self.world_size:
@@ -258,8 +297,10 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         if isinstance(self.precision, FSDPPrecision):  # its autocast (and created scaler) follow this device
             self.precision._set_device_type(self.root_device.type)
 
-    def _fully_shard_kwargs(self) -> dict[str, Any]:
+    def _fully_shard_kwargs(self, ignored: set[torch.nn.Parameter]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision, **self._fsdp_kwargs}
+        if ignored:
+            kwargs["ignored_params"] = ignored | set(kwargs.get("ignored_params") or ())
         if self._reshard_after_forward is not None:
             kwargs["reshard_after_forward"] = self._reshard_after_forward
         if self._cpu_offload is True:
@@ -286,18 +327,36 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         owners = _fsdp_setup.meta_owners(module)
         if owners:
             _fsdp_setup.check_initialisable(module, owners, self._param_init_fn)
+        sync = self._fsdp1.sync_module_states and self.world_size > 1
+        ignored = self._fsdp1.ignored_params()
         if not isinstance(module, FSDPModule):  # a module the user sharded already keeps their settings
+            if sync and not owners:  # rank 0's values everywhere, before each rank keeps its shards
+                _fsdp_setup.broadcast_from_rank_zero([*module.parameters(), *module.buffers()], self.root_device)
             if self._checkpointing:  # before sharding, as torch requires
                 _fsdp_setup.apply_activation_checkpointing(module, self._checkpointing)
-            kwargs = self._fully_shard_kwargs()
+            kwargs = self._fully_shard_kwargs(ignored)
             for unit in _fsdp_setup.wrap_targets(module, self._auto_wrap_policy):
                 if not isinstance(unit, FSDPModule):
                     fully_shard(unit, **kwargs)
             fully_shard(module, **kwargs)
+            if self._fsdp1.forward_prefetch:
+                units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+                for unit, following in itertools.pairwise(units):
+                    unit.set_modules_to_forward_prefetch([following])
         if owners:
             # offloaded shards live on the CPU; only the buffers (never sharded) belong on the device
             shard_device = torch.device("cpu") if self._cpu_offload else self.root_device
-            _fsdp_setup.materialize(module, owners, shard_device, self._param_init_fn, buffer_device=self.root_device)
+            broadcast = partial(_fsdp_setup.broadcast_from_rank_zero, device=self.root_device)
+            _fsdp_setup.materialize(
+                module,
+                owners,
+                shard_device,
+                self._param_init_fn,
+                buffer_device=self.root_device,
+                sync=broadcast if sync else None,
+            )
+        if ignored:  # fully_shard leaves the parameters it ignores where they are
+            _model_parallel_ops.move_leftovers(module, self.root_device)
         self._modules.add(module)
         return module
 
@@ -331,13 +390,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         Raises:
             TypeError: it is not.
         """
-        from torch.distributed.fsdp import FSDPModule
-
-        if not isinstance(module, FSDPModule):
-            raise TypeError(
-                f"Blocking backward sync is only possible for a module sharded by FSDPStrategy, got"
-                f" {type(module).__name__}. Set the module up with fabric.setup_module(model) first."
-            )
+        _check_sharded(module, "Blocking backward sync", f"{type(self).__name__}.no_backward_sync")
         return module
 
     @override
@@ -350,7 +403,12 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         error_if_nonfinite: bool = True,
     ) -> Tensor:
         """Clip by the total norm over *all* shards (every rank computes and applies the same norm); returns it
-        before clipping, as a plain tensor that is the same on every rank."""
+        before clipping, as a plain tensor that is the same on every rank.
+
+        Raises:
+            TypeError: ``module`` is not sharded (not set up by ``fabric.setup_module``).
+        """
+        _check_sharded(module, "Gradient clipping with FSDP", f"{type(self).__name__}.clip_gradients_norm")
         norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
         from torch.distributed.tensor import DTensor
 

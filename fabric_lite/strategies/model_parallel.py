@@ -25,9 +25,11 @@ from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
 from fabric_lite.strategies import _fsdp_setup, _model_parallel_ops
+from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
-from fabric_lite.strategies.strategy import _Sharded
+from fabric_lite.strategies.strategy import _set_gradient_sync, _Sharded
 from fabric_lite.utilities import _collectives
+from fabric_lite.utilities.checkpoint import sharded
 from fabric_lite.utilities.types import TBroadcast
 
 if TYPE_CHECKING:
@@ -178,6 +180,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         self._tensor_parallel_size = tensor_parallel_size
         self._replicate_size = data_parallel_replicate_size
         self._save_distributed_checkpoint = save_distributed_checkpoint
+        self._backward_sync_control = _ParallelBackwardSyncControl(self._sync_target, _set_gradient_sync)
 
     # ------------------------------------------------------------------ configuration
     @property
@@ -204,16 +207,17 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     @property
     def mesh_shape(self) -> tuple[int, ...]:
         """``(data_parallel, tensor_parallel)``, or ``(replicate, shard, tensor_parallel)`` with HSDP, for the
-        current world size.
+        world size the strategy is set up for (``num_nodes`` x the devices of a node).
 
         Raises:
-            ValueError: the sizes do not multiply to the world size; the message shows the arithmetic.
+            MeshSizeError: the sizes do not multiply to the world size (a ``ValueError``, and the
+                ``RuntimeError`` Lightning raises); the message shows the arithmetic.
         """
         return _model_parallel_ops.mesh_shape(
             self._data_parallel_size,
             self._tensor_parallel_size,
             self._replicate_size,
-            self.world_size,
+            self.num_nodes * self.num_processes,
             self.num_nodes,
         )
 
@@ -228,7 +232,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         """
         if self._device_mesh is None:
             raise RuntimeError(
-                "ModelParallelStrategy.device_mesh exists once the processes have started: call fabric.launch() first."
+                "Accessing the device mesh before the processes have initialized is not allowed: the mesh of"
+                " ModelParallelStrategy.device_mesh is built when they start. Call fabric.launch() first."
             )
         return self._device_mesh
 
@@ -254,19 +259,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @override
     def _build_mesh(self) -> DeviceMesh:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        shape = self.mesh_shape
-        device_type = self.root_device.type
-        if len(shape) == 2:
-            mesh = init_device_mesh(device_type, shape, mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
-        else:
-            mesh = init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE, SHARD, TENSOR_PARALLEL))
-            mesh[REPLICATE, SHARD]._flatten(DATA_PARALLEL)  # as torchtitan does: "data_parallel" is the pair
-        # one group over every dimension: a DTensor reduced over the whole mesh (the gradient norm of a 2-D sharded
-        # model) then takes one all-reduce instead of one per dimension
-        mesh[tuple(mesh.mesh_dim_names or ())]._flatten(_ALL)
-        return mesh
+        return _setup_device_mesh(self.mesh_shape, self.root_device.type)
 
     # ------------------------------------------------------------------ modules and optimizers
     @override
@@ -284,8 +277,9 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
             raise TypeError(
                 "The module holds torch.distributed.fsdp.FullyShardedDataParallel (FSDP1) modules, which"
-                " ModelParallelStrategy cannot combine with tensor parallelism. Pass the plain module and shard it"
-                " in parallelize_fn with torch.distributed.fsdp.fully_shard (FSDP2)."
+                " ModelParallelStrategy cannot combine with tensor parallelism: it only supports the new FSDP2 APIs"
+                " in PyTorch >= 2.4. Pass the plain module and shard it in parallelize_fn with"
+                " torch.distributed.fsdp.fully_shard (FSDP2)."
             )
         owners = _fsdp_setup.meta_owners(module)
         if owners:
@@ -387,3 +381,44 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
             f" data_parallel_replicate_size={self._replicate_size},"
             f" save_distributed_checkpoint={self._save_distributed_checkpoint})"
         )
+
+
+class _ParallelBackwardSyncControl(_NestedSyncSwitch):
+    """``ModelParallelStrategy``'s ``no_backward_sync`` (Lightning's name for it): FSDP2's gradient reduction switched
+    off for every ``fully_shard`` unit of the module while the outermost block for it is open; tensor-parallel
+    collectives are part of the computation and always run."""
+
+
+def _setup_device_mesh(shape: tuple[int, ...], device_type: str) -> DeviceMesh:
+    """The mesh of :attr:`ModelParallelStrategy.device_mesh` for ``shape`` (its ``mesh_shape``) on ``device_type``
+    (Lightning's name for the step): ``("data_parallel", "tensor_parallel")``, or with HSDP
+    ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")`` with ``"data_parallel"`` the
+    flattened pair. Every rank must call it (it creates the dimensions' process groups)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if len(shape) == 2:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL))
+    else:
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=(REPLICATE, SHARD, TENSOR_PARALLEL))
+        mesh[REPLICATE, SHARD]._flatten(DATA_PARALLEL)  # as torchtitan does: "data_parallel" is the pair
+    # one group over every dimension: a DTensor reduced over the whole mesh (the gradient norm of a 2-D sharded
+    # model) then takes one all-reduce instead of one per dimension
+    mesh[tuple(mesh.mesh_dim_names or ())]._flatten(_ALL)
+    return mesh
+
+
+def _load_raw_module_state(
+    state_dict: dict[str, Any], module: Module, world_size: int = 1, strict: bool = True
+) -> None:
+    """Load a full (unsharded) state dict into ``module``, parallelised or plain, every rank keeping its own shards
+    of each tensor (Lightning's name for it; ``world_size`` is taken for Lightning's signature). Every rank must call
+    it when the module is sharded.
+
+    Raises:
+        KeyError: with ``strict``, the keys of the module and of ``state_dict`` differ.
+
+    Example::
+
+        _load_raw_module_state(torch.load("model.pt", mmap=True), model)
+    """
+    sharded.load_full_module_state(module, state_dict, strict)

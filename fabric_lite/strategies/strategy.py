@@ -160,7 +160,7 @@ class Strategy(ABC):
         """
         if not self.accepts_checkpoint_io:
             raise NotImplementedError(
-                f"{type(self).__name__} does not use the CheckpointIO plugin interface: {self._own_checkpoints}."
+                f"{type(self).__name__} does not use the `CheckpointIO` plugin interface: {self._own_checkpoints}."
             )
         if self._checkpoint_io is None:
             self._checkpoint_io = TorchCheckpointIO()
@@ -182,7 +182,8 @@ class Strategy(ABC):
             )
         if not self.accepts_checkpoint_io:
             raise NotImplementedError(
-                f"{type(self).__name__} does not support a CheckpointIO plugin (got {io!r}): {self._own_checkpoints}."
+                f"{type(self).__name__} does not support setting a `CheckpointIO` plugin (got {io!r}):"
+                f" {self._own_checkpoints}."
                 " Remove it from Fabric(plugins=...), or use strategy='ddp' to save through it."
             )
         self._checkpoint_io = _check_checkpoint_io(io, type(self).__name__)

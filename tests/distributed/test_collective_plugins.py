@@ -348,11 +348,11 @@ def test_checkpoint_io_given_twice_or_of_the_wrong_type() -> None:
 
 def test_fsdp_refuses_a_checkpoint_io() -> None:
     strategy = FSDPStrategy()
-    with pytest.raises(NotImplementedError, match="does not use the CheckpointIO plugin interface"):
+    with pytest.raises(NotImplementedError, match="does not use the `CheckpointIO` plugin interface"):
         _ = strategy.checkpoint_io
-    with pytest.raises(NotImplementedError, match=r"does not support a CheckpointIO plugin.*strategy='ddp'"):
+    with pytest.raises(NotImplementedError, match=r"does not support setting a `CheckpointIO` plugin.*strategy='ddp'"):
         strategy.checkpoint_io = TorchCheckpointIO()
-    with pytest.raises(NotImplementedError, match="does not support a CheckpointIO plugin"):
+    with pytest.raises(NotImplementedError, match="does not support setting a `CheckpointIO` plugin"):
         Fabric(accelerator="cpu", devices=2, strategy="fsdp", plugins=[JsonCheckpointIO()])
     with pytest.raises(TypeError, match=r"storage_options=\{'a': 1\}\) is not supported"):
         strategy.save_checkpoint("x", {}, storage_options={"a": 1})

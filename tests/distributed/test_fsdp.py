@@ -14,6 +14,10 @@ fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped int
 * Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` on two ranks gives exactly FULL_SHARD's losses,
   ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks and ``NO_SHARD`` on two match torch's plain ``fully_shard``; each
   saves and loads sharded and full checkpoints. Unit checks map Lightning's other FSDP1-shaped arguments.
+* FSDP1's arguments that Lightning passes through ``**kwargs`` (tests/unit/test_sharded_lightning_arguments.py checks
+  them in one process): ``process_group`` (a group, and a hybrid pair), ``sync_module_states``, ``ignored_modules`` and
+  ``ignored_states``, ``forward_prefetch`` and the no-op flags, on two ranks; Lightning's
+  ``_get_full_state_dict_context``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from fabric_lite.strategies._fsdp_setup import wrap_targets
 from fabric_lite.utilities import CheckpointError, consolidate_checkpoint
 from fabric_lite.utilities.checkpoint.folders import check_sharded_checkpoint
 from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
-from tests.helpers.harness import per_rank, run_job, run_python
+from tests.helpers.harness import per_rank, run_job, run_python, spawn_job
 from tests.helpers.jobs.fsdp_jobs import Block, Net
 
 LAUNCH_TIMEOUT = 150  # seconds for one launch of 1-3 ranks (a loaded 2-core CI machine needs ~30 s)
@@ -108,7 +112,7 @@ def test_lightning_positional_order_is_accepted() -> None:
         "full", None,
     )  # fmt: skip
     assert strategy._cpu_offload is True and strategy._auto_wrap_policy == {Block}
-    assert strategy._checkpointing == {Block} and strategy.sharding_strategy == "SHARD_GRAD_OP"
+    assert strategy._checkpointing == {Block} and strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
     assert strategy.state_dict_type == "full" and strategy._reshard_after_forward is False
 
 
@@ -169,7 +173,7 @@ def test_sharding_strategy_maps_to_reshard_after_forward(
     sharding_strategy: Any, reshard_after_forward: bool | None, name: str, reshard: bool | None
 ) -> None:
     strategy = FSDPStrategy(sharding_strategy=sharding_strategy, reshard_after_forward=reshard_after_forward)
-    assert strategy.sharding_strategy == name
+    assert strategy.sharding_strategy == ShardingStrategy[name]  # Lightning's attribute: FSDP1's enum member
     assert strategy._reshard_after_forward is reshard
 
 
@@ -352,7 +356,7 @@ def test_misuse_raises_clearly(two_ranks: list[dict[str, Any]], folder: Path) ->
         meta = run["meta_without_reset"]
         assert meta["type"] == "RuntimeError" and "(NoReset)" in meta["message"] and "param_init_fn" in meta["message"]
         plain_folder = str(folder / "not_a_checkpoint")
-        assert run["load_plain_folder"]["type"] == "CheckpointError"
+        assert run["load_plain_folder"]["type"] == "NotACheckpointError"  # a CheckpointError and a ValueError
         assert plain_folder in run["load_plain_folder"]["message"]
         assert run["save_over_plain_folder"]["type"] == "CheckpointError"
         assert plain_folder in run["save_over_plain_folder"]["message"]
@@ -516,3 +520,43 @@ def test_no_shard_replicates_and_equals_full_shard(tmp_path: Path) -> None:
     for run in per_rank(runs, "checkpoint"):
         for name in ("sharded", "full.ckpt"):
             assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}
+
+
+# ---------------------------------------------------------------------------------------------- FSDP1's arguments
+@pytest.fixture(scope="module")
+def fsdp1_arguments() -> list[dict[str, Any]]:
+    return spawn_job("tests.helpers.jobs.fsdp_jobs:fsdp1_arguments", 2, timeout=LAUNCH_TIMEOUT)
+
+
+@pytest.mark.timeout(200)
+def test_sync_module_states_starts_every_rank_from_rank_zeros_values(fsdp1_arguments: list[dict[str, Any]]) -> None:
+    for run in per_rank(fsdp1_arguments, "sync_module_states"):
+        assert run["mesh"] == (("shard",), 2)  # process_group=: the mesh is the group's
+        assert run["eager"] == 0.0 and run["meta"] == 0.0  # ranks seeded differently, both hold rank 0's values
+
+
+@pytest.mark.timeout(200)
+def test_a_hybrid_pair_of_process_groups_makes_the_mesh(fsdp1_arguments: list[dict[str, Any]]) -> None:
+    for run in per_rank(fsdp1_arguments, "hybrid_pair"):
+        assert run["mesh"] == (("replicate", "shard"), (1, 2))
+        assert run["losses"] == run["full_shard"]  # one replica of two shards is FULL_SHARD
+
+
+@pytest.mark.timeout(200)
+def test_ignored_modules_stay_whole_and_forward_prefetch_chains_the_units(
+    fsdp1_arguments: list[dict[str, Any]],
+) -> None:
+    for run in per_rank(fsdp1_arguments, "ignored_and_prefetch"):
+        assert run["chained"] == [1, 1, 0]  # the root prefetches blocks.0, which prefetches blocks.1
+        assert run["losses"] == run["plain"]  # prefetching and the no-op flags change no number
+        assert run["whole"] == ["inp.bias", "out.bias", "out.weight"]  # ignored_states' parameter, ignored module
+        assert "inp.weight" in run["dtensors"] and len(run["dtensors"]) == 13
+
+
+@pytest.mark.timeout(200)
+def test_full_state_dict_context_gives_rank_zero_the_whole_tensors(fsdp1_arguments: list[dict[str, Any]]) -> None:
+    first, second = per_rank(fsdp1_arguments, "full_state_dict_context")
+    assert first["keys"] == 16 and first["difference"] == 0.0
+    assert second["keys"] == 0  # rank0_only: the other ranks get nothing, as under FSDP1
+    for run in (first, second):
+        assert run["plain"] and run["after"]  # rank0_only=False: plain CPU tensors everywhere; DTensors after

@@ -87,8 +87,15 @@ def test_mesh_shapes(dp: Any, tp: Any, replicate: int, world: int, nodes: int, s
 @pytest.mark.parametrize(
     ("dp", "tp", "replicate", "world", "fragment"),
     [
-        (2, 3, 1, 4, r"data_parallel_size \(2\) x tensor_parallel_size \(3\) must equal the world size \(4"),
-        ("auto", 3, 1, 4, r"data_parallel_size \(no whole number\) x tensor_parallel_size \(3\)"),
+        (
+            2,
+            3,
+            1,
+            4,
+            r"data_parallel_size \(2\) and tensor_parallel_size \(3\) multiplied should equal the world size \(4"
+            r" = 1 node\(s\) x 4 device\(s\)\), not 6",
+        ),
+        ("auto", 3, 1, 4, r"data_parallel_size \(no whole number\) and tensor_parallel_size \(3\)"),
         (4, 1, 3, 4, r"data_parallel_replicate_size \(3\) must divide data_parallel_size \(4\)"),
     ],
 )
@@ -101,7 +108,7 @@ def test_mesh_sizes_that_do_not_fit_name_every_number(
 
 def test_sizes_are_checked_when_fabric_is_created() -> None:
     """Before any process starts: Fabric(...) itself raises."""
-    with pytest.raises(ValueError, match=r"data_parallel_size \(3\) x tensor_parallel_size \(1\).*world size \(2"):
+    with pytest.raises(ValueError, match=r"data_parallel_size \(3\) and tensor_parallel_size \(1\).*world size \(2"):
         Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity, 3, 1))
 
 
@@ -132,9 +139,9 @@ def test_supported_precisions_and_their_fsdp_policy(precision: str) -> None:
 def test_checkpoint_io_is_refused_and_mesh_needs_launch() -> None:
     from fabric_lite.plugins.io import TorchCheckpointIO
 
-    with pytest.raises(NotImplementedError, match="does not support a CheckpointIO"):
+    with pytest.raises(NotImplementedError, match="does not support setting a `CheckpointIO`"):
         Fabric(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(_identity), plugins=[TorchCheckpointIO()])
-    with pytest.raises(RuntimeError, match=r"call fabric.launch\(\) first"):
+    with pytest.raises(RuntimeError, match=r"before the processes have initialized is not allowed.*fabric.launch\(\)"):
         _ = ModelParallelStrategy(_identity).device_mesh
 
 

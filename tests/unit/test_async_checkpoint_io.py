@@ -173,7 +173,7 @@ def test_sharding_strategies_take_only_the_bare_plugin():
     for strategy in (FSDPStrategy(), ModelParallelStrategy(lambda module, mesh: module)):
         with pytest.raises(NotImplementedError, match=r"Pass AsyncCheckpointIO\(\) without a checkpoint_io"):
             strategy.checkpoint_io = AsyncCheckpointIO(TorchCheckpointIO())
-        with pytest.raises(NotImplementedError, match="does not support a CheckpointIO plugin"):
+        with pytest.raises(NotImplementedError, match="does not support setting a `CheckpointIO` plugin"):
             strategy.checkpoint_io = TorchCheckpointIO()
         bare = AsyncCheckpointIO()
         strategy.checkpoint_io = bare  # the switch to DCP's async_save

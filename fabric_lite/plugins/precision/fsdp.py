@@ -53,16 +53,16 @@ class FSDPPrecision(Precision):
     ) -> None:
         if precision not in _FSDP_PRECISIONS:
             raise ValueError(
-                f"FSDPPrecision(precision={precision!r}) is not supported with FSDP: precision must be one of"
+                f"FSDPPrecision(precision={precision!r}) is not supported in FSDP. `precision` must be one of"
                 f" {_FSDP_PRECISIONS}."
             )
         if scaler is not None and precision != "16-mixed":
             raise ValueError(
-                f"FSDPPrecision(precision={precision!r}) does not use a loss scaler, but got scaler={scaler!r}."
-                " Only '16-mixed' scales the loss."
+                f"FSDPPrecision(`precision={precision!r}` does not use a scaler, found scaler={scaler!r}): only"
+                " '16-mixed' scales the loss. Pass scaler=None."
             )
         self.precision = precision
-        self._given_scaler = scaler
+        self._given_scaler: torch.amp.GradScaler | None = scaler
         self._device_type = "cuda" if torch.cuda.is_available() else "cpu"
         self._impl = self._make_impl()
 
@@ -87,8 +87,25 @@ class FSDPPrecision(Precision):
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
-        """The loss scaler (a ``ShardedGradScaler``) with ``"16-mixed"``; ``None`` otherwise."""
+        """The loss scaler (a ``ShardedGradScaler``) with ``"16-mixed"``; ``None`` otherwise. Settable with
+        ``"16-mixed"`` (Lightning's plugin has it as a plain attribute), e.g. to a scaler with other settings.
+
+        Raises:
+            ValueError: setting one with another precision, which scales nothing.
+        """
         return getattr(self._impl, "scaler", None)
+
+    @scaler.setter
+    def scaler(self, scaler: torch.amp.GradScaler | None) -> None:
+        if self.precision != "16-mixed":
+            if scaler is None:
+                return
+            raise ValueError(
+                f"FSDPPrecision(`precision={self.precision!r}` does not use a scaler, found scaler={scaler!r}): only"
+                " '16-mixed' scales the loss."
+            )
+        self._given_scaler = scaler
+        self._impl.scaler = scaler  # type: ignore[attr-defined]
 
     @property
     def mixed_precision_config(self) -> MixedPrecisionPolicy:

@@ -118,7 +118,11 @@ def load(
     modules: Iterable[Module],
 ) -> dict[str, Any]:
     """Restore ``state`` from a sharded folder or a full file (see :meth:`FSDPStrategy.load_checkpoint`); the
-    precision's saved state goes to ``load_precision``, and ``modules`` are as for :func:`save`."""
+    precision's saved state goes to ``load_precision``, and ``modules`` are as for :func:`save`.
+
+    Raises:
+        NotACheckpointError: ``path`` is a folder without a sharded checkpoint; the message says what it holds.
+    """
     target = folders._folder(path)
     name = str(target).rsplit("/", 1)[-1]
     if isinstance(target, str):
@@ -127,8 +131,27 @@ def load(
     else:
         is_dir = target.is_dir()
     if is_dir or name == folders.METADATA_FILE or name.endswith(".distcp"):
-        return _load_sharded(folders.check_sharded_checkpoint(target), state, strict, load_precision, modules)
+        try:
+            folder = folders.check_sharded_checkpoint(target)
+        except CheckpointError as err:
+            if not is_dir:
+                raise
+            what = (
+                "The given path must be a single file containing the full state dict, or a sharded checkpoint folder"
+                if isinstance(state, Module)
+                else "Pass a folder that fabric.save wrote with a sharded strategy, or a single file with a full"
+                " checkpoint"
+            )
+            raise NotACheckpointError(
+                f"The path {str(path)!r} does not point to a valid checkpoint. {what}: {err}"
+            ) from None
+        return _load_sharded(folder, state, strict, load_precision, modules)
     return _load_full(target, state, strict, weights_only, load_precision, modules)
+
+
+class NotACheckpointError(CheckpointError, ValueError):
+    """A folder to load from that holds no sharded checkpoint: a :class:`CheckpointError`, and the ``ValueError``
+    Lightning raises, so ``except`` clauses written for either catch it."""
 
 
 def check_storage_options(name: str, path: _PATH, storage_options: Any) -> None:
@@ -142,8 +165,9 @@ def check_storage_options(name: str, path: _PATH, storage_options: Any) -> None:
         return
     if not _is_remote(path):
         raise TypeError(
-            f"{name}.save_checkpoint(..., storage_options={storage_options!r}) is not supported for the local path"
-            f" {str(path)!r}: storage options are for fsspec URLs (s3://, gs://, ...). Pass storage_options=None."
+            f"`{name}.save_checkpoint(..., storage_options=...)` is not supported for the local path {str(path)!r}"
+            f" (got storage_options={storage_options!r}): storage options are for fsspec URLs (s3://, gs://, ...)."
+            " Pass storage_options=None."
         )
     if not isinstance(storage_options, dict):
         raise TypeError(
@@ -277,7 +301,6 @@ def _load_full(
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
-        set_model_state_dict,
         set_optimizer_state_dict,
     )
 
@@ -287,7 +310,7 @@ def _load_full(
     if not state:
         return checkpoint  # type: ignore[no-any-return]
     options = StateDictOptions(full_state_dict=True, strict=strict)
-    load_module = partial(set_model_state_dict, options=options)
+    load_module = partial(load_full_module_state, strict=strict, source=str(path))
 
     def load_optimizer(optimizer: Optimizer, value: Any) -> None:
         module = owner(optimizer, modules, state if isinstance(state, dict) else None)
@@ -301,6 +324,29 @@ def _load_full(
         restore_entries(state, checkpoint, path, strict, load_module, load_optimizer)
         return checkpoint  # type: ignore[no-any-return]
     return {}
+
+
+def load_full_module_state(module: Module, state_dict: dict[str, Any], strict: bool = True, source: str = "") -> None:
+    """Load a full (unsharded) state dict into ``module``, sharded or plain, every rank keeping its own shards; every
+    rank must call it when the module is sharded. ``source`` names where the state dict came from, for the message.
+
+    Raises:
+        KeyError: with ``strict``, the keys of the module and of ``state_dict`` differ (torch's
+            ``set_model_state_dict`` keeps a missing entry's current value silently when given a full state dict).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    if strict:
+        expected = set(get_model_state_dict(module))
+        missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        if missing or unexpected:
+            where = f" in {source!r}" if source else ""
+            raise KeyError(
+                f"The {type(module).__name__} does not match the full state dict{where}: missing from the checkpoint"
+                f" {missing}, not in the module {unexpected}. To load only the entries that match, set"
+                " `strict=False`."
+            )
+    set_model_state_dict(module, state_dict, options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
 def _load_sharded(

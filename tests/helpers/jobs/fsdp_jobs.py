@@ -625,6 +625,119 @@ def sharded_on_url(fabric: Any, url: str, load_only: bool = False) -> dict[str, 
     return record(results)
 
 
+# ---------------------------------------------------------------------------------------------- FSDP1's arguments
+def fsdp1_arguments(fabric: Any) -> dict[str, Any]:
+    """Lightning's FSDP1 arguments mapped onto ``fully_shard``, on two ranks. Run through the DDP job runner
+    (``tests.helpers.jobs._runner``): a ``process_group`` must exist before ``FSDPStrategy(...)`` is made, so each
+    check builds a ``Fabric`` inside the running job, as a script started by torchrun with its own groups would
+    (the launcher's variables set, the default group reused)."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import BackwardPrefetch, FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from fabric_lite.strategies.fsdp import _get_full_state_dict_context
+
+    rank = dist.get_rank()
+    os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # read, never bound: the group exists
+    world = dist.new_group([0, 1])
+    singles = [dist.new_group([0]), dist.new_group([1])]  # every rank takes part in making every group
+
+    def inner(**kwargs: Any) -> Any:
+        strategy = FSDPStrategy(timeout=timedelta(seconds=60), **kwargs)
+        inner_fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
+        inner_fabric.launch()
+        return inner_fabric
+
+    def losses(inner_fabric: Any, **kwargs: Any) -> list[float]:
+        torch.manual_seed(0)
+        fmodel = inner_fabric.setup_module(Net())
+        foptimizer = inner_fabric.setup_optimizers(torch.optim.SGD(fmodel.parameters(), lr=LR))
+        return [train_step(inner_fabric, fmodel, foptimizer, step)[0] for step in range(3)]
+
+    def sync_module_states() -> dict[str, Any]:
+        """Ranks seeded differently start from rank 0's values, built eagerly or on the meta device."""
+        inner_fabric = inner(process_group=world, sync_module_states=True)
+        torch.manual_seed(0)
+        expected = Net().state_dict()
+        torch.manual_seed(rank)
+        eager = inner_fabric.setup_module(Net())
+        torch.manual_seed(rank)
+        with inner_fabric.init_module(empty_init=True):
+            meta = Net()
+        meta = inner_fabric.setup_module(meta)
+        return {
+            "mesh": (inner_fabric.strategy.device_mesh.mesh_dim_names, inner_fabric.strategy.device_mesh.size()),
+            "eager": max_difference(full_model_state(eager), expected),
+            "meta": max_difference(full_model_state(meta), expected),
+        }
+
+    def hybrid_pair() -> dict[str, Any]:
+        """``(shard, replicate)`` groups make a ("replicate", "shard") mesh; one replica of two shards trains as
+        FULL_SHARD does."""
+        pair = inner(sharding_strategy="HYBRID_SHARD", process_group=(world, singles[rank]))
+        mesh = pair.strategy.device_mesh
+        return {
+            "mesh": (mesh.mesh_dim_names, tuple(mesh.shape)),
+            "losses": losses(pair),
+            "full_shard": losses(inner(auto_wrap_policy=None)),
+        }
+
+    def ignored_and_prefetch() -> dict[str, Any]:
+        """``ignored_modules`` stay whole (plain tensors); ``forward_prefetch`` chains the units; the no-op flags
+        are taken; training equals the plain strategy's where nothing is ignored."""
+        options = {
+            "limit_all_gathers": True,
+            "use_orig_params": False,
+            "backward_prefetch": BackwardPrefetch.BACKWARD_POST,
+        }
+        prefetching = inner(auto_wrap_policy={Block}, forward_prefetch=True, **options)
+        torch.manual_seed(0)
+        fmodel = prefetching.setup_module(Net())
+        units = [m for m in fmodel.module.modules() if isinstance(m, FSDPModule)]
+        chained = [len(unit._get_fsdp_state()._states_to_forward_prefetch) for unit in units]
+        torch.manual_seed(0)
+        model = Net()
+        ignoring = inner(ignored_modules=[model.out], ignored_states=[model.inp.bias])
+        fignored = ignoring.setup_module(model)
+        kinds = {name: isinstance(p, DTensor) for name, p in fignored.module.named_parameters()}
+        return {
+            "chained": chained,
+            "losses": losses(prefetching),
+            "plain": losses(inner(auto_wrap_policy={Block})),
+            "dtensors": sorted(name for name, is_dtensor in kinds.items() if is_dtensor),
+            "whole": sorted(name for name, is_dtensor in kinds.items() if not is_dtensor),
+        }
+
+    def full_state_dict_context() -> dict[str, Any]:
+        """Lightning's ``_get_full_state_dict_context``: inside, ``state_dict()`` gives rank 0 the whole tensors."""
+        inner_fabric = inner()
+        torch.manual_seed(0)
+        fmodel = inner_fabric.setup_module(Net())
+        reference = full_model_state(fmodel)  # on every rank: gathering is collective
+        with _get_full_state_dict_context(fmodel.module, world_size=2):
+            state = fmodel.module.state_dict()
+        with _get_full_state_dict_context(fmodel.module, world_size=2, rank0_only=False):
+            everywhere = fmodel.module.state_dict()
+        return {
+            "keys": len(state),
+            "difference": max_difference(state, reference) if state else None,
+            "plain": all(type(v) is torch.Tensor and v.device.type == "cpu" for v in everywhere.values()),
+            "after": isinstance(next(iter(fmodel.module.state_dict().values())), DTensor),
+        }
+
+    return record(
+        {
+            "sync_module_states": sync_module_states,
+            "hybrid_pair": hybrid_pair,
+            "ignored_and_prefetch": ignored_and_prefetch,
+            "full_state_dict_context": full_state_dict_context,
+        }
+    )
+
+
 # ---------------------------------------------------------------------------------------------- runner
 def _strategy(spec: Any) -> Any:
     if isinstance(spec, str):

@@ -188,6 +188,202 @@ EXPECTED: dict[str, Difference] = {
     ),
     # --- cluster environments, seeds, ranks, loggers, throughput, spikes, warnings, imports ---
     # --- FSDP, ModelParallel, FSDP precision ---
+    "tests_fabric/plugins/precision/test_fsdp.py::test_fsdp_precision_config": Difference(
+        "documented",
+        (
+            "FSDPPrecision.mixed_precision_config is FSDP2's MixedPrecisionPolicy: no buffer_dtype, gradients "
+            "reduced in float32 with the mixed precisions, nothing cast with 32-true, and no warning about a "
+            "full-precision copy (there is none); Lightning's is FSDP1's MixedPrecision"
+        ),
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_activation_checkpointing": Difference(
+        "private",
+        (
+            "reads Lightning's _activation_checkpointing_kwargs (FSDP1 wrap-policy kwargs) and mocks FSDP1's "
+            "FullyShardedDataParallel and checkpoint_wrapper; fabric_lite applies torch's composable checkpoint "
+            "to the modules the policy picks (ModuleWrapPolicy included) before fully_shard"
+        ),
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_forbidden_precision_raises": Difference(
+        "documented",
+        (
+            "FSDPStrategy takes any of fabric_lite's precision plugins (HalfPrecision, MixedPrecision, "
+            "FSDPPrecision), each mapped to a MixedPrecisionPolicy; Lightning's refuses all but FSDPPrecision"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_get_full_state_dict_context_offload": Difference(
+        "private",
+        (
+            "patches FSDP1's FullyShardedDataParallel.set_state_dict_type, which fabric_lite's FSDP2 "
+            "_get_full_state_dict_context (a state-dict hook that gathers each DTensor) never calls"
+        ),
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_hybrid_shard_configuration": Difference(
+        "documented",
+        (
+            "HYBRID_SHARD needs no auto_wrap_policy, process_group or device_mesh with FSDP2 (a 2-D mesh of nodes"
+            " x devices by default; Lightning's FSDP1 raises RuntimeError); the test then reads Lightning's "
+            "_fsdp_kwargs and passes Mock groups and meshes"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_load_checkpoint_no_state": Difference(
+        "documented",
+        (
+            "fabric.load(path) with state=None or {} returns the whole checkpoint, as Fabric.load documents "
+            "(Lightning's sharded strategies raise ValueError)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_load_checkpoint_one_fsdp_module_required": Difference(
+        "documented",
+        (
+            "a checkpoint's state may hold any modules, sharded or not, several or none (Lightning: 'Could not "
+            "find a FSDP model' / 'Found multiple FSDP models'); the test also patches Lightning's "
+            "model_parallel._lazy_load"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_load_raw_checkpoint_optimizer_unsupported": Difference(
+        "documented",
+        "an optimizer loads alone from a sharded or full checkpoint (Lightning: NotImplementedError)",
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_no_backward_sync": Difference(
+        "documented",
+        (
+            "no_backward_sync switches FSDP2's gradient reduction off (set_requires_gradient_sync) on a module "
+            "sharded with fully_shard; the test expects FSDP1's no_sync() on a mocked FullyShardedDataParallel"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_save_checkpoint_one_fsdp_module_required": Difference(
+        "documented",
+        (
+            "a checkpoint's state may hold any modules, sharded or not, several or none (Lightning: 'Could not "
+            "find a FSDP model' / 'Found multiple FSDP models')"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_save_checkpoint_path_exists": Difference(
+        "private",
+        (
+            "patches shutil, torch.save, _get_full_state_dict_context and _get_sharded_state_dict_context in "
+            "Lightning's fsdp module and saves Mock(spec=FullyShardedDataParallel) models; fabric_lite saves "
+            "through torch.distributed.checkpoint's state-dict API into a temporary folder that it swaps in"
+        ),
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_save_checkpoint_unknown_state_dict_type": Difference(
+        "documented",
+        (
+            "an unknown state_dict_type is refused at FSDPStrategy(...), naming the choices (Lightning accepts it"
+            " and raises at the first save)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_set_timeout": Difference(
+        "private",
+        (
+            "mocks torch.distributed.init_process_group and calls Lightning's private _get_process_group_backend;"
+            " fabric_lite's FSDPStrategy builds its device mesh in setup_environment, which needs the real "
+            "process group"
+        ),
+    ),
+    "tests_fabric/strategies/test_fsdp.py::test_setup_use_orig_params": Difference(
+        "documented",
+        (
+            "setup(model, optimizer) is refused with FSDP2 (fully_shard replaces the parameters; create the "
+            "optimizer after setup_module) and use_orig_params has no effect; the test reads Lightning's "
+            "_fsdp_kwargs"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_load_checkpoint_no_state": Difference(
+        "documented",
+        (
+            "fabric.load(path) with state=None or {} returns the whole checkpoint, as Fabric.load documents "
+            "(Lightning's sharded strategies raise ValueError)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_load_checkpoint_one_dist_module_required": Difference(
+        "documented",
+        (
+            "a checkpoint's state may hold any modules, parallelised or not, several or none (Lightning: 'Could "
+            "not find a distributed model' / 'Found multiple distributed models')"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_load_raw_checkpoint_optimizer_unsupported": Difference(
+        "documented",
+        "an optimizer loads alone from a sharded or full checkpoint (Lightning: NotImplementedError)",
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_load_unknown_checkpoint_type": Difference(
+        "private",
+        (
+            "patches Lightning's model_parallel._has_dtensor_modules, which fabric_lite does not have (a state "
+            "may hold any modules); the refusal it checks passes in "
+            "test_fsdp.py::test_load_unknown_checkpoint_type"
+        ),
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_meta_device_materialization": Difference(
+        "documented",
+        (
+            "a meta-device module holding tensors without reset_parameters() is an error naming it (Lightning "
+            "warns and leaves its tensors uninitialised)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_no_backward_sync": Difference(
+        "documented",
+        (
+            "no_backward_sync(model, enabled=False) leaves gradient synchronisation on and a module not set up by"
+            " the strategy is a TypeError (Lightning's switches synchronisation off when a disabled block ends, "
+            "and takes a Mock module)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_parallelize_fn_call": Difference(
+        "documented",
+        (
+            "setup(model, optimizer) is refused with ModelParallelStrategy (the parameters are replaced; create "
+            "the optimizer after setup_module)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_save_checkpoint_one_dist_module_required": Difference(
+        "documented",
+        (
+            "a checkpoint's state may hold any modules, parallelised or not, several or none (Lightning: 'Could "
+            "not find a distributed model' / 'Found multiple distributed models')"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_save_checkpoint_path_exists": Difference(
+        "private",
+        (
+            "patches shutil, torch.save and _has_dtensor_modules in Lightning's model_parallel module; "
+            "fabric_lite saves through torch.distributed.checkpoint's state-dict API into a temporary folder that"
+            " it swaps in"
+        ),
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_set_timeout": Difference(
+        "private",
+        (
+            "mocks torch.distributed.init_process_group and calls Lightning's private _get_process_group_backend,"
+            " which fabric_lite's strategies do not have"
+        ),
+    ),
+    "tests_fabric/strategies/test_model_parallel.py::test_torch_greater_equal_2_4": Difference(
+        "private",
+        (
+            "patches Lightning's model_parallel._TORCH_GREATER_EQUAL_2_4; fabric_lite needs torch >= 2.6 and "
+            "checks by importing fully_shard"
+        ),
+    ),
     # --- DDP, DP, DeepSpeed, single device, the strategy base, precision plugins ---
     "tests_fabric/strategies/test_ddp.py::test_set_timeout": Difference(
         "private",
