@@ -524,9 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # torchrun gives every worker OMP_NUM_THREADS=1 when it is unset (with a warning); share this machine's cores
     # among the processes instead, as fabric_lite's own launchers do (Lightning's `fabric run` gives each of them
     # all the cores, oversubscribing)
-    from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
+    from fabric_lite.utilities.distributed import _suggested_max_num_threads
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_process(command.nproc_per_node)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(_suggested_max_num_threads(command.nproc_per_node)))
     from fabric_lite.utilities import _trail
 
     # the ranks' trails of collectives, for the hang report (see fabric_lite.utilities._hang_report)

@@ -18,6 +18,10 @@ from fabric_lite.accelerators.cuda import CUDAAccelerator, find_usable_cuda_devi
 from fabric_lite.accelerators.mps import MPSAccelerator
 from fabric_lite.accelerators.registry import _AcceleratorRegistry
 from fabric_lite.accelerators.xla import XLAAccelerator
+from fabric_lite.utilities._lazy import lazy_getattr
+
+# Lightning's former name, deprecated: imported when asked for
+__getattr__ = lazy_getattr(__name__, {"TPUAccelerator": "fabric_lite.accelerators.tpu"})
 
 #: the built-in accelerators by name (what ``Fabric(accelerator="cuda")`` builds)
 ACCELERATORS: dict[str, type[Accelerator]] = {

@@ -30,7 +30,16 @@ from fabric_lite.utilities._lazy import lazy_getattr
 if TYPE_CHECKING:
     from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
 
-__getattr__ = lazy_getattr(__name__, {"BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes"})
+# Lightning's former names of XLAPrecision, deprecated, are imported when asked for too
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes",
+        "TPUBf16Precision": "fabric_lite.plugins.precision.tpu_bf16",
+        "TPUPrecision": "fabric_lite.plugins.precision.tpu",
+        "XLABf16Precision": "fabric_lite.plugins.precision.xlabf16",
+    },
+)
 
 __all__ = [
     "AsyncCheckpointIO",

@@ -35,6 +35,7 @@ __getattr__ = lazy_getattr(
         "HorovodStrategy": "fabric_lite.strategies.horovod",
         "ModelParallelStrategy": "fabric_lite.strategies.model_parallel",
         "SingleDeviceXLAStrategy": "fabric_lite.strategies.single_xla",
+        "SingleTPUStrategy": "fabric_lite.strategies.single_tpu",  # Lightning's former name, deprecated
         "XLAFSDPStrategy": "fabric_lite.strategies.xla_fsdp",
         "XLAStrategy": "fabric_lite.strategies.xla",
     },

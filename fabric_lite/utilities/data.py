@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import functools
-import os
 import random
 from collections.abc import Sized
 from typing import Any, TypeGuard
@@ -37,7 +36,7 @@ from fabric_lite.utilities._recreate import _replace_dunder_methods as _replace_
 from fabric_lite.utilities._recreate import _replace_value_in_saved_args as _replace_value_in_saved_args
 from fabric_lite.utilities._recreate import _update_dataloader, get_all_subclasses
 from fabric_lite.utilities._recreate import _WrapAttrTag as _WrapAttrTag
-from fabric_lite.utilities.distributed import DistributedSamplerWrapper
+from fabric_lite.utilities.distributed import DistributedSamplerWrapper, _num_cpus_available
 from fabric_lite.utilities.exceptions import MisconfigurationException
 from fabric_lite.utilities.rank_zero import rank_zero_warn
 from fabric_lite.utilities.seed import (
@@ -102,13 +101,6 @@ def has_len(dataloader: object) -> TypeGuard[Sized]:
             " avoid having duplicate data."
         )
     return length is not None
-
-
-def _num_cpus_available() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))  # the cores this process may run on, not all of the machine's
-    count = os.cpu_count()
-    return 1 if count is None else count
 
 
 def suggested_max_num_workers(local_world_size: int) -> int:

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -22,19 +23,23 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
+from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import Dataset, DistributedSampler, Sampler
+from typing_extensions import Self
 
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._fs import _is_local_file_protocol, _local_path
+from fabric_lite.utilities.imports import _TORCH_GREATER_EQUAL_2_4
 from fabric_lite.utilities.types import _PATH, ReduceOp
 
 if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
 
     from fabric_lite.plugins.environments import ClusterEnvironment
@@ -207,6 +212,7 @@ def init_dist_connection(
 
     Sets ``MASTER_ADDR`` and ``MASTER_PORT`` in ``os.environ`` from the environment and joins the group through them
     (``env://``). When a default group already exists with the same backend, rank and world size, nothing happens.
+    An NCCL group is destroyed at exit (:func:`_destroy_dist_connection`).
 
     Args:
         cluster_environment: where the rank, the world size and the main process's address come from.
@@ -253,6 +259,9 @@ def init_dist_connection(
     os.environ["MASTER_PORT"] = str(port)
     log.info("initialising distributed: GLOBAL_RANK: %d, MEMBER: %d/%d", rank, rank + 1, size)
     dist.init_process_group(torch_distributed_backend, rank=rank, world_size=size, **kwargs)
+    if torch_distributed_backend == "nccl":
+        # torch warns at exit about an NCCL group that was not destroyed (and may hang in its teardown)
+        atexit.register(_destroy_dist_connection)
 
 
 def register_ddp_comm_hook(
@@ -474,6 +483,86 @@ def _destroy_dist_connection() -> None:
 def _get_default_process_group_backend_for_device(device: torch.device) -> str:
     """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``."""
     return dist.Backend.default_device_backend_map.get(device.type, "gloo")
+
+
+def _num_cpus_available() -> int:
+    """The CPU cores this process may run on (its affinity), not all of the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    count = os.cpu_count()
+    return 1 if count is None else count
+
+
+def _suggested_max_num_threads(num_processes: int = 1) -> int:
+    """This process's share of the CPU cores when ``num_processes`` processes run on the machine (at least 1).
+
+    Raises:
+        ValueError: ``num_processes < 1``.
+    """
+    if num_processes < 1:
+        raise ValueError(f"`num_processes` should be >= 1, got {num_processes}.")
+    return max(1, _num_cpus_available() // num_processes)
+
+
+def _set_num_threads_if_needed(num_processes: int = 1) -> None:
+    """Give torch (and, through ``OMP_NUM_THREADS``, the processes this one starts) this process's share of the cores,
+    unless ``OMP_NUM_THREADS`` is set: N processes with a thread per core each would oversubscribe the machine."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        threads = _suggested_max_num_threads(num_processes)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+class _InfiniteBarrier:
+    """A barrier without a time limit, for ranks that wait while others do something long (a download, a
+    preprocessing pass) that the process group's timeout must not cut short.
+
+    Inside the ``with`` block, ``barrier()`` waits on a gloo group of its own whose timeout is practically infinite
+    (gloo is the backend that honours such a timeout); leaving the block waits once more, then destroys the group.
+    Without a process group both are no-ops. Every process must enter the block and call ``barrier()`` equally often.
+
+    Example::
+
+        with _InfiniteBarrier() as barrier:
+            if rank > 0:
+                barrier()  # wait, however long it takes, for rank 0's download
+            if rank == 0:
+                download()
+                barrier()
+    """
+
+    def __init__(self) -> None:
+        self.group: Any = None
+        self.barrier: Callable[[], Any] = _no_wait
+
+    def __call__(self) -> None:
+        self.barrier()
+
+    def __enter__(self) -> Self:
+        if _distributed_is_initialized():
+            self.group = torch.distributed.new_group(backend="gloo", timeout=timedelta(days=10000))
+            self.barrier = self.group.monitored_barrier
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.barrier()
+        finally:
+            if self.group is not None:
+                torch.distributed.destroy_process_group(self.group)
+
+
+def _no_wait() -> None:
+    """The barrier of a single process."""
+
+
+def _is_dtensor(tensor: Any) -> TypeGuard[DTensor]:
+    """Whether ``tensor`` is a ``torch.distributed.tensor.DTensor`` (a tensor sharded over a device mesh)."""
+    if not _TORCH_GREATER_EQUAL_2_4:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 #: torch.distributed's ``group`` (``group.WORLD``), which clients import from here, as from Lightning Fabric

@@ -43,10 +43,6 @@ EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
     "lightning_fabric.strategies._StrategyRegistry": (
         f"fabric_lite's registry holds entries, not Lightning's class; register with STRATEGY_REGISTRY; {_ONE_CLIENT}"
     ),
-    "lightning_fabric.strategies.launchers.subprocess_script._SubprocessScriptLauncher": (
-        "fabric_lite's SubprocessScriptLauncher is built from a strategy, not from (environment, processes, nodes):"
-        " a custom strategy subclasses DDPStrategy or ParallelStrategy, which make it"
-    ),
     "lightning_fabric.utilities.device_parser._check_data_type": _DEVICES,
     "lightning_fabric.utilities.device_parser._check_unique": _DEVICES,
     "lightning_fabric.utilities.device_parser._parse_gpu_ids": f"{_DEVICES} (in its history only)",
@@ -57,6 +53,11 @@ EXCLUDED_PARAMETERS: dict[tuple[str, str], str] = {}
 
 #: names that fabric_lite has whose whole call signature differs from Lightning's, and why
 EXCLUDED_SIGNATURES: dict[str, str] = {
+    "lightning_fabric.strategies.launchers.subprocess_script._SubprocessScriptLauncher": (
+        "the name of fabric_lite's SubprocessScriptLauncher (for imports and isinstance checks), which is built from"
+        " the strategy, not from (environment, processes, nodes): a custom strategy subclasses DDPStrategy or"
+        " ParallelStrategy, which make it"
+    ),
     "lightning_fabric.utilities.load._NotYetLoadedTensor": (
         "clients only meet it (isinstance, _load_tensor(), its tensor attributes): it is made by _lazy_load alone, from"
         " a tensor of the mapped file rather than from Lightning's unpickler records"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from typing import Any
+from unittest.mock import Mock
 
 import pytest
 import torch
@@ -19,8 +20,11 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from fabric_lite import Fabric
 from fabric_lite.plugins.environments import LightningEnvironment
+from fabric_lite.utilities import distributed
 from fabric_lite.utilities.distributed import (
     AllGatherGrad,
+    _InfiniteBarrier,
+    _is_dtensor,
     all_gather_ddp_if_available,
     distributed_available,
     gather_all_tensors,
@@ -56,6 +60,30 @@ def test_gather_for_metrics_on_one_process_returns_the_data() -> None:
     fabric = Fabric(accelerator="cpu", devices=1)
     data = {"preds": torch.arange(4), "name": "x"}
     assert fabric.gather_for_metrics(data) is data
+
+
+def test_without_process_group_the_infinite_barrier_does_nothing() -> None:
+    with _InfiniteBarrier() as barrier:
+        barrier()
+    assert barrier.group is None
+
+
+def test_is_dtensor() -> None:
+    from torch.distributed.tensor import DTensor
+
+    assert _is_dtensor(Mock(spec=DTensor)) and not _is_dtensor(torch.zeros(2)) and not _is_dtensor([1])
+
+
+def test_an_nccl_group_is_destroyed_at_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch warns at exit about an NCCL group that was never destroyed; gloo groups are left to torch."""
+    registered: list[Any] = []
+    monkeypatch.setattr(distributed.atexit, "register", registered.append)
+    monkeypatch.setattr(dist, "init_process_group", lambda *args, **kwargs: None)
+    environment = LightningEnvironment({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+    init_dist_connection(environment, "nccl", global_rank=0, world_size=1)
+    assert registered == [distributed._destroy_dist_connection]
+    init_dist_connection(environment, "gloo", global_rank=0, world_size=1)
+    assert registered == [distributed._destroy_dist_connection]
 
 
 def test_all_gather_grad_requires_a_process_group() -> None:
@@ -96,6 +124,12 @@ def three() -> list[dict[str, Any]]:
 
 def _is_value_error(observed: tuple[str, str, tuple[str, ...]]) -> bool:
     return "ValueError" in observed[2]
+
+
+@pytest.mark.distributed
+def test_the_infinite_barrier_outwaits_the_process_group_timeout(two: list[dict[str, Any]]) -> None:
+    for waited in values(two, "infinite_barrier"):  # rank 0 slept 3 s; the default group's timeout was 1 s
+        assert waited["waited"] >= 2.5 and not waited["group_left"]
 
 
 @pytest.mark.distributed

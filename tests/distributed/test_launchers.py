@@ -76,6 +76,26 @@ def test_spawn_and_fork_return_rank_zero_result(strategy: str) -> None:
     assert launcher_result[0]["pid"] == rows[0]["pid"]
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_new_interpreters_start_as_a_fork_would(start_method: str) -> None:
+    """A module passed to spawned ranks is each rank's own (torch.multiprocessing puts it in shared memory, where an
+    in-place update of one rank would reach every rank and the launching process), tied weights stay tied, and the
+    ranks start with the launching process's random states and flags."""
+    done = run_python(["tests/helpers/scripts/spawn_arguments.py", start_method], timeout=180)
+    assert done.returncode == 0, done.output
+    rows = results(done.stdout)
+    parent = results(done.stdout, "PARENT")[0]
+    assert [row["rank"] for row in rows] == [0, 1]
+    for row in rows:
+        assert row["tensor_shared"]  # a plain tensor travels through shared memory, as in torch
+        assert not any(row["params_shared"]) and not row["buffer_shared"] and row["tied"]
+        assert row["initial_seed"] == 123 and row["deterministic"] and row["cudnn_benchmark"]
+        assert row["draws"] == parent["draws"]  # torch, numpy, random: what the launching process would draw next
+    assert [row["weight_change"] for row in rows] == [1.0, 0.0]  # rank 0's in-place update stays in rank 0
+    assert parent["weight_unchanged"]
+
+
 @pytest.mark.timeout(180)
 def test_torchrun_starts_the_processes_not_fabric_lite() -> None:
     done = run_python(
@@ -211,9 +231,12 @@ def test_busy_rank_zero_is_stopped_after_a_child_fails() -> None:
     assert "Root cause: rank 1" in done.stderr, done.output
 
 
-def test_killing_the_launcher_leaves_no_orphans() -> None:
-    """SIGKILL to rank 0 (the launcher): the kernel kills its children (parent-death signal)."""
-    argv = [sys.executable, SCRIPT, "--devices", "3", "--fail-rank", "1", "--fail-mode", "sleep", "--fail-step", "0"]
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_forkserver"])
+def test_killing_the_launcher_leaves_no_orphans(strategy: str) -> None:
+    """SIGKILL to the launcher (rank 0 under ddp): the kernel kills its children (parent-death signal). Under
+    forkserver the ranks are the fork server's children, and the server ends with the launcher."""
+    argv = [sys.executable, SCRIPT, "--strategy", strategy, "--devices", "3"]
+    argv += ["--fail-rank", "1", "--fail-mode", "sleep", "--fail-step", "0"]
     proc = subprocess.Popen(
         argv,
         env=base_env(),

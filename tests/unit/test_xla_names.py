@@ -4,6 +4,8 @@ what is missing when built (fabric_lite computes on CPU, CUDA and MPS devices on
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 from typing import Any
 from unittest.mock import Mock
 
@@ -64,3 +66,37 @@ def test_transformer_engine_precision_names_what_is_missing() -> None:
 
     with pytest.raises(ModuleNotFoundError, match=r"transformer_engine.*use precision='bf16-mixed'"):
         TransformerEnginePrecision(weights_dtype=torch.bfloat16)
+
+
+LEGACY_TPU_NAMES = [
+    ("fabric_lite.accelerators", "TPUAccelerator", ()),
+    ("fabric_lite.accelerators.tpu", "TPUAccelerator", ()),
+    ("fabric_lite.plugins", "TPUPrecision", ()),
+    ("fabric_lite.plugins.precision.tpu", "TPUPrecision", ()),
+    ("fabric_lite.plugins", "TPUBf16Precision", ()),
+    ("fabric_lite.plugins.precision.tpu_bf16", "TPUBf16Precision", ()),
+    ("fabric_lite.plugins", "XLABf16Precision", ()),
+    ("fabric_lite.plugins.precision", "XLABf16Precision", ()),
+    ("fabric_lite.plugins.precision.xlabf16", "XLABf16Precision", ()),
+    ("fabric_lite.strategies", "SingleTPUStrategy", (torch.device("cpu"),)),
+    ("fabric_lite.strategies.single_tpu", "SingleTPUStrategy", (0,)),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "args"), LEGACY_TPU_NAMES, ids=[f"{m}.{n}" for m, n, _ in LEGACY_TPU_NAMES])
+def test_lightnings_former_tpu_names_warn_then_name_torch_xla(module: str, name: str, args: tuple[Any, ...]) -> None:
+    """Lightning's names before XLA: at their former paths and in the packages, deprecated, and never available."""
+    cls = getattr(importlib.import_module(module), name)
+    with pytest.deprecated_call(match="is deprecated"), pytest.raises(ModuleNotFoundError, match="torch_xla"):
+        cls(*args)
+
+
+def test_the_former_tpu_names_are_not_imported_with_their_packages() -> None:
+    code = (
+        "import sys, fabric_lite.accelerators, fabric_lite.plugins, fabric_lite.strategies\n"
+        "legacy = ['accelerators.tpu', 'plugins.precision.tpu', 'plugins.precision.tpu_bf16',"
+        " 'plugins.precision.xlabf16', 'strategies.single_tpu']\n"
+        "print([m for m in legacy if 'fabric_lite.' + m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"

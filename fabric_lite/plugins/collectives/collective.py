@@ -53,7 +53,7 @@ class Collective(ABC):
         """
         if self._group is None:
             raise RuntimeError(
-                f"{type(self).__name__} does not own a group yet: call collective.create_group() on every process"
+                f"`{type(self).__name__}` does not own a group yet: call collective.create_group() on every process"
                 " first, then use collective.group."
             )
         return self._group
@@ -146,7 +146,7 @@ class Collective(ABC):
         """
         if self._group is not None:
             raise RuntimeError(
-                f"{type(self).__name__} already owns a group: call collective.teardown() before creating another."
+                f"`{type(self).__name__}` already owns a group: call collective.teardown() before creating another."
             )
         self._group = self.new_group(**kwargs)
         return self
@@ -158,7 +158,7 @@ class Collective(ABC):
             RuntimeError: there is no group to destroy.
         """
         if self._group is None:
-            raise RuntimeError(f"{type(self).__name__} does not own a group to destroy: call create_group() first.")
+            raise RuntimeError(f"`{type(self).__name__}` does not own a group to destroy: call create_group() first.")
         self.destroy_group(self._group)
         self._group = None
         return self

@@ -233,16 +233,19 @@ class TorchCollective(Collective):
         process not in ``ranks`` gets torch's non-member group: see the class docstring.
 
         Raises:
-            ValueError: there is no default group yet (call :meth:`setup` first); torch raises ``ValueError`` too.
+            ValueError: there is no default group yet (call :meth:`setup` first).
             RuntimeError: this collective owns a group already.
         """
-        if not self.is_initialized():
+        try:
+            return super().create_group(**kwargs)
+        except ValueError as err:
+            if self.is_initialized():
+                raise
             raise ValueError(
                 "TorchCollective.create_group() needs the default process group: call"
                 " collective.setup(main_address=..., main_port=..., backend=..., world_size=..., rank=...) first"
                 " (or torch.distributed.init_process_group)."
-            )
-        return super().create_group(**kwargs)
+            ) from err
 
     @override
     def teardown(self) -> Self:
@@ -309,7 +312,7 @@ class TorchCollective(Collective):
         native = getattr(_ReduceOp, name, None)
         if native is None or not isinstance(native, _ReduceOp.RedOpType):
             raise ValueError(
-                f"op {op!r} is not a member of torch.distributed.ReduceOp: choose one of 'sum', 'product', 'min',"
-                " 'max', 'band', 'bor', 'bxor', 'avg' (or 'mean')."
+                f"op {op.upper()!r} is not a member of `ReduceOp` (torch.distributed.ReduceOp): choose one of 'sum',"
+                " 'product', 'min', 'max', 'band', 'bor', 'bxor', 'avg' (or 'mean')."
             )
         return native

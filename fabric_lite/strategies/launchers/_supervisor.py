@@ -14,7 +14,7 @@ The job ends when its first rank fails, and the report names that rank as the ro
 * After a failure every other child is stopped (SIGTERM, a grace period, SIGKILL). If rank 0 is busy elsewhere
   and does not fail by itself within a few seconds, it exits with code 1.
 
-Children also die with rank 0 even if it is killed with SIGKILL (see ``launcher.die_with_parent``).
+Children also die with rank 0 even if it is killed with SIGKILL (see ``launcher.die_with_launcher``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import threading
@@ -132,18 +133,37 @@ class ForwardSignals:
         os.kill(os.getpid(), signum)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Make the kernel kill this process when its parent dies, so a SIGKILL to the launcher leaves no orphan.
+def die_with_launcher(launcher_pid: int, is_parent: bool = True) -> None:
+    """Make this process die (SIGKILL) when the launcher does, so a SIGKILL to the launcher leaves no orphan.
 
-    Linux only (``prctl(PR_SET_PDEATHSIG)``); elsewhere a no-op. If the parent is already gone, exit now.
+    Linux only; elsewhere a no-op. Where the launcher is this process's parent, the kernel does it
+    (``prctl(PR_SET_PDEATHSIG)``), and if the parent is gone already, this process exits now. Where it is not (a
+    child of ``multiprocessing``'s fork server, which lives on while its children hold its liveness pipe), a daemon
+    thread waits on a pidfd of the launcher.
     """
     if not sys.platform.startswith("linux"):
+        return
+    if not is_parent:
+        try:
+            pidfd = os.pidfd_open(launcher_pid)
+        except ProcessLookupError:
+            os._exit(1)
+        except OSError:  # a kernel without pidfds (before Linux 5.3): nothing to wait on
+            return
+        threading.Thread(
+            target=_die_when_readable, args=(pidfd,), name="fabric_lite-launcher-watch", daemon=True
+        ).start()
         return
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:
+    if os.getppid() != launcher_pid:
         os._exit(1)
+
+
+def _die_when_readable(pidfd: int) -> None:
+    select.select([pidfd], [], [])  # a pidfd becomes readable when its process exits
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # Run by every child of the script launcher before the user's script: arm the parent-death signal, then exec the

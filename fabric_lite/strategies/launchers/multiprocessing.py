@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -11,15 +12,16 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn import Module
 from typing_extensions import override
 
-from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_parent, is_secondary
-from fabric_lite.strategies.launchers.subprocess_script import threads_per_process
+from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_launcher, is_secondary
 from fabric_lite.utilities import _trail
 from fabric_lite.utilities._hang_report import (
     BLOCK_START,
@@ -30,6 +32,10 @@ from fabric_lite.utilities._hang_report import (
     signal_name,
     wait_for_reporter,
 )
+from fabric_lite.utilities._tree import flatten
+from fabric_lite.utilities.distributed import _set_num_threads_if_needed
+from fabric_lite.utilities.imports import _IS_INTERACTIVE
+from fabric_lite.utilities.seed import _collect_rng_states, _set_rng_states
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -40,12 +46,21 @@ class MultiProcessingLauncher(Launcher):
 
     The launching process is not a rank: it holds the rendezvous store (so the port cannot be taken by anyone
     else), waits for the workers and returns what the function returned in global rank 0. When a worker fails,
-    ``torch.multiprocessing`` stops the others and raises in the launching process with the worker's traceback.
+    the others are stopped and the launching process raises with the worker's traceback.
+
+    With ``"spawn"`` and ``"forkserver"`` the function and its arguments are pickled into new interpreters. Each
+    worker then starts as a forked one would: with the launching process's random states, deterministic-algorithm
+    and cuDNN benchmark flags (:class:`_GlobalStateSnapshot`), and with modules among the arguments holding their
+    own copy of their CPU parameters and buffers (passing them puts them in shared memory, where every worker's
+    optimizer would update the same storage).
 
     Args:
         strategy: the strategy whose processes to start.
         start_method: ``"spawn"`` (a fresh interpreter: the function and its arguments must be picklable and the
             script must guard its top level with ``if __name__ == "__main__":``), ``"fork"`` or ``"forkserver"``.
+
+    Raises:
+        ValueError: ``start_method`` is not available on this platform (``fork`` on Windows).
 
     Example::
 
@@ -60,6 +75,11 @@ class MultiProcessingLauncher(Launcher):
     requires_function = True
 
     def __init__(self, strategy: ParallelStrategy, start_method: str = "spawn") -> None:
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(
+                f"The start method '{start_method}' is not available on this platform. Available methods are:"
+                f" {', '.join(mp.get_all_start_methods())}"
+            )
         self._strategy = strategy
         self._start_method = start_method
 
@@ -70,20 +90,13 @@ class MultiProcessingLauncher(Launcher):
 
     @override
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if getattr(multiprocessing.current_process(), "_inheriting", False):
-            raise RuntimeError(
-                "fabric.launch() was called while a new process was importing your script: the code that creates"
-                ' Fabric and calls launch() runs at import time. Put it under `if __name__ == "__main__":` so'
-                " that spawned processes can import the script without launching again."
-            )
-        if self._start_method == "fork" and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            raise RuntimeError(
-                "Cannot fork processes after CUDA has been initialised in this process (CUDA does not survive a"
-                " fork). Use strategy='ddp_spawn', or do not touch CUDA before fabric.launch()."
-            )
+        if self._start_method == "fork":
+            _check_bad_cuda_fork(self._strategy)
+        else:  # spawn and forkserver import the script in new processes
+            _check_missing_main_guard()
         strategy = self._strategy
         environment = strategy.cluster_environment
-        strategy._set_world_ranks()
+        strategy._set_world_ranks()  # in this process: the global rank of this node's first worker
         store = None
         port = environment.main_port
         if strategy.node_rank == 0:
@@ -96,16 +109,22 @@ class MultiProcessingLauncher(Launcher):
         run_dir = _trail.make_run_dir()
         strategy._run_dir, strategy._launcher_kind = run_dir, "spawn"
         try:
+            worker = _Worker(strategy, environment.main_address, port, os.getpid(), self._start_method)
+            worker_args: tuple[Any, ...] = (function, args, kwargs, results)
+            if self._start_method != "fork":  # a forked worker inherits these states; a new interpreter does not
+                worker_args += (_GlobalStateSnapshot.capture(),)
             processes = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
-                _worker,
-                args=(strategy, function, args, kwargs, environment.main_address, port, results, os.getpid()),
-                nprocs=strategy.num_processes,
-                start_method=self._start_method,
-                join=False,
+                worker, args=worker_args, nprocs=strategy.num_processes, start_method=self._start_method, join=False
             )
             received: list[Any] = []
-            first_rank = strategy.node_rank * strategy.num_processes
-            _supervise(processes, results, received, run_dir=run_dir, first_rank=first_rank, world=strategy.world_size)
+            _supervise(
+                processes,
+                results,
+                received,
+                run_dir=run_dir,
+                first_rank=strategy.global_rank,
+                world=strategy.world_size,
+            )
             if not received:
                 return None  # global rank 0 runs on another node
             return pickle.loads(received[0])
@@ -114,6 +133,99 @@ class MultiProcessingLauncher(Launcher):
             del store
             strategy._run_dir = strategy._launcher_kind = None
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+#: Lightning Fabric's name of the launcher (the same constructor: a strategy and a start method)
+_MultiProcessingLauncher = MultiProcessingLauncher
+
+
+@dataclass
+class _GlobalStateSnapshot:
+    """The process-wide settings that a new interpreter starts without: the deterministic-algorithms flags, cuDNN's
+    benchmark flag and the random generators' states. Captured in the launching process and restored first in each
+    spawned worker, so that a worker starts where a forked one would (Lightning's private name).
+
+    Example::
+
+        snapshot = _GlobalStateSnapshot.capture()  # in the launching process
+        snapshot.restore()                         # in the worker: torch.initial_seed() as in the launcher, ...
+    """
+
+    use_deterministic_algorithms: bool
+    use_deterministic_algorithms_warn_only: bool
+    cudnn_benchmark: bool
+    rng_states: dict[str, Any]
+
+    @classmethod
+    def capture(cls) -> _GlobalStateSnapshot:
+        return cls(
+            use_deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
+            use_deterministic_algorithms_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+            # CUDA's generators only where CUDA is initialised already: reading them would initialise it here, on
+            # every GPU, in a process that computes nothing
+            rng_states=_collect_rng_states(include_cuda=torch.cuda.is_initialized()),  # type: ignore[no-untyped-call]
+        )
+
+    def restore(self) -> None:
+        torch.use_deterministic_algorithms(
+            self.use_deterministic_algorithms, warn_only=self.use_deterministic_algorithms_warn_only
+        )
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        _set_rng_states(self.rng_states)
+        if "torch.cuda" not in self.rng_states:
+            # the launching process never used CUDA, so its generators hold the seed torch.manual_seed gave them
+            # (lazily, as here: nothing is initialised)
+            torch.cuda.manual_seed_all(torch.initial_seed())
+
+
+def _check_bad_cuda_fork(strategy: ParallelStrategy) -> None:
+    """Refuse to fork workers that would use CUDA where a forked process cannot: after CUDA was initialised here, or
+    in a process that was itself forked so. Where every device is the CPU, the workers never touch CUDA."""
+    devices = getattr(strategy, "parallel_devices", None)
+    if isinstance(devices, list) and devices and all(device.type == "cpu" for device in devices):
+        return
+    restart = " You will have to restart the Python kernel." if _IS_INTERACTIVE else ""
+    in_bad_fork = getattr(torch.cuda, "_is_in_bad_fork", None)
+    if callable(in_bad_fork) and in_bad_fork():
+        raise RuntimeError(
+            "Cannot re-initialize CUDA in forked subprocess: this process was forked after CUDA had been initialised,"
+            " so neither it nor the processes it forks can use CUDA. Use strategy='ddp_spawn' (the 'spawn' start"
+            f" method), or start this process without fork.{restart}"
+        )
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        raise RuntimeError(
+            "Lightning can't create new processes if CUDA is already initialized: CUDA does not survive a fork. Did"
+            " you call `torch.cuda.*` functions, move the model to the GPU or allocate GPU memory before"
+            f" fabric.launch()? Remove such calls, or use strategy='ddp_spawn'.{restart}"
+        )
+
+
+def _check_missing_main_guard() -> None:
+    """Raise when this process is a spawned worker that is importing the user's script, and the script launches
+    again at import time (it has no ``if __name__ == "__main__":`` guard)."""
+    if getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError(
+            "fabric.launch() was called while a new process was importing your script: launching processes with the"
+            " 'spawn' or 'forkserver' start method requires that your script guards the main code with"
+            ' `if __name__ == "__main__":` (each new process imports the script, and would launch again). Put the code'
+            ' that creates Fabric and calls launch() under it, or use strategy="ddp".'
+        )
+
+
+def _unshare_modules(data: Any) -> None:
+    """Give every module in ``data`` its own copy of the CPU parameters and buffers that sit in shared memory.
+
+    ``torch.multiprocessing`` passes a worker's CPU tensors through shared memory, so without this every worker
+    would train the same storage, each optimizer step racing with the others'. Tied parameters stay tied: a module
+    yields a shared parameter once.
+    """
+    leaves, _ = flatten(data)
+    with torch.no_grad():
+        for module in (leaf for leaf in leaves if isinstance(leaf, Module)):
+            for tensor in itertools.chain(module.parameters(), module.buffers()):
+                if tensor.device.type == "cpu" and tensor.is_shared():  # type: ignore[no-untyped-call]
+                    tensor.data = tensor.data.clone()
 
 
 def _supervise(
@@ -246,38 +358,56 @@ def _stop(workers: list[Any], grace: float) -> None:
             worker.join()
 
 
-def _worker(
-    process_index: int,
-    strategy: ParallelStrategy,
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    address: str,
-    port: int,
-    results: Any,
-    parent_pid: int,
-) -> None:
-    die_with_parent(parent_pid)
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(threads_per_process(strategy.num_processes))
-    strategy._local_rank = process_index
-    if strategy._run_dir is not None:  # so that any other Fabric of this process records in the same run folder
-        os.environ[_trail.ENV_RUN_DIR], os.environ[_trail.ENV_LAUNCHER] = strategy._run_dir, "spawn"
-    strategy._set_world_ranks()
-    strategy._store = dist.TCPStore(  # type: ignore[attr-defined]
-        address, port, world_size=strategy.world_size, is_master=False, timeout=strategy.timeout
-    )
-    try:
-        result = function(*args, **kwargs)
-        if strategy.global_rank == 0:
-            try:
-                payload = pickle.dumps(result)
-            except Exception as err:
-                raise RuntimeError(
-                    f"The function passed to fabric.launch() returned a {type(result).__name__} that cannot be sent"
-                    f" back to the launching process ({err}). Return something picklable (e.g. numbers, tensors,"
-                    " a state dict), or nothing."
-                ) from err
-            results.put(payload)
-    finally:
-        strategy.teardown()
+@dataclass(frozen=True)
+class _Worker:
+    """What every worker runs: join the job (the strategy, the address and port of the launching process's store),
+    then run the function; global rank 0 sends its result back through ``results``.
+
+    A worker dies with the launching process (``launcher_pid``), also under ``forkserver``, where it is the fork
+    server's child. With the start methods that pickle the arguments, modules among them are unshared first (see
+    :func:`_unshare_modules`).
+    """
+
+    strategy: ParallelStrategy
+    address: str
+    port: int
+    launcher_pid: int
+    start_method: str
+
+    def __call__(
+        self,
+        process_index: int,
+        function: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        results: Any,
+        global_states: _GlobalStateSnapshot | None = None,
+    ) -> None:
+        die_with_launcher(self.launcher_pid, is_parent=self.start_method != "forkserver")
+        if global_states is not None:
+            global_states.restore()
+        if self.start_method != "fork":
+            _unshare_modules((args, kwargs))
+        strategy = self.strategy
+        _set_num_threads_if_needed(strategy.num_processes)
+        strategy._local_rank = process_index
+        if strategy._run_dir is not None:  # so that any other Fabric of this process records in the same run folder
+            os.environ[_trail.ENV_RUN_DIR], os.environ[_trail.ENV_LAUNCHER] = strategy._run_dir, "spawn"
+        strategy._set_world_ranks()
+        strategy._store = dist.TCPStore(  # type: ignore[attr-defined]
+            self.address, self.port, world_size=strategy.world_size, is_master=False, timeout=strategy.timeout
+        )
+        try:
+            result = function(*args, **kwargs)
+            if strategy.global_rank == 0:
+                try:
+                    payload = pickle.dumps(result)
+                except Exception as err:
+                    raise RuntimeError(
+                        f"The function passed to fabric.launch() returned a {type(result).__name__} that cannot be"
+                        f" sent back to the launching process ({err}). Return something picklable (e.g. numbers,"
+                        " tensors, a state dict), or nothing."
+                    ) from err
+                results.put(payload)
+        finally:
+            strategy.teardown()

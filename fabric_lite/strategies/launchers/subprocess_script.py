@@ -8,13 +8,12 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from typing_extensions import override
 
 from fabric_lite.strategies.launchers._supervisor import Child, ProcessSupervisor, record_child_errors
 from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_FD, ENV_PARENT_PID, Launcher
 from fabric_lite.utilities import _trail
-from fabric_lite.utilities.data import _num_cpus_available
+from fabric_lite.utilities.distributed import _set_num_threads_if_needed
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
@@ -31,11 +30,6 @@ def script_command() -> list[str]:
     return [*interpreter, "-m", spec.name, *sys.argv[1:]]
 
 
-def threads_per_process(num_processes: int) -> int:
-    """CPU threads for each of ``num_processes`` processes on this node, so that they do not oversubscribe."""
-    return max(1, _num_cpus_available() // max(1, num_processes))
-
-
 class SubprocessScriptLauncher(Launcher):
     """Start local ranks ``1..N-1`` by running this script again, then run the function in this process.
 
@@ -45,7 +39,9 @@ class SubprocessScriptLauncher(Launcher):
     ``WORLD_SIZE`` in its environment and, like torchrun's workers, sees the same script and arguments.
 
     Children are supervised (see :mod:`fabric_lite.strategies.launchers._supervisor`): the first failure ends the
-    whole job with that rank's traceback as the reported root cause, and no child outlives rank 0.
+    whole job with that rank's traceback as the reported root cause, and no child outlives rank 0. Where
+    ``OMP_NUM_THREADS`` is unset, every process gets its share of the cores: rank 0 sets the variable, and the
+    children inherit it.
 
     The function's return value is returned in every process (each process returns its own).
 
@@ -79,9 +75,20 @@ class SubprocessScriptLauncher(Launcher):
 
     def _start_children(self) -> None:
         if self.children:
-            raise RuntimeError("This launcher has already started its processes; call fabric.launch() once.")
+            raise RuntimeError(
+                "The launcher can only create subprocesses once: this one has started its processes already. Call"
+                " fabric.launch() once."
+            )
         strategy = self._strategy
         environment = strategy.cluster_environment
+        if environment.local_rank() > 0:
+            name = type(environment).__name__
+            raise RuntimeError(
+                f"fabric.launch() attempted to launch new distributed processes with `local_rank > 0` (local rank"
+                f" {environment.local_rank()} from {name}): only local rank 0 starts the others. Either LOCAL_RANK"
+                f" was changed, or {name}.creates_processes_externally should be True (another launcher started the"
+                " processes)."
+            )
         num_processes = strategy.num_processes
         strategy._set_world_ranks()
         port = environment.main_port
@@ -92,10 +99,7 @@ class SubprocessScriptLauncher(Launcher):
             port = store.port
         if num_processes <= 1:
             return
-        threads = None
-        if "OMP_NUM_THREADS" not in os.environ:
-            threads = threads_per_process(num_processes)
-            torch.set_num_threads(threads)
+        _set_num_threads_if_needed(num_processes)  # here, and through the environment in the children
         command = [sys.executable, "-c", CHILD_SHIM, *script_command()]
         # the ranks' trails of collectives, read by the supervisor when a rank dies (removed after the job)
         run_dir = _trail.make_run_dir()
@@ -110,8 +114,6 @@ class SubprocessScriptLauncher(Launcher):
                 WORLD_SIZE=str(strategy.world_size),
             )
             env[_trail.ENV_RUN_DIR], env[_trail.ENV_LAUNCHER] = run_dir, "script"
-            if threads is not None:
-                env["OMP_NUM_THREADS"] = str(threads)
             read_fd, write_fd = os.pipe()
             env[ENV_PARENT_PID] = str(os.getpid())
             env[ENV_ERROR_FD] = str(write_fd)
@@ -126,3 +128,8 @@ class SubprocessScriptLauncher(Launcher):
             self.children, teardown=strategy._destroy_process_group, run_dir=run_dir, world_size=strategy.world_size
         )
         self.supervisor.start()
+
+
+#: Lightning Fabric's name of the launcher. Lightning builds its launcher from (cluster environment, processes per
+#: node, nodes); this one is built from the strategy, which it asks for the store and the ranks
+_SubprocessScriptLauncher = SubprocessScriptLauncher

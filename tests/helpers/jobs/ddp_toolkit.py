@@ -16,8 +16,10 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import time
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from fabric_lite.plugins.environments import LightningEnvironment
 from fabric_lite.strategies import DDPStrategy
 from fabric_lite.utilities.distributed import (
     AllGatherGrad,
+    _InfiniteBarrier,
     all_gather_ddp_if_available,
     gather_all_tensors,
     init_dist_connection,
@@ -480,6 +483,21 @@ def _utilities(fabric: Fabric, obs: dict[str, Any]) -> None:
         }
 
     record(obs, "register_ddp_comm_hook", register_function)
+
+    def infinite_barrier() -> dict[str, Any]:
+        """Rank 1 waits in the barrier for rank 0, longer than the process group's timeout allows."""
+        fabric.strategy.set_collective_timeout(timedelta(seconds=1))  # type: ignore[attr-defined]
+        try:
+            start = time.monotonic()
+            with _InfiniteBarrier() as barrier:
+                if rank == 0:
+                    time.sleep(3)
+                barrier()
+            return {"waited": time.monotonic() - start, "group_left": barrier.group in dist.distributed_c10d._pg_map}
+        finally:
+            fabric.strategy.set_collective_timeout(timedelta(seconds=60))  # type: ignore[attr-defined]
+
+    record(obs, "infinite_barrier", infinite_barrier)
 
 
 def _subgroups(fabric: Fabric, obs: dict[str, Any]) -> None:

@@ -19,6 +19,9 @@ import torch
 from fabric_lite import Fabric
 from fabric_lite.strategies import DDPStrategy
 
+#: the --strategy names run with a DDPStrategy of this start method (ddp_forkserver has no registered name)
+STARTS = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_forkserver": "forkserver"}
+
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -73,10 +76,10 @@ def trap_sigterm(rank: int) -> None:
 
 
 def work(fabric: Fabric, args: argparse.Namespace) -> dict:
-    if args.strategy in ("ddp", "ddp_spawn", "ddp_fork") and args.rendezvous_timeout != args.timeout:
+    if args.strategy in STARTS and args.rendezvous_timeout != args.timeout:
         # the group formed within the generous rendezvous timeout; collectives now fail after --timeout
         fabric.strategy.set_collective_timeout(timedelta(seconds=args.timeout))
-    if args.trap_sigterm and (fabric.global_rank != 0 or args.strategy in ("ddp_spawn", "ddp_fork")):
+    if args.trap_sigterm and (fabric.global_rank != 0 or STARTS.get(args.strategy) not in (None, "popen")):
         trap_sigterm(fabric.global_rank)
     emit(f"READY rank={fabric.global_rank} pid={os.getpid()}")
     fabric.print(f"PRINTED by rank {fabric.global_rank}")
@@ -108,13 +111,13 @@ def work(fabric: Fabric, args: argparse.Namespace) -> dict:
 def main() -> None:
     args = parse()
     devices: int | str = int(args.devices) if args.devices.isdigit() else args.devices
-    if args.strategy in ("ddp", "ddp_spawn", "ddp_fork"):
-        start = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork"}[args.strategy]
+    if args.strategy in STARTS:
+        start = STARTS[args.strategy]
         strategy: object = DDPStrategy(start_method=start, timeout=timedelta(seconds=args.rendezvous_timeout))
     else:
         strategy = args.strategy
     fabric = Fabric(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy)
-    if args.strategy in ("ddp_spawn", "ddp_fork"):
+    if STARTS.get(args.strategy) not in (None, "popen"):
         result = fabric.launch(work, args)
         emit("LAUNCHER " + json.dumps(result))
     else:

@@ -398,6 +398,87 @@ EXPECTED: dict[str, Difference] = {
         " on the CPU): fabric_lite passes its own store= and device_id only for a CUDA device",
     ),
     # --- launchers, collectives, distributed utilities, graveyard ---
+    "tests_fabric/strategies/launchers/test_multiprocessing.py::test_start_method": Difference(
+        "private",
+        "mocks torch.multiprocessing and pins Lightning's call mp.start_processes(fn, args=, nprocs=, start_method=),"
+        " which blocks until the workers end (join=True); fabric_lite starts them with join=False and supervises them"
+        " itself (the first failure as the root cause, the hang report, forwarded signals)",
+    ),
+    "tests_fabric/strategies/launchers/test_multiprocessing.py::test_check_for_bad_cuda_fork[forkserver]": Difference(
+        "documented",
+        "forkserver after CUDA was initialised: Lightning refuses it as it refuses fork; fabric_lite starts the"
+        " processes (the fork server is a new interpreter, in which CUDA works)",
+        section="Beyond the loop: where the other names differ",
+    ),
+    (
+        "tests_fabric/strategies/launchers/test_multiprocessing.py::"
+        "test_check_for_bad_cuda_fork_with_is_in_bad_fork[forkserver]"
+    ): Difference(
+        "documented",
+        "forkserver in a process forked after CUDA was initialised: Lightning refuses it as it refuses fork;"
+        " fabric_lite starts the processes (the fork server is a new interpreter, in which CUDA works)",
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/strategies/launchers/test_subprocess_script.py": Difference(
+        "private",
+        "builds Lightning's _SubprocessScriptLauncher(cluster_environment, num_processes, num_nodes), mocks its"
+        " _ChildProcessObserver and reads the WORLD_SIZE/LOCAL_RANK it writes into the launching process's own"
+        " environment (the file also imports _HYDRA_AVAILABLE): fabric_lite's launcher of that name is built from the"
+        " strategy, which holds the rendezvous store, and supervises with its ProcessSupervisor; what these tests"
+        " check of it (the function run directly where processes are created externally, the children's"
+        " environment, the errors for local_rank > 0 and for a second launch, validate_settings, at Fabric(...)) is"
+        " held by tests/unit/test_launchers.py, tests/distributed/test_launchers.py and tests/unit/test_plan.py",
+    ),
+    "tests_fabric/strategies/launchers/test_subprocess_script.py::test_child_process_observer": Difference(
+        "documented",
+        "Lightning's _ChildProcessObserver, a thread that polls the children every 5 s and SIGKILLs every process, the"
+        " launcher too, when one fails; fabric_lite's script launcher reports the first failure as the root cause"
+        " and stops the others (SIGTERM, then SIGKILL)",
+        section="What differs, and why",
+    ),
+    (
+        "tests_fabric/plugins/collectives/test_torch_collective.py::"
+        "test_collective_calls_with_created_group[gather-kwargs6-gather_list]"
+    ): Difference(
+        "documented",
+        "the list of gather is passed to torch on the destination rank only, so fabric_lite asks for this process's"
+        " rank, which the test's mocked, never-initialised torch.distributed cannot answer",
+        section="Beyond the loop: where the other names differ",
+    ),
+    (
+        "tests_fabric/plugins/collectives/test_torch_collective.py::"
+        "test_collective_calls_with_created_group[scatter-kwargs7-tensor]"
+    ): Difference(
+        "documented",
+        "the list of scatter is passed to torch on the source rank only, so fabric_lite asks for this process's"
+        " rank, which the test's mocked, never-initialised torch.distributed cannot answer",
+        section="Beyond the loop: where the other names differ",
+    ),
+    (
+        "tests_fabric/plugins/collectives/test_torch_collective.py::test_collective_calls_with_created_group"
+        "[gather_object-kwargs13-object_gather_list]"
+    ): Difference(
+        "documented",
+        "the list of gather_object is passed to torch on the destination rank only, so fabric_lite asks for this"
+        " process's rank, which the test's mocked, never-initialised torch.distributed cannot answer",
+        section="Beyond the loop: where the other names differ",
+    ),
+    (
+        "tests_fabric/plugins/collectives/test_torch_collective.py::test_collective_calls_with_created_group"
+        "[scatter_object_list-kwargs14-scatter_object_output_list]"
+    ): Difference(
+        "documented",
+        "the input list of scatter_object_list is passed to torch on the source rank only, so fabric_lite asks for"
+        " this process's rank, which the test's mocked, never-initialised torch.distributed cannot answer",
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/plugins/collectives/test_torch_collective.py::test_default_process_group": Difference(
+        "private",
+        "runs TorchCollective.setup()'s env:// rendezvous in workers of Lightning's spawn launcher, which writes"
+        " MASTER_PORT into the launching process's environment for the workers' rank 0 to host the store there (and"
+        " calls DDPStrategy._get_process_group_backend); fabric_lite's spawn launcher holds the job's store in the"
+        " launching process and hands it to the strategy, so the workers have no MASTER_PORT for a second rendezvous",
+    ),
 }
 
 

@@ -1,0 +1,29 @@
+"""Lightning Fabric's former name of :class:`~fabric_lite.plugins.precision.xla.XLAPrecision` in 32-bit precision,
+at its former path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabric_lite.plugins.precision.xla import XLAPrecision
+from fabric_lite.utilities.rank_zero import rank_zero_deprecation
+
+
+class TPUPrecision(XLAPrecision):
+    """Deprecated (Lightning's ``XLAPrecision("32-true")``), and never available either: building one warns, then
+    raises the XLA classes' error.
+
+    Example::
+
+        TPUPrecision()  # LightningDeprecationWarning, then ModuleNotFoundError: ... needs torch_xla ...
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        rank_zero_deprecation("The `TPUPrecision` class is deprecated. Lightning replaced it by `XLAPrecision`.")
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Any arguments, as in Lightning; building one raises (``__new__``)."""
+
+
+__all__ = ["TPUPrecision"]
