@@ -8,7 +8,6 @@ import os
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -40,6 +39,7 @@ from fabric_lite.utilities.data import (
     replace_sampler,
 )
 from fabric_lite.utilities.device_dtype_mixin import _update_properties
+from fabric_lite.utilities.distributed import _InfiniteBarrier
 from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 from fabric_lite.utilities.seed import seed_everything
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast
@@ -736,22 +736,13 @@ class Fabric:
         if self.world_size == 1:
             yield
             return
-        group = None
-        if dist.is_available() and dist.is_initialized():
-            group = dist.new_group(backend="gloo", timeout=timedelta(days=10000))
-            wait: Callable[[], Any] = partial(dist.barrier, group=group)
-        else:
-            # processes without a torch.distributed group (Horovod): the strategy's own barrier orders them
-            wait = partial(self._strategy.barrier, "rank_zero_first")
-        try:
+        # processes without a torch.distributed group (Horovod): the strategy's own barrier orders them
+        with _InfiniteBarrier(fallback=partial(self._strategy.barrier, "rank_zero_first")) as barrier:
             if rank > 0:
-                wait()
+                barrier()
             yield
             if rank == 0:
-                wait()
-        finally:
-            if group is not None:
-                dist.destroy_process_group(group)
+                barrier()
 
     # ------------------------------------------------------------------ collectives
     def barrier(self, name: str | None = None) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch.nn import Module
 
 from fabric_lite.accelerators.accelerator import Accelerator
+from fabric_lite.accelerators.xla import _XLA_AVAILABLE as _XLA_AVAILABLE  # Lightning's name here (tests patch it)
 from fabric_lite.accelerators.xla import _NeedsXLA, _xla_missing
 from fabric_lite.plugins.io.xla import XLACheckpointIO
 from fabric_lite.plugins.precision.xla import XLAPrecision

@@ -346,9 +346,9 @@ class _DatasetSamplerWrapper(Dataset[Any]):
         if not isinstance(sampler, Sized) or len(sampler) == float("inf"):
             problem, fix = ("an infinite length", "a finite __len__") if sized else ("no __len__", "a __len__")
             raise TypeError(
-                f"The dataloader's sampler {type(sampler).__name__} has {problem}, so it cannot be split across"
-                f" processes by DistributedSamplerWrapper. Give it {fix}, or pass use_distributed_sampler=False to"
-                " setup_dataloaders and split the data yourself."
+                f"You seem to have configured a sampler in your DataLoader: {type(sampler).__name__} has {problem},"
+                f" so it cannot be split across processes by DistributedSamplerWrapper. Give it {fix}, or pass"
+                " use_distributed_sampler=False to setup_dataloaders and split the data yourself."
             )
         self._sampler = sampler
         self._sampler_list: list[Any] | None = None  # drawn on first use, not at construction
@@ -519,7 +519,8 @@ class _InfiniteBarrier:
 
     Inside the ``with`` block, ``barrier()`` waits on a gloo group of its own whose timeout is practically infinite
     (gloo is the backend that honours such a timeout); leaving the block waits once more, then destroys the group.
-    Without a process group both are no-ops. Every process must enter the block and call ``barrier()`` equally often.
+    Without a process group both wait with ``fallback`` (processes that meet without torch.distributed, such as
+    Horovod's), or not at all. Every process must enter the block and call ``barrier()`` equally often.
 
     Example::
 
@@ -531,9 +532,9 @@ class _InfiniteBarrier:
                 barrier()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, fallback: Callable[[], Any] | None = None) -> None:
         self.group: Any = None
-        self.barrier: Callable[[], Any] = _no_wait
+        self.barrier: Callable[[], Any] = fallback or _no_wait
 
     def __call__(self) -> None:
         self.barrier()

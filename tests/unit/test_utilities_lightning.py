@@ -621,7 +621,7 @@ def test_distributed_sampler_wrapper_rejects_unsized_samplers() -> None:
         def __len__(self) -> int:
             return float("inf")  # type: ignore[return-value]
 
-    with pytest.raises(TypeError, match="has no __len__"):
+    with pytest.raises(TypeError, match=r"You seem to have configured a sampler in your DataLoader: \w+ has no __len"):
         DistributedSamplerWrapper(iter([1, 2]), num_replicas=1, rank=0)  # type: ignore[arg-type]
     with pytest.raises((TypeError, OverflowError)):
         DistributedSamplerWrapper(Endless(), num_replicas=1, rank=0)

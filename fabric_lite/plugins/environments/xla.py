@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fabric_lite.accelerators.xla import _XLA_AVAILABLE as _XLA_AVAILABLE  # Lightning's names here (tests patch them)
+from fabric_lite.accelerators.xla import _XLA_GREATER_EQUAL_2_1 as _XLA_GREATER_EQUAL_2_1
 from fabric_lite.accelerators.xla import _NeedsXLA
 from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironment
 

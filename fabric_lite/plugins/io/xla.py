@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fabric_lite.accelerators.xla import _XLA_AVAILABLE as _XLA_AVAILABLE  # Lightning's name here (tests patch it)
 from fabric_lite.accelerators.xla import _NeedsXLA
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 

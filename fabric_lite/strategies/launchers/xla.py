@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from fabric_lite.accelerators.xla import _XLA_AVAILABLE as _XLA_AVAILABLE  # Lightning's name here (tests patch it)
 from fabric_lite.accelerators.xla import _NeedsXLA, _xla_missing
 from fabric_lite.strategies.launchers.launcher import Launcher
 
