@@ -180,6 +180,17 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         self._save_distributed_checkpoint = save_distributed_checkpoint
 
     # ------------------------------------------------------------------ configuration
+    @classmethod
+    @override
+    def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
+        """Refuse a precision the strategy does not run, in ``Fabric(...)`` (before ``16-mixed`` on the CPU would
+        become ``bf16-mixed``)."""
+        if precision not in _PRECISIONS:
+            raise ValueError(
+                f"ModelParallelStrategy does not support Fabric(..., precision={precision!r}): choose one of"
+                f" {', '.join(_PRECISIONS)}."
+            )
+
     @property
     @override
     def precision(self) -> Precision:

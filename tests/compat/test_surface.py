@@ -36,23 +36,10 @@ EXCLUDED: dict[str, str] = {}
 #: names outside Lightning's public surface that public clients import (the snapshot's ``client_imports``) which
 #: fabric_lite does not provide, and why; docs/migration.md lists them with the rest of the ranking
 _ONE_CLIENT = "imported by one public client only (docs/migration.md's ranking)"
-_DEVICES = f"fabric_lite parses devices in _plan.py; {_ONE_CLIENT}"
 EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
-    "lightning_fabric.connector._PLUGIN_INPUT": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
-    "lightning_fabric.connector._is_using_cli": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
     "lightning_fabric.plugins.precision.utils._ClassReplacementContextManager": (
         f"Lightning's way of swapping torch.nn classes while a module is created; {_ONE_CLIENT}"
     ),
-    "lightning_fabric.strategies._StrategyRegistry": (
-        f"fabric_lite's registry holds entries, not Lightning's class; register with STRATEGY_REGISTRY; {_ONE_CLIENT}"
-    ),
-    "lightning_fabric.strategies.launchers.subprocess_script._SubprocessScriptLauncher": (
-        "fabric_lite's SubprocessScriptLauncher is built from a strategy, not from (environment, processes, nodes):"
-        " a custom strategy subclasses DDPStrategy or ParallelStrategy, which make it"
-    ),
-    "lightning_fabric.utilities.device_parser._check_data_type": _DEVICES,
-    "lightning_fabric.utilities.device_parser._check_unique": _DEVICES,
-    "lightning_fabric.utilities.device_parser._parse_gpu_ids": f"{_DEVICES} (in its history only)",
 }
 
 #: parameters of names that fabric_lite has, left out for now, and why
@@ -60,6 +47,11 @@ EXCLUDED_PARAMETERS: dict[tuple[str, str], str] = {}
 
 #: names that fabric_lite has whose whole call signature differs from Lightning's, and why
 EXCLUDED_SIGNATURES: dict[str, str] = {
+    "lightning_fabric.strategies.launchers.subprocess_script._SubprocessScriptLauncher": (
+        "Lightning's name for fabric_lite's SubprocessScriptLauncher, for isinstance checks: it is built from a"
+        " strategy, not from (environment, processes, nodes); a custom strategy subclasses DDPStrategy or"
+        " ParallelStrategy, which make it"
+    ),
     "lightning_fabric.utilities.load._NotYetLoadedTensor": (
         "clients only meet it (isinstance, _load_tensor(), its tensor attributes): it is made by _lazy_load alone, from"
         " a tensor of the mapped file rather than from Lightning's unpickler records"

@@ -247,31 +247,31 @@ def test_cuda_devices(devices: Any, expected: tuple[int, ...]) -> None:
         pytest.param(
             [7],
             MisconfigurationException,
-            ("Fabric(devices=[7])", "device(s) [7]", "this machine has 4 ([0, 1, 2, 3])", "Use devices=1"),
+            ("Fabric(devices=[7])", "You requested gpu: [7]", "machine only has: [0, 1, 2, 3]", "Use devices=1"),
             id="missing-index",
         ),
         pytest.param(
             [-1],
             MisconfigurationException,
-            ("Fabric(devices=[-1])", "device(s) [-1]"),
+            ("Fabric(devices=[-1])", "You requested gpu: [-1]", "([-1] missing)"),
             id="negative-index",
         ),
         pytest.param(
             5,
             MisconfigurationException,
-            ("Fabric(devices=5)", "device(s) [4]", "this machine has 4", "Use devices=4"),
+            ("Fabric(devices=5)", "([4] missing)", "machine only has: [0, 1, 2, 3]", "Use devices=4"),
             id="count-too-large",
         ),
         pytest.param(0, ValueError, ("Fabric(devices=0)", "selects no device", "devices=1"), id="0"),
         pytest.param("0", ValueError, ("Fabric(devices='0')", "selects no device"), id="string-0"),
         pytest.param([], ValueError, ("Fabric(devices=[])", "selects no device"), id="empty-list"),
-        pytest.param(-2, ValueError, ("Fabric(devices=-2)", "-1 for every GPU"), id="-2"),
+        pytest.param(-2, MisconfigurationException, ("Fabric(devices=-2)", "-1 for every GPU"), id="-2"),
         pytest.param(True, TypeError, ("Fabric(devices=True)",), id="True"),
         pytest.param(1.5, TypeError, ("Fabric(devices=1.5)", "'0,1'"), id="float"),
         pytest.param("abc", TypeError, ("Fabric(devices='abc')", "'0,1'"), id="abc"),
         pytest.param("0,x", TypeError, ("Fabric(devices='0,x')", "'0,1'"), id="bad-index-string"),
-        pytest.param(["0"], TypeError, ("Fabric(devices=['0'])", "must be ints"), id="list-of-strings"),
-        pytest.param([True], TypeError, ("Fabric(devices=[True])", "must be ints"), id="list-of-bool"),
+        pytest.param(["0"], TypeError, ("Fabric(devices=['0'])", "you passed a sequence of str"), id="list-of-strings"),
+        pytest.param([True], TypeError, ("Fabric(devices=[True])", "you passed a sequence of bool"), id="list-of-bool"),
         pytest.param(None, TypeError, ("Fabric(devices=None)",), id="None"),
     ],
 )
@@ -301,8 +301,8 @@ def test_mps_devices(devices: Any, expected: tuple[int, ...]) -> None:
 def test_mps_has_one_device() -> None:
     raises(
         MisconfigurationException,
-        "Fabric(devices=2)",
-        "mps device(s) [1]",
+        "Fabric(devices=2) for accelerator='mps'",
+        "machine only has: [0] ([1] missing)",
         accelerator="mps",
         devices=2,
         machine=MPS,
@@ -342,7 +342,7 @@ def test_num_nodes(num_nodes: Any, expected: int) -> None:
     ],
 )
 def test_num_nodes_invalid(num_nodes: Any, cls: type[Exception], shown: str) -> None:
-    raises(cls, "num_nodes must be a positive integer", shown, "Example: num_nodes=", num_nodes=num_nodes)
+    raises(cls, "`num_nodes` must be a positive integer", shown, "Example: num_nodes=", num_nodes=num_nodes)
 
 
 @pytest.mark.parametrize(
@@ -455,7 +455,6 @@ def test_parallel_strategy_on_one_device(name: str) -> None:
     "strategy",
     [
         pytest.param("foo", id="foo"),
-        pytest.param("DDP", id="DDP-upper-case"),
         pytest.param("deepspeed_stage_4", id="no-such-deepspeed-stage"),
         pytest.param("", id="empty"),
         pytest.param(None, id="None"),
@@ -521,32 +520,47 @@ def test_strategy_instance(strategy: Any, devices: int, parallel: bool, start_me
     assert result.devices == tuple(range(devices))
 
 
-@pytest.mark.parametrize(
-    "strategy", ["ddp", "ddp_find_unused_parameters_true"], ids=["ddp", "ddp_find_unused_parameters_true"]
-)
-def test_popen_strategy_in_interactive_session(strategy: str) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_find_unused_parameters_true", "ddp_spawn", "DDP"])
+def test_popen_and_spawn_strategies_in_interactive_session(strategy: str) -> None:
+    """Lightning's refusal (a RuntimeError): the script cannot be re-run, and a spawned process cannot import a
+    function defined in a notebook."""
     raises(
-        ValueError,
-        f"strategy={strategy!r}",
-        "interactive session",
-        "Use strategy='ddp_notebook' (or 'ddp_fork')",
+        RuntimeError,
+        f"`Fabric(strategy={strategy.lower()!r})` is not compatible with an interactive environment",
+        "`Fabric(strategy='dp'|'ddp_notebook')` (or 'ddp_fork')",
         strategy=strategy,
         devices=2,
         machine=NOTEBOOK,
     )
 
 
-@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", "ddp_spawn"])
-def test_fork_and_spawn_strategies_in_interactive_session(strategy: str) -> None:
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook"])
+def test_fork_strategies_in_interactive_session(strategy: str) -> None:
     result = plan(strategy=strategy, devices=2, machine=NOTEBOOK)
     assert (result.strategy, result.start_method) == (strategy, REGISTRY_TABLE[strategy][1])
 
 
 def test_popen_strategy_instance_in_interactive_session_names_the_class() -> None:
     message = raises(
-        ValueError, "DDPStrategy", "interactive session", strategy=DDPStrategy(), devices=2, machine=NOTEBOOK
+        RuntimeError, "DDPStrategy", "interactive environment", strategy=DDPStrategy(), devices=2, machine=NOTEBOOK
     )
     assert "'instance'" not in message
+
+
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", DDPStrategy(start_method="fork")])
+def test_fork_where_the_platform_cannot(strategy: Any) -> None:
+    raises(
+        ValueError,
+        "process forking is not supported on this platform",
+        "`Fabric(strategy='ddp_spawn')`",
+        strategy=strategy,
+        machine=Machine(can_fork=False),
+    )
+
+
+@pytest.mark.parametrize("strategy", ["DDP", "Ddp", "DDP_Spawn"])
+def test_strategy_names_are_case_insensitive(strategy: str) -> None:
+    assert plan(strategy=strategy, devices=2).strategy == strategy.lower()
 
 
 # ------------------------------------------------------------------------------------------------- precision
@@ -583,6 +597,7 @@ def test_legacy_precision(precision: Any, expected: str, warns: bool) -> None:
         assert len(result.warnings) == 1
         assert f"precision={precision!r}" in result.warnings[0]
         assert f"write precision={expected!r}" in result.warnings[0]
+        assert f"Please set your precision to {expected} instead!" in result.warnings[0]  # Lightning's words
     else:
         assert result.warnings == ()
 
@@ -601,7 +616,7 @@ def test_precision_16_mixed_on_cpu_becomes_bf16(precision: Any, expected: str, n
     assert result.precision == expected
     assert len(result.warnings) == n_warnings
     if n_warnings:
-        assert "precision='16-mixed' on the CPU runs as precision='bf16-mixed'" in result.warnings[-1]
+        assert "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'`" in result.warnings[-1]
         assert "plugins=[MixedPrecision('16-mixed', 'cpu')]" in result.warnings[-1]
 
 

@@ -618,7 +618,7 @@ def test_is_shared_filesystem_on_one_process(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------- accelerators
 def test_accelerator_registry_holds_the_built_in_accelerators() -> None:
-    assert ACCELERATOR_REGISTRY.available_accelerators() == {"cpu", "cuda", "mps"}
+    assert ACCELERATOR_REGISTRY.available_accelerators() == {"cpu", "cuda", "mps", "tpu"}  # tpu: Lightning's XLA
     assert ACCELERATOR_REGISTRY["cpu"] == {
         "description": "CPUAccelerator",
         "init_params": {},
