@@ -29,7 +29,8 @@ import torch
 from fabric_lite._build import build_strategy
 from fabric_lite._cli_env import launched_by_cli
 from fabric_lite._hooks import as_list
-from fabric_lite._plan import LIGHTNING_CLI_USED, Machine, resolve_plan
+from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite._plan_settings import LIGHTNING_CLI_USED
 from fabric_lite.accelerators.accelerator import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
