@@ -92,18 +92,24 @@ class StrategyEntry(Mapping[str, Any]):
         return len(_KEYS)
 
 
-def _start_method_of(cls: Callable[..., Any], init_params: Mapping[str, Any]) -> StartMethod | None:
-    """How a registered class starts its processes: its ``start_method`` argument as registered, else the default
-    of that parameter (``DDPStrategy``'s ``"popen"``), else ``None`` (it starts none itself)."""
+def _start_method_of(strategy: Callable[..., Any], init_params: Mapping[str, Any]) -> StartMethod | None:
+    """How a registered strategy starts its processes: its ``start_method`` argument as registered, else the default
+    of that parameter in the nearest class that declares one (``DDPStrategy``'s ``"popen"`` for a subclass whose
+    ``__init__`` passes ``**kwargs`` on), else ``None`` (it starts none itself)."""
     given = init_params.get("start_method")
     if isinstance(given, str):
         return given  # type: ignore[return-value]
-    try:
-        parameter = inspect.signature(cls).parameters.get("start_method")
-    except (TypeError, ValueError):  # a callable without a readable signature
-        return None
-    default = None if parameter is None else parameter.default
-    return default if isinstance(default, str) else None  # type: ignore[return-value]
+    for owner in getattr(strategy, "__mro__", (strategy,)):
+        init = owner.__dict__.get("__init__") if isinstance(owner, type) else owner
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get("start_method")
+        except (TypeError, ValueError):  # a callable without a readable signature
+            return None
+        if parameter is not None:
+            return parameter.default if isinstance(parameter.default, str) else None  # type: ignore[return-value]
+    return None
 
 
 class _StrategyRegistry(dict[str, StrategyEntry]):
