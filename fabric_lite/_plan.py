@@ -19,11 +19,9 @@ from fabric_lite._plan_devices import _ACCELERATOR_CHOICES as _ACCELERATOR_CHOIC
 from fabric_lite._plan_devices import (
     AcceleratorName,
     accelerator_label,
-    cpu_devices,
-    gpu_indices,
-    own_kind_devices,
+    check_selects_a_device,
     resolve_accelerator,
-    selects_nothing,
+    select_devices,
 )
 from fabric_lite._plan_devices import Machine as Machine
 from fabric_lite._plan_settings import _LEGACY_PRECISIONS as _LEGACY_PRECISIONS
@@ -224,13 +222,7 @@ def resolve_plan(
     precision_name, precision_warnings = canonical_precision(precision)
     warnings += precision_warnings
     _check_plugins(plugins)
-    if selects_nothing(devices):
-        shown = accelerator_name(accelerator) if isinstance(accelerator, Accelerator) else accelerator
-        need = " (with the CPU accelerator, at least one process is needed)" if str(shown).lower() == "cpu" else ""
-        raise ValueError(
-            f"`Fabric(devices={devices!r})` value is not a valid input using {shown} accelerator: it selects no"
-            f" device{need}. Example: devices=1."
-        )
+    check_selects_a_device(devices, accelerator)  # before the accelerator is looked at, as Lightning does
     accelerator, devices = _from_strategy_instance(strategy, accelerator, devices, plugins)
     precision_plugins = [p for p in plugins if isinstance(p, Precision)]
     if isinstance(strategy, Strategy) and strategy._precision is not None:
@@ -273,29 +265,22 @@ def resolve_plan(
     local = _external_local_count(environment) if external else None
     if devices == "auto" and local is not None:
         devices = local
-    if own_kind is not None:
-        device_kind, device_indices = own_kind_devices(own_kind, devices, accelerator_label(accelerator))
-    elif device_kind == "cpu":
-        device_indices = tuple(range(cpu_devices(devices)))
-    else:
-        if isinstance(devices, bool):
-            raise TypeError(f"Fabric(devices={devices!r}) is not valid: use an int, a list of indices, or 'auto'.")
-        if external and device_kind == "cuda" and machine.cuda_devices == 1:
-            # the launcher gave every process one GPU of its own (CUDA_VISIBLE_DEVICES per rank): it is index 0
-            # in every process, and `devices` only says how many processes there are per node
-            every = devices in (-1, "-1")
-            wanted = gpu_indices(devices, device_kind, (local or 1) if every else 1 << 16)
-            device_indices = (0,) * len(wanted)
-        else:
-            if devices == "auto" and device_kind == "cuda" and machine.interactive and machine.cuda_devices > 1:
-                devices = 1
-                warnings.append(
-                    f"Fabric will use only 1 of {machine.cuda_devices} GPUs because it is running inside an"
-                    f" interactive / notebook environment. Pass devices={machine.cuda_devices} (with"
-                    " strategy='ddp_notebook') to use them all; several GPUs in a notebook is experimental."
-                )
-            available = machine.cuda_devices if device_kind == "cuda" else 1
-            device_indices = gpu_indices(devices, device_kind, available)
+    device_kind, device_indices, device_warnings = select_devices(
+        devices,
+        device_kind,
+        own_kind,
+        accelerator_label(accelerator),
+        machine,
+        external=external,
+        local=local,
+    )
+    warnings += device_warnings
+    given = getattr(strategy, "parallel_devices", None) if isinstance(strategy, Strategy) else None
+    if given and len(given) != len(device_indices):
+        raise ValueError(
+            f"Fabric(devices={devices!r}) selects {len(device_indices)} device(s), but {type(strategy).__name__}"
+            f"(parallel_devices=...) has {len(given)}: give the devices in one place only."
+        )
 
     if strategy_name == "auto":
         many = len(device_indices) > 1 or num_nodes > 1

@@ -165,11 +165,23 @@ def own_kind_devices(cls: type[Accelerator], devices: Any, label: str) -> tuple[
     return kind, indices
 
 
-def selects_nothing(devices: Any) -> bool:
-    """``0``, ``"0"`` or an empty list: a value that selects no device with any accelerator."""
+def check_selects_a_device(devices: Any, accelerator: Any) -> None:
+    """Refuse ``0``, ``"0"`` or an empty list, which select no device with any accelerator.
+
+    Raises:
+        ValueError: naming the value and the accelerator.
+    """
     if isinstance(devices, (list, tuple)):
-        return len(devices) == 0
-    return (type(devices) is int and devices == 0) or (isinstance(devices, str) and devices.strip() == "0")
+        nothing = len(devices) == 0
+    else:
+        nothing = (type(devices) is int and devices == 0) or (isinstance(devices, str) and devices.strip() == "0")
+    if nothing:
+        shown = accelerator_name(accelerator) if isinstance(accelerator, Accelerator) else accelerator
+        need = " (with the CPU accelerator, at least one process is needed)" if str(shown).lower() == "cpu" else ""
+        raise ValueError(
+            f"`Fabric(devices={devices!r})` value is not a valid input using {shown} accelerator: it selects no"
+            f" device{need}. Example: devices=1."
+        )
 
 
 def cpu_devices(devices: Any) -> int:
@@ -203,3 +215,47 @@ def gpu_indices(devices: Any, accelerator: str, available: int) -> tuple[int, ..
             " Example: devices=1, or accelerator='cpu'."
         )
     return tuple(indices)
+
+
+def select_devices(
+    devices: Any,
+    kind: AcceleratorName,
+    own_kind: type[Accelerator] | None,
+    label: str,
+    machine: Machine,
+    *,
+    external: bool,
+    local: int | None,
+) -> tuple[AcceleratorName, tuple[int, ...], list[str]]:
+    """The device kind, the device indices on this node and any warnings for ``devices`` on an accelerator of
+    ``kind`` (or of its own kind, ``own_kind``): for the CPU ``0..n-1`` stand for ``n`` processes. ``external``:
+    a launcher started the processes, ``local`` of them on this node where it says.
+
+    Raises:
+        TypeError, ValueError, MisconfigurationException: a value that selects no device, or devices this machine
+            does not have.
+    """
+    if own_kind is not None:
+        own, indices = own_kind_devices(own_kind, devices, label)
+        return own, indices, []
+    if kind == "cpu":
+        return kind, tuple(range(cpu_devices(devices))), []
+    if isinstance(devices, bool):
+        raise TypeError(f"Fabric(devices={devices!r}) is not valid: use an int, a list of indices, or 'auto'.")
+    if external and kind == "cuda" and machine.cuda_devices == 1:
+        # the launcher gave every process one GPU of its own (CUDA_VISIBLE_DEVICES per rank): it is index 0 in every
+        # process, and `devices` only says how many processes there are per node
+        every = devices in (-1, "-1")
+        wanted = gpu_indices(devices, kind, (local or 1) if every else 1 << 16)
+        return kind, (0,) * len(wanted), []
+    warnings = []
+    if devices == "auto" and kind == "cuda" and machine.interactive and machine.cuda_devices > 1:
+        # Lightning's choice: several processes in a notebook only when asked for
+        devices = 1
+        warnings.append(
+            f"Fabric will use only 1 of {machine.cuda_devices} GPUs because it is running inside an interactive /"
+            f" notebook environment. Pass devices={machine.cuda_devices} (with strategy='ddp_notebook') to use them"
+            " all; several GPUs in a notebook is experimental."
+        )
+    available = machine.cuda_devices if kind == "cuda" else 1
+    return kind, gpu_indices(devices, kind, available), warnings

@@ -1337,6 +1337,12 @@ def test_a_strategy_instance_brings_its_parallel_devices() -> None:
     assert (on_cpu.accelerator, on_cpu.devices, on_cpu.world_size) == ("cpu", (0, 1, 2), 3)
     on_gpus = plan(strategy=DDPStrategy(parallel_devices=[torch.device("cuda", 2)]), machine=CUDA4)
     assert (on_gpus.accelerator, on_gpus.devices) == ("cuda", (2,))
+    raises(
+        ValueError,
+        "Fabric(devices=3) selects 3 device(s), but DDPStrategy(parallel_devices=...) has 2",
+        strategy=DDPStrategy(parallel_devices=[torch.device("cpu")] * 2),
+        devices=3,
+    )
     for accelerator in ("cuda", "tpu"):
         raises(
             ValueError,
