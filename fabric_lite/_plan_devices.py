@@ -50,7 +50,9 @@ class Machine:
         """Read the snapshot off this machine (without initialising CUDA), through the functions Lightning Fabric
         reads it with (``CUDAAccelerator.is_available``, ``accelerators.cuda.num_cuda_devices``,
         ``MPSAccelerator.is_available``, ``torch.multiprocessing.get_all_start_methods``)."""
-        main = sys.modules.get("__main__")
+        # a spawned process runs the script as __mp_main__ while its __main__ is still multiprocessing's bootstrap,
+        # which has no file: the script is what counts
+        main = sys.modules.get("__mp_main__", sys.modules.get("__main__"))
         return cls(
             cuda_devices=CUDAAccelerator.auto_device_count() if CUDAAccelerator.is_available() else 0,
             mps_available=MPSAccelerator.is_available(),

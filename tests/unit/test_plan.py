@@ -7,6 +7,7 @@ mapping and a ``Machine`` snapshot, so every case here is one row.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -1462,3 +1463,15 @@ def test_machine_detect_reads_through_lightnings_functions(monkeypatch: pytest.M
     assert Machine.detect() == Machine(cuda_devices=3, mps_available=True, interactive=False, can_fork=False)
     monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
     assert Machine.detect().cuda_devices == 0
+
+
+def test_a_spawned_child_importing_its_script_is_not_interactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    bootstrap, script = types.ModuleType("__main__"), types.ModuleType("__mp_main__")
+    script.__file__ = "train.py"
+    monkeypatch.setitem(sys.modules, "__main__", bootstrap)  # `python -c` or a notebook: no file
+    monkeypatch.delitem(sys.modules, "__mp_main__", raising=False)
+    assert Machine.detect().interactive
+    monkeypatch.setitem(sys.modules, "__mp_main__", script)  # multiprocessing's spawn runs the script under this name
+    assert not Machine.detect().interactive
