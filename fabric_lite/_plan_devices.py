@@ -121,7 +121,7 @@ def resolve_accelerator(accelerator: Any, machine: Machine) -> tuple[Accelerator
     """The device kind to run on, and the accelerator class when it is of a kind of its own (a custom accelerator
     whose devices its own ``get_parallel_devices`` names); ``None`` for the built-in kinds."""
     name = accelerator.lower() if isinstance(accelerator, str) else None
-    available = _available(machine)  # CUDA before MPS, as Lightning's "gpu" prefers
+    available = _available(machine)  # for "gpu", CUDA before MPS (a machine has one or the other)
     if name == "auto":
         return ("mps" if machine.mps_available else available[0]), None  # type: ignore[return-value]
     if name == "gpu":

@@ -27,6 +27,11 @@ _LEGACY_PRECISIONS: dict[Any, str] = {
 
 
 def parse_num_nodes(num_nodes: Any) -> int:
+    """``num_nodes`` as an int >= 1 (a string of digits counts, as in Lightning).
+
+    Raises:
+        TypeError: not a whole number; ValueError: below 1.
+    """
     if isinstance(num_nodes, str) and _is_ascii_int(num_nodes):
         num_nodes = int(num_nodes)  # Lightning accepts strings (e.g. straight from argparse)
     if type(num_nodes) is not int:
@@ -42,6 +47,12 @@ def _is_ascii_int(text: str) -> bool:
 
 
 def canonical_precision(precision: Any) -> tuple[str, list[str]]:
+    """The canonical name of ``precision`` (one of :data:`PRECISIONS`), with a warning for a legacy spelling of a mixed
+    precision (``16``, ``"bf16"``).
+
+    Raises:
+        ValueError: a name that is neither, listing the allowed values.
+    """
     if precision is None:
         return "32-true", []
     if isinstance(precision, str) and precision in PRECISIONS:

@@ -22,8 +22,11 @@ class CPUAccelerator(Accelerator):
 
     @override
     def setup_device(self, device: torch.device) -> None:
-        """Raises:
-        ValueError: ``device`` is not a CPU device."""
+        """Check that ``device`` is a CPU device; nothing to prepare.
+
+        Raises:
+            ValueError: it is not.
+        """
         if device.type != "cpu":
             raise ValueError(
                 f"Device should be CPU, got {device} instead: CPUAccelerator computes on torch.device('cpu')."

@@ -24,8 +24,11 @@ class MPSAccelerator(Accelerator):
 
     @override
     def setup_device(self, device: torch.device) -> None:
-        """Raises:
-        ValueError: ``device`` is not an MPS device."""
+        """Check that ``device`` is an MPS device; nothing to prepare.
+
+        Raises:
+            ValueError: it is not.
+        """
         if device.type != "mps":
             raise ValueError(
                 f"Device should be MPS, got {device} instead: MPSAccelerator computes on torch.device('mps')."
