@@ -3,19 +3,33 @@
 :func:`resolve_plan` is a pure function: it reads its arguments, an environment mapping and a :class:`Machine`
 snapshot, and returns a :class:`Plan` or raises. It starts nothing, sets nothing, and never reads ``os.environ``
 itself, so its tests are tables. Building objects from the plan is a separate step (:mod:`fabric_lite._build`).
+The device side (accelerator, devices, the machine) is :mod:`fabric_lite._plan_devices`; the arguments as given
+(precision names, ``num_nodes``, a command-line launcher's values) are :mod:`fabric_lite._plan_settings`.
 
 Every bad value is rejected here, in the constructor, before any process starts or waits on another.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from fabric_lite.accelerators import ACCELERATOR_REGISTRY, Accelerator, XLAAccelerator
-from fabric_lite.accelerators.xla import _xla_missing
+from fabric_lite._plan_devices import _ACCELERATOR_CHOICES as _ACCELERATOR_CHOICES
+from fabric_lite._plan_devices import (
+    AcceleratorName,
+    accelerator_label,
+    check_selects_a_device,
+    resolve_accelerator,
+    select_devices,
+)
+from fabric_lite._plan_devices import Machine as Machine
+from fabric_lite._plan_settings import _LEGACY_PRECISIONS as _LEGACY_PRECISIONS
+from fabric_lite._plan_settings import CLI_ENV_VARS as CLI_ENV_VARS
+from fabric_lite._plan_settings import PRECISIONS as PRECISIONS
+from fabric_lite._plan_settings import canonical_precision, parse_num_nodes, with_cli_settings
+from fabric_lite.accelerators import Accelerator
+from fabric_lite.accelerators.accelerator import accelerator_name
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
     KubeflowEnvironment,
@@ -31,44 +45,6 @@ from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities.exceptions import MisconfigurationException
-
-AcceleratorName = Literal["cpu", "cuda", "mps"]
-_ACCELERATOR_CHOICES = ("auto", "cpu", "cuda", "gpu", "mps")
-
-#: canonical precision names
-PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
-_LEGACY_PRECISIONS: dict[Any, str] = {
-    32: "32-true",
-    "32": "32-true",
-    64: "64-true",
-    "64": "64-true",
-    16: "16-mixed",
-    "16": "16-mixed",
-    "bf16": "bf16-mixed",
-}
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What the plan needs to know about the machine and the running program."""
-
-    cuda_devices: int = 0
-    mps_available: bool = False
-    #: True in a notebook or REPL, where the script cannot be re-run
-    interactive: bool = False
-
-    @classmethod
-    def detect(cls) -> Machine:
-        """Read the snapshot off this machine (without initialising CUDA)."""
-        from fabric_lite.accelerators import CUDAAccelerator, MPSAccelerator
-
-        main = sys.modules.get("__main__")
-        return cls(
-            cuda_devices=CUDAAccelerator.auto_device_count(),
-            mps_available=MPSAccelerator.is_available(),
-            interactive=main is None or not hasattr(main, "__file__"),
-        )
 
 
 @dataclass(frozen=True)
@@ -101,165 +77,6 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_nodes
-
-
-def _accelerator_name(accelerator: Any) -> str:
-    if isinstance(accelerator, Accelerator):
-        return type(accelerator).name
-    if isinstance(accelerator, str) and accelerator.lower() in _ACCELERATOR_CHOICES:
-        return accelerator.lower()
-    if isinstance(accelerator, str) and accelerator in ACCELERATOR_REGISTRY:
-        return registered_accelerator_kind(accelerator)
-    registered = sorted(set(ACCELERATOR_REGISTRY.available_accelerators()) - set(_ACCELERATOR_CHOICES))
-    also = f", a name registered in ACCELERATOR_REGISTRY ({', '.join(map(repr, registered))})" if registered else ""
-    raise ValueError(
-        f"You selected an invalid accelerator name: accelerator={accelerator!r}."
-        f" Choose one of {', '.join(repr(c) for c in _ACCELERATOR_CHOICES)}{also}, or pass an Accelerator instance."
-    )
-
-
-def registered_accelerator_kind(name: str) -> str:
-    """The device kind (``"cpu"``, ``"cuda"`` or ``"mps"``) of the accelerator a user registered under ``name`` in
-    ``ACCELERATOR_REGISTRY``: it must derive from one of the built-in accelerators, whose devices fabric_lite knows
-    how to count, select and launch on."""
-    cls = ACCELERATOR_REGISTRY[name]["accelerator"]
-    kind = getattr(cls, "name", "")
-    if isinstance(cls, type) and issubclass(cls, XLAAccelerator):
-        _xla_missing(f"Fabric(accelerator={name!r})")
-    if kind not in ("cpu", "cuda", "mps"):
-        raise ValueError(
-            f"Fabric(accelerator={name!r}): ACCELERATOR_REGISTRY has {getattr(cls, '__name__', cls)!r} under that"
-            f" name, whose device kind {kind!r} fabric_lite cannot run on. A registered accelerator must subclass"
-            " CPUAccelerator, CUDAAccelerator or MPSAccelerator (and may override their methods)."
-        )
-    return str(kind)
-
-
-def _available(machine: Machine) -> list[str]:
-    return [name for name, ok in (("cuda", machine.cuda_devices > 0), ("mps", machine.mps_available)) if ok] + ["cpu"]
-
-
-def _resolve_accelerator(name: str, machine: Machine) -> AcceleratorName:
-    available = _available(machine)  # CUDA before MPS, as Lightning's "gpu" prefers
-    if name == "auto":
-        return "mps" if machine.mps_available else available[0]  # type: ignore[return-value]
-    if name == "gpu" and available[0] != "cpu":
-        return available[0]  # type: ignore[return-value]
-    missing = {
-        "gpu": "accelerator='gpu' needs a CUDA or an MPS device, but this machine has neither.",
-        "cuda": "accelerator='cuda' was requested, but torch sees no CUDA device on this machine.",
-        "mps": "accelerator='mps' was requested, but MPS is not available on this machine.",
-    }
-    if name in available or name not in missing:
-        return name  # type: ignore[return-value]
-    raise RuntimeError(f"{missing[name]} Available accelerators: {available}. Use accelerator='cpu' or 'auto'.")
-
-
-def _is_ascii_int(text: str) -> bool:
-    stripped = text.strip()
-    return stripped.isascii() and stripped.isdigit()
-
-
-def _parse_num_nodes(num_nodes: Any) -> int:
-    if isinstance(num_nodes, str) and _is_ascii_int(num_nodes):
-        num_nodes = int(num_nodes)  # Lightning accepts strings (e.g. straight from argparse)
-    if type(num_nodes) is not int:
-        raise TypeError(f"num_nodes must be a positive integer, but got {num_nodes!r}. Example: num_nodes=2.")
-    if num_nodes < 1:
-        raise ValueError(f"num_nodes must be a positive integer, but got {num_nodes}. Example: num_nodes=1.")
-    return num_nodes
-
-
-def _canonical_precision(precision: Any) -> tuple[str, list[str]]:
-    if precision is None:
-        return "32-true", []
-    if isinstance(precision, str) and precision in PRECISIONS:
-        return precision, []
-    if type(precision) in (int, str) and precision in _LEGACY_PRECISIONS:
-        canonical = _LEGACY_PRECISIONS[precision]
-        warnings = []
-        if canonical.endswith("mixed"):
-            warnings.append(
-                f"precision={precision!r} is supported for historical reasons but means {canonical!r};"
-                f" write precision={canonical!r}."
-            )
-        return canonical, warnings
-    allowed = list(PRECISIONS) + [repr(k) for k in _LEGACY_PRECISIONS]
-    raise ValueError(f"Precision {precision!r} is invalid. Allowed precision values: {', '.join(allowed)}.")
-
-
-def _cpu_devices(devices: Any) -> int:
-    """``devices`` for the CPU: a number of processes. Error classes follow Lightning Fabric."""
-    if devices == "auto":
-        return 1
-    value: Any = devices
-    if isinstance(devices, str) and _is_ascii_int(devices):
-        value = int(devices)
-    if type(value) is int and value > 0:
-        return value
-    if (type(value) is int and value == 0) or (isinstance(value, (list, tuple)) and len(value) == 0):
-        raise ValueError(
-            f"Fabric(devices={devices!r}) is not valid with the CPU accelerator: at least one process is needed."
-            " Example: devices=1, or devices=2 for two processes."
-        )
-    hint = ""
-    if isinstance(devices, (list, tuple)) or (isinstance(devices, str) and "," in devices):
-        hint = " A list of indices selects GPUs; on the CPU, give a count."
-    elif devices == -1 or devices == "-1":
-        hint = " devices=-1 means 'every GPU'; on the CPU, give the number of processes you want."
-    raise TypeError(
-        f"Fabric(devices={devices!r}) is not valid with the CPU accelerator: devices must be an int > 0 (the"
-        f" number of processes) or 'auto'.{hint} Example: devices=2."
-    )
-
-
-def _gpu_indices(devices: Any, accelerator: str, available: int) -> tuple[int, ...]:
-    """``devices`` for CUDA/MPS: an int count, -1, a list of indices, a string such as ``"0,1"``, or ``"auto"``."""
-    value: Any = devices
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            if text == "auto" or text == "-1":
-                value = -1
-            elif "," in text:
-                value = [int(x) for x in text.split(",") if x.strip()]
-            else:
-                value = int(text)
-        except ValueError:
-            value = None  # not a number: the TypeError below
-    if isinstance(value, (list, tuple)):
-        if any(type(v) is not int for v in value):
-            raise TypeError(f"Fabric(devices={devices!r}): GPU indices must be ints, e.g. devices=[0, 1].")
-        indices = list(value)
-    elif type(value) is int:
-        if value == -1:
-            indices = list(range(available))
-        elif value >= 0:
-            indices = list(range(value))  # none for 0: the ValueError below
-        else:
-            raise ValueError(f"Fabric(devices={devices!r}) is not valid: a count must be > 0, or -1 for every GPU.")
-    else:
-        raise TypeError(
-            f"Fabric(devices={devices!r}) is not valid: use an int, -1, a list of GPU indices, a string such as"
-            " '0,1', or 'auto'."
-        )
-    if not indices:
-        raise ValueError(
-            f"Fabric(devices={devices!r}) selects no device for accelerator={accelerator!r}."
-            " Example: devices=1, or accelerator='cpu'."
-        )
-    if len(set(indices)) != len(indices):
-        raise MisconfigurationException(
-            f"Fabric(devices={devices!r}) lists a device twice; each device can be used once. Example: [0, 1]."
-        )
-    missing = [i for i in indices if not 0 <= i < available]
-    if missing:
-        raise MisconfigurationException(
-            f"Fabric(devices={devices!r}) asks for {accelerator} device(s) {missing}, but this machine has"
-            f" {available} ({list(range(available))}). Use devices={min(len(indices), available) or 1} or"
-            " indices from that list."
-        )
-    return tuple(indices)
 
 
 def _detect_environment(env: Mapping[str, str], plugins: Sequence[Any]) -> ClusterEnvironment:
@@ -297,75 +114,77 @@ def _external_local_count(environment: ClusterEnvironment) -> int | None:
 def _strategy_choice(strategy: Any) -> str:
     if isinstance(strategy, Strategy):
         return "instance"
-    if isinstance(strategy, str) and (strategy == "auto" or strategy in STRATEGY_REGISTRY):
-        return strategy
+    if isinstance(strategy, str) and (strategy.lower() == "auto" or strategy.lower() in STRATEGY_REGISTRY):
+        return strategy.lower()  # Lightning's names are case-insensitive
     choices = ", ".join(repr(n) for n in ("auto", *STRATEGY_REGISTRY))
     raise ValueError(
-        f"You selected an invalid strategy name: strategy={strategy!r}. Choose one of {choices},"
+        f"You selected an invalid strategy name: `strategy={strategy!r}`. Choose one of {choices},"
         " or pass a fabric_lite.strategies.Strategy instance."
     )
 
 
-#: how ``fabric-lite run`` hands its flags to ``Fabric(...)`` in the script: argument name -> environment variable
-CLI_ENV_VARS = {
-    "accelerator": "LT_ACCELERATOR",
-    "strategy": "LT_STRATEGY",
-    "devices": "LT_DEVICES",
-    "num_nodes": "LT_NUM_NODES",
-    "precision": "LT_PRECISION",
-}
-
-
-def _same_setting(name: str, given: Any, from_cli: str) -> bool:
-    """Whether ``Fabric(name=given)`` says the same as the CLI's ``from_cli`` (spellings differ: 2 and "2")."""
-    cli = from_cli.strip()
-    if name == "accelerator":
-        label = type(given).name if isinstance(given, Accelerator) else str(given).lower()
-        return label == cli.lower() or (cli.lower() == "gpu" and label in ("cuda", "mps"))
-    if name == "strategy":
-        return isinstance(given, str) and given == cli
-    if name == "devices":
-        if isinstance(given, (list, tuple)):
-            given = ",".join(str(v) for v in given)
-        return str(given).replace(" ", "") == cli.replace(" ", "")
-    if name == "precision":
-        try:
-            return _canonical_precision(given)[0] == _canonical_precision(cli)[0]
-        except ValueError:
-            return str(given) == cli
-    return str(given).strip() == cli
-
-
-def _is_default(name: str, given: Any) -> bool:
-    if name == "precision":
-        return given is None or (isinstance(given, (str, int)) and given in ("32-true", "32", 32))
-    if name == "num_nodes":
-        return type(given) is int and given == 1
-    return isinstance(given, str) and given == "auto"
-
-
-def _with_cli_settings(env: Mapping[str, str], **given: Any) -> dict[str, Any]:
-    """``Fabric(...)``'s arguments with the values ``fabric-lite run`` put in ``env`` filled in.
-
-    A CLI value replaces an argument left at its default; an argument given in the script that disagrees with it
-    is an error naming both, because silently preferring either would run a different job than one of them says.
-    """
-    settings = dict(given)
-    for name, variable in CLI_ENV_VARS.items():
-        from_cli = env.get(variable)
-        if from_cli is None:
-            continue
-        current = given[name]
-        if _is_default(name, current):
-            settings[name] = from_cli
-        elif not _same_setting(name, current, from_cli):
-            shown = f"{type(current).__name__}(...)" if isinstance(current, (Strategy, Accelerator)) else repr(current)
-            raise ValueError(
-                f"Fabric({name}={shown}) in the script conflicts with `fabric-lite run --{name.replace('_', '-')}"
-                f" {from_cli}` ({variable}={from_cli!r} in the environment). Give the value in one place only:"
-                f" remove {name}= from Fabric(...), or change the command-line flag to agree with it."
+def _check_plugins(plugins: Sequence[Any]) -> None:
+    """At most one plugin of each kind, and nothing else (Lightning's messages)."""
+    kinds: dict[str, list[str]] = {}
+    for plugin in plugins:
+        kind = next(
+            (cls.__name__ for cls in (Precision, CheckpointIO, ClusterEnvironment) if isinstance(plugin, cls)), ""
+        )
+        if not kind:
+            raise TypeError(
+                f"Fabric(plugins=...) got {plugin!r} of type {type(plugin).__name__}. Accepted plugins are"
+                " fabric_lite.plugins.Precision, fabric_lite.plugins.environments.ClusterEnvironment and"
+                " fabric_lite.plugins.io.CheckpointIO instances."
             )
-    return settings
+        kinds.setdefault(kind, []).append(type(plugin).__name__)
+    repeated = {kind: names for kind, names in kinds.items() if len(names) > 1}
+    if repeated:
+        given = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in repeated.items())
+        raise ValueError(
+            f"Received multiple values for {', '.join(repeated)} flags in `plugins` ({given}). Expected one value for"
+            " each type at most: pass at most one plugin of each kind."
+        )
+
+
+def _from_strategy_instance(strategy: Any, accelerator: Any, devices: Any, plugins: Sequence[Any]) -> tuple[Any, Any]:
+    """The accelerator and devices a strategy instance brings (its ``accelerator=``, ``parallel_devices=``), checked
+    against the arguments and plugins that would set the same thing; ``(accelerator, devices)`` to plan with."""
+    if not isinstance(strategy, Strategy):
+        return accelerator, devices
+    name = type(strategy).__name__
+    owned = (
+        ("precision", strategy._precision, Precision),
+        ("checkpoint IO", strategy._checkpoint_io, CheckpointIO),
+        ("cluster environment", getattr(strategy, "_cluster_environment", None), ClusterEnvironment),
+    )
+    for what, own, cls in owned:
+        plugin = next((p for p in plugins if isinstance(p, cls)), None)
+        if own is not None and plugin is not None:
+            raise ValueError(
+                f"Fabric(plugins=[{type(plugin).__name__}(...)]) and {name}(...) with its own"
+                f" {type(own).__name__}(...) both set the {what}: choose one."
+            )
+    if strategy._accelerator is not None:
+        if not (isinstance(accelerator, str) and accelerator.lower() == "auto"):
+            raise ValueError(
+                f"accelerator set through both {name}(accelerator={type(strategy._accelerator).__name__}()) and"
+                f" Fabric(accelerator={accelerator_label(accelerator)}), choose one."
+            )
+        accelerator = strategy._accelerator
+    parallel_devices = getattr(strategy, "parallel_devices", None)
+    if parallel_devices:
+        kind = parallel_devices[0].type
+        agrees = {"cpu": ("auto", "cpu"), "cuda": ("auto", "cuda", "gpu"), "mps": ("auto", "mps", "gpu")}.get(kind, ())
+        label = accelerator_name(accelerator) if isinstance(accelerator, Accelerator) else str(accelerator).lower()
+        if label not in agrees:
+            raise ValueError(
+                f"{kind.upper()} parallel_devices set through {name} class, but accelerator set to {label}, please"
+                f" choose one device type: Fabric(accelerator={kind!r}) or parallel_devices on {label} devices."
+            )
+        accelerator = kind if label in ("auto", "gpu") else accelerator
+        if devices == "auto":
+            devices = len(parallel_devices) if kind == "cpu" else [d.index or 0 for d in parallel_devices]
+    return accelerator, devices
 
 
 def resolve_plan(
@@ -381,66 +200,53 @@ def resolve_plan(
 ) -> Plan:
     """Validate ``Fabric(...)``'s arguments against the environment and the machine and decide how to run.
 
-    The flags of ``fabric-lite run`` arrive through ``env`` (:data:`CLI_ENV_VARS`): each fills an argument left at
-    its default, and one that disagrees with an argument given in the script is an error naming both.
+    The flags of ``fabric-lite run`` (and of Lightning Fabric's ``fabric run``) arrive through ``env``
+    (:data:`CLI_ENV_VARS`): each replaces its argument, and under the command line one that disagrees with an
+    argument given in the script is an error naming both. A strategy instance's own accelerator,
+    devices, precision, checkpoint IO and cluster environment count as if given to ``Fabric``; given twice, they are
+    an error.
 
     Raises:
         ValueError, TypeError: a value that is not accepted, with the value, the choices and a fix.
-        RuntimeError: an accelerator this machine does not have.
+        RuntimeError: an accelerator this machine does not have, or a strategy that cannot start its processes
+            in an interactive session.
         MisconfigurationException: devices that do not exist on this machine.
     """
     warnings: list[str] = []
-    cli = _with_cli_settings(
+    cli = with_cli_settings(
         env, accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes, precision=precision
     )
     accelerator, strategy, devices, precision = cli["accelerator"], cli["strategy"], cli["devices"], cli["precision"]
-    num_nodes = _parse_num_nodes(cli["num_nodes"])
+    num_nodes = parse_num_nodes(cli["num_nodes"])
     strategy_name = _strategy_choice(strategy)
-    precision_name, precision_warnings = _canonical_precision(precision)
+    precision_name, precision_warnings = canonical_precision(precision)
     warnings += precision_warnings
+    _check_plugins(plugins)
+    check_selects_a_device(devices, accelerator)  # before the accelerator is looked at, as Lightning does
+    accelerator, devices = _from_strategy_instance(strategy, accelerator, devices, plugins)
     precision_plugins = [p for p in plugins if isinstance(p, Precision)]
+    if isinstance(strategy, Strategy) and strategy._precision is not None:
+        precision_plugins.append(strategy._precision)
     environment_plugins = [p for p in plugins if isinstance(p, ClusterEnvironment)]
-    io_plugins = [p for p in plugins if isinstance(p, CheckpointIO)]
-    for plugin in plugins:
-        if not isinstance(plugin, (Precision, ClusterEnvironment, CheckpointIO)):
-            raise TypeError(
-                f"Fabric(plugins=...) got {plugin!r} of type {type(plugin).__name__}. Accepted plugins are"
-                " fabric_lite.plugins.Precision, fabric_lite.plugins.environments.ClusterEnvironment and"
-                " fabric_lite.plugins.io.CheckpointIO instances."
-            )
-    if io_plugins and isinstance(strategy, Strategy) and strategy._checkpoint_io is not None:
-        raise ValueError(
-            f"Fabric(plugins=[{type(io_plugins[0]).__name__}(...)]) and {type(strategy).__name__}(checkpoint_io="
-            f"{type(strategy._checkpoint_io).__name__}(...)) both set the checkpoint IO: choose one."
-        )
-    for kind_name, found in (
-        ("Precision", precision_plugins),
-        ("ClusterEnvironment", environment_plugins),
-        ("CheckpointIO", io_plugins),
-    ):
-        if len(found) > 1:
-            raise ValueError(
-                f"Fabric(plugins=...) got multiple {kind_name} plugins ({', '.join(type(p).__name__ for p in found)});"
-                " pass at most one of each kind."
-            )
     if precision_plugins:
         plugin = precision_plugins[0]
         if precision_name not in ("32-true", plugin.precision):
             raise ValueError(
-                f"Fabric(precision={precision!r}) conflicts with the precision plugin {type(plugin).__name__}"
-                f" (precision={plugin.precision!r}) in plugins. Pass only one of them."
+                f"Received both `precision={precision_name}` and `plugins={plugin!r}`: Fabric(precision={precision!r})"
+                f" conflicts with the precision plugin {type(plugin).__name__} (precision={plugin.precision!r}) in"
+                " plugins. Pass only one of them."
             )
         precision_name = plugin.precision
 
-    accelerator_name = _resolve_accelerator(_accelerator_name(accelerator), machine)
-    if strategy_name == "dp" and accelerator_name == "cpu":
+    device_kind, own_kind = resolve_accelerator(accelerator, machine)
+    if strategy_name == "dp" and device_kind == "cpu":
         # DataParallel needs CUDA devices; Lightning Fabric runs the same devices as processes instead, and so do we
         warnings.append(
             "strategy='dp' is not supported on CPUs, hence setting `strategy='ddp'` (as Lightning Fabric does)."
             " DataParallel replicates the module on CUDA devices; on the CPU, devices= is a number of processes."
         )
         strategy_name = "ddp"
-    if strategy_name == "dp" and accelerator_name == "mps":
+    if strategy_name == "dp" and device_kind == "mps":
         raise ValueError(
             "strategy='dp' replicates the module on CUDA devices (torch.nn.DataParallel), but accelerator='mps' was"
             " selected. Use strategy='auto' on MPS, or accelerator='cuda' on a machine with GPUs."
@@ -459,20 +265,22 @@ def resolve_plan(
     local = _external_local_count(environment) if external else None
     if devices == "auto" and local is not None:
         devices = local
-    if accelerator_name == "cpu":
-        device_indices = tuple(range(_cpu_devices(devices)))
-    else:
-        if isinstance(devices, bool):
-            raise TypeError(f"Fabric(devices={devices!r}) is not valid: use an int, a list of indices, or 'auto'.")
-        if external and accelerator_name == "cuda" and machine.cuda_devices == 1:
-            # the launcher gave every process one GPU of its own (CUDA_VISIBLE_DEVICES per rank): it is index 0
-            # in every process, and `devices` only says how many processes there are per node
-            every = devices in (-1, "-1")
-            wanted = _gpu_indices(devices, accelerator_name, (local or 1) if every else 1 << 16)
-            device_indices = (0,) * len(wanted)
-        else:
-            available = machine.cuda_devices if accelerator_name == "cuda" else 1
-            device_indices = _gpu_indices(devices, accelerator_name, available)
+    device_kind, device_indices, device_warnings = select_devices(
+        devices,
+        device_kind,
+        own_kind,
+        accelerator_label(accelerator),
+        machine,
+        external=external,
+        local=local,
+    )
+    warnings += device_warnings
+    given = getattr(strategy, "parallel_devices", None) if isinstance(strategy, Strategy) else None
+    if given and len(given) != len(device_indices):
+        raise ValueError(
+            f"Fabric(devices={devices!r}) selects {len(device_indices)} device(s), but {type(strategy).__name__}"
+            f"(parallel_devices=...) has {len(given)}: give the devices in one place only."
+        )
 
     if strategy_name == "auto":
         many = len(device_indices) > 1 or num_nodes > 1
@@ -487,7 +295,7 @@ def resolve_plan(
         entry = STRATEGY_REGISTRY[strategy_name]
         kind = entry.load()
         parallel, start_method = kind.is_parallel, entry.start_method
-    multi_device = kind.drives_several_devices and accelerator_name != "cpu"
+    multi_device = kind.drives_several_devices and device_kind != "cpu"
 
     if multi_device and num_nodes > 1:
         raise ValueError(
@@ -503,7 +311,7 @@ def resolve_plan(
     if external:
         environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
         start_method = None
-        if parallel and isinstance(environment, LightningEnvironment):
+        if parallel and isinstance(environment, LightningEnvironment) and not environment_plugins:
             missing = [name for name in ("WORLD_SIZE", "MASTER_PORT") if name not in env]
             if missing:
                 raise ValueError(
@@ -521,13 +329,19 @@ def resolve_plan(
                     " script on every node with the same MASTER_ADDR (the first node's address) and MASTER_PORT, and"
                     " NODE_RANK=0, 1, ... (or launch with torchrun or srun)."
                 )
-        if start_method == "popen" and machine.interactive:
+        if start_method == "fork" and not machine.can_fork:
             raise ValueError(
-                f"strategy={label!r} re-runs the script once per device, which is impossible in an interactive session"
-                " (notebook or REPL). Use strategy='ddp_notebook' (or 'ddp_fork'), or run a script."
+                f"You selected `Fabric(strategy={label!r})` but process forking is not supported on this platform."
+                " We recommend `Fabric(strategy='ddp_spawn')` instead."
             )
-        if start_method == "fork" and sys.platform == "win32":
-            raise ValueError(f"strategy={strategy_name!r} needs fork, which Windows does not have. Use 'ddp_spawn'.")
+        if start_method in ("popen", "spawn") and machine.interactive:
+            how = "re-runs the script" if start_method == "popen" else "spawns fresh interpreters that cannot import"
+            how += " once per device" if start_method == "popen" else " functions defined in the session"
+            raise RuntimeError(
+                f"`Fabric(strategy={label!r})` is not compatible with an interactive environment (notebook or REPL):"
+                f" it {how}. Run your code as a script, or choose one of the compatible strategies:"
+                " `Fabric(strategy='dp'|'ddp_notebook')` (or 'ddp_fork')."
+            )
 
     if not external:  # inside a SLURM job but not one of its srun tasks: say that fabric_lite starts the processes
         slurm_note = _note_not_started_by_srun(env, len(device_indices) if parallel else 1)
@@ -535,17 +349,18 @@ def resolve_plan(
             warnings.append(slurm_note)
 
     # before the 16-mixed fallback below: DeepSpeed refuses float16 on the CPU instead
-    kind._check_choices(label=label, accelerator=accelerator_name, precision=precision_name)
+    kind._check_choices(label=label, accelerator=device_kind, precision=precision_name)
 
-    if precision_name == "16-mixed" and accelerator_name == "cpu" and not precision_plugins:
+    if precision_name == "16-mixed" and device_kind == "cpu" and not precision_plugins:
         warnings.append(
-            "precision='16-mixed' on the CPU runs as precision='bf16-mixed', as in Lightning Fabric (so that results"
-            " match). For float16 with a loss scaler on the CPU, pass plugins=[MixedPrecision('16-mixed', 'cpu')]."
+            "You passed `Fabric(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported on CPU."
+            " Using `precision='bf16-mixed'` instead, as Lightning Fabric does (so that results match). For float16"
+            " with a loss scaler on the CPU, pass plugins=[MixedPrecision('16-mixed', 'cpu')]."
         )
         precision_name = "bf16-mixed"
 
     return Plan(
-        accelerator=accelerator_name,
+        accelerator=device_kind,
         strategy=strategy_name,
         parallel=parallel,
         devices=device_indices,
@@ -553,7 +368,7 @@ def resolve_plan(
         start_method=start_method,
         cluster_environment=environment,
         precision=precision_name,
-        backend="nccl" if accelerator_name == "cuda" else "gloo",
+        backend="nccl" if device_kind == "cuda" else "gloo",
         warnings=tuple(warnings),
     )
 

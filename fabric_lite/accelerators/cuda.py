@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 from typing_extensions import override
 
-from fabric_lite.accelerators.accelerator import Accelerator
+from fabric_lite.accelerators.accelerator import Accelerator, _Name
+from fabric_lite.utilities._device_ids import parse_device_ids
+from fabric_lite.utilities.rank_zero import rank_zero_info
 
 
 class CUDAAccelerator(Accelerator):
@@ -18,18 +22,44 @@ class CUDAAccelerator(Accelerator):
         fabric.device  # rank 0: cuda:0   rank 1: cuda:2
     """
 
-    name = "cuda"
+    name = _Name("cuda")
 
     @override
     def setup_device(self, device: torch.device) -> None:
+        """Make ``device`` this process's current CUDA device (and say once how to use Tensor Cores, where they are
+        left unused).
+
+        Raises:
+            ValueError: ``device`` is not a CUDA device.
+        """
         if device.type != "cuda":
-            raise ValueError(f"CUDAAccelerator cannot set up device {device}; expected a CUDA device.")
+            raise ValueError(
+                f"Device should be CUDA, got {device} instead: CUDAAccelerator computes on torch.device('cuda', i)."
+            )
+        _check_cuda_matmul_precision(device)
         torch.cuda.set_device(device)
 
     @override
     def teardown(self) -> None:
         if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.empty_cache()
+
+    @staticmethod
+    @override
+    def parse_devices(devices: int | str | list[int]) -> list[int] | None:
+        """The visible GPU indices ``devices`` selects; ``None`` for none.
+
+        Raises:
+            TypeError, MisconfigurationException: as :func:`fabric_lite.utilities.device_parser._parse_gpu_ids`.
+        """
+        launched = torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
+        return parse_device_ids(devices, _get_all_visible_cuda_devices(), one_device_per_process=launched)
+
+    @staticmethod
+    @override
+    def get_parallel_devices(devices: list[int]) -> list[torch.device]:
+        """One ``cuda`` device per index."""
+        return [torch.device("cuda", i) for i in devices]
 
     @staticmethod
     @override
@@ -50,6 +80,11 @@ def num_cuda_devices() -> int:
         num_cuda_devices()  # 0 on a machine without a GPU
     """
     return torch.cuda.device_count()
+
+
+def _get_all_visible_cuda_devices() -> list[int]:
+    """The indices of the CUDA devices this process sees (``CUDA_VISIBLE_DEVICES`` renumbers them from 0)."""
+    return list(range(num_cuda_devices()))
 
 
 def is_cuda_available() -> bool:
@@ -73,7 +108,7 @@ def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
     """
     if num_devices == 0:
         return []
-    visible = list(range(torch.cuda.device_count()))
+    visible = _get_all_visible_cuda_devices()
     if not visible:
         raise ValueError(
             f"You requested to find {num_devices} devices but there are no visible CUDA devices on this machine."
@@ -97,3 +132,18 @@ def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
             f" The devices {occupied} are occupied by other processes and can't be used at the moment."
         )
     return usable
+
+
+@lru_cache(1)  # said once per process
+def _check_cuda_matmul_precision(device: torch.device) -> None:
+    """Say once that float32 matrix products leave an Ampere-or-later GPU's Tensor Cores unused while torch's
+    float32 matmul precision is ``"highest"`` (its default), and how to use them."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability(device)[0] < 8:
+        return
+    if torch.get_float32_matmul_precision() == "highest":
+        rank_zero_info(
+            f"This process computes on a CUDA device ({torch.cuda.get_device_name(device)!r}) that has Tensor Cores,"
+            " which float32 matrix products leave unused at torch's default precision: call"
+            " `torch.set_float32_matmul_precision('high')` (or 'medium') to trade a little precision for speed. See"
+            " https://pytorch.org/docs/stable/generated/torch.set_float32_matmul_precision.html"
+        )

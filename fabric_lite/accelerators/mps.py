@@ -7,7 +7,8 @@ import platform
 import torch
 from typing_extensions import override
 
-from fabric_lite.accelerators.accelerator import Accelerator
+from fabric_lite.accelerators.accelerator import Accelerator, _Name
+from fabric_lite.utilities._device_ids import parse_device_ids
 
 
 class MPSAccelerator(Accelerator):
@@ -19,12 +20,36 @@ class MPSAccelerator(Accelerator):
             fabric = Fabric(accelerator="mps", devices=1)
     """
 
-    name = "mps"
+    name = _Name("mps")
 
     @override
     def setup_device(self, device: torch.device) -> None:
+        """Check that ``device`` is an MPS device; nothing to prepare.
+
+        Raises:
+            ValueError: it is not.
+        """
         if device.type != "mps":
-            raise ValueError(f"MPSAccelerator cannot set up device {device}; expected an MPS device.")
+            raise ValueError(
+                f"Device should be MPS, got {device} instead: MPSAccelerator computes on torch.device('mps')."
+            )
+
+    @staticmethod
+    @override
+    def parse_devices(devices: int | str | list[int]) -> list[int] | None:
+        """The MPS device indices ``devices`` selects (there is one, index 0); ``None`` for none.
+
+        Raises:
+            TypeError, MisconfigurationException: as :func:`fabric_lite.utilities.device_parser._parse_gpu_ids`.
+        """
+        return parse_device_ids(devices, _get_all_available_mps_gpus())
+
+    @staticmethod
+    @override
+    def get_parallel_devices(devices: int | str | list[int]) -> list[torch.device]:
+        """One ``mps`` device per selected index."""
+        parsed = MPSAccelerator.parse_devices(devices) or []
+        return [torch.device("mps", i) for i in range(len(parsed))]
 
     @staticmethod
     @override
@@ -36,3 +61,8 @@ class MPSAccelerator(Accelerator):
     @override
     def auto_device_count() -> int:
         return 1
+
+
+def _get_all_available_mps_gpus() -> list[int]:
+    """``[0]`` on a machine with an MPS device, else ``[]`` (Lightning Fabric's name in this module)."""
+    return [0] if MPSAccelerator.is_available() else []

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from fabric_lite.strategies.ddp import DDPStrategy
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
+from fabric_lite.strategies.registry import _StrategyRegistry as _StrategyRegistry  # Lightning's name, here too
 from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
 from fabric_lite.utilities._lazy import lazy_getattr

@@ -28,6 +28,8 @@ from fabric_lite.utilities.types import ReduceOp
 
 # arguments of DistributedDataParallel that the strategy sets itself
 _OWN_DDP_ARGS = ("module", "device_ids")
+#: the registry names that fork the processes (Lightning Fabric's name for them)
+_DDP_FORK_ALIASES = ("ddp_fork", "ddp_notebook")
 
 
 def _ddp_arguments() -> tuple[str, ...]:

@@ -183,6 +183,17 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         self._backward_sync_control = _ParallelBackwardSyncControl(self._sync_target, _set_gradient_sync)
 
     # ------------------------------------------------------------------ configuration
+    @classmethod
+    @override
+    def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
+        """Refuse a precision the strategy does not run, in ``Fabric(...)`` (before ``16-mixed`` on the CPU would
+        become ``bf16-mixed``)."""
+        if precision not in _PRECISIONS:
+            raise ValueError(
+                f"ModelParallelStrategy does not support Fabric(..., precision={precision!r}): choose one of"
+                f" {', '.join(_PRECISIONS)}."
+            )
+
     @property
     @override
     def precision(self) -> Precision:

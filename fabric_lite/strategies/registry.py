@@ -1,4 +1,4 @@
-"""Every built-in strategy name, in one visible table.
+"""Every built-in strategy name, in one visible table, in Lightning Fabric's registry.
 
 ``grep '"ddp_spawn"'`` lands here. Each entry says which class the name builds, with which keyword arguments,
 whether it runs one process per device, and how the extra processes are started:
@@ -9,12 +9,17 @@ whether it runs one process per device, and how the extra processes are started:
   starts (``horovodrun`` for ``horovod``).
 
 The ``deepspeed*`` names are Lightning Fabric's; their keyword arguments are ``DeepSpeedStrategy``'s.
+``STRATEGY_REGISTRY`` has Lightning Fabric's registry API (``register``, also as a decorator, ``get``, ``remove``,
+``available_strategies``, entries read as ``["strategy"]``/``["init_params"]``/``["description"]``), so a strategy
+registered as Lightning documents works in ``Fabric(strategy=NAME)``.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -22,12 +27,18 @@ if TYPE_CHECKING:
 
 StartMethod = Literal["popen", "spawn", "fork"]
 
+#: what an entry holds under Lightning Fabric's keys
+_KEYS = ("strategy", "strategy_name", "description", "init_params")
+
 
 @dataclass(frozen=True)
-class StrategyEntry:
+class StrategyEntry(Mapping[str, Any]):
     """What a strategy name stands for. ``Fabric`` asks the class itself (:meth:`load`) everything else: whether it
     runs one process per device, drives several devices, shards parameters, ... (see :class:`Strategy`), so a new
-    strategy plugs in with an entry of its own.
+    strategy plugs in with an entry of its own (or with :meth:`_StrategyRegistry.register`).
+
+    It reads as Lightning Fabric's entry too: ``entry["strategy"]`` (the class), ``entry["strategy_name"]``,
+    ``entry["description"]``, ``entry["init_params"]``.
 
     Example::
 
@@ -46,6 +57,10 @@ class StrategyEntry:
     multi_device: bool = False
     #: the module that defines ``class_name`` (fabric_lite's strategies load theirs on first use)
     module: str = "fabric_lite.strategies"
+    #: the name it is registered under (filled in by the registry)
+    name: str = ""
+    #: the class itself, for one registered as an object rather than by its module and name
+    strategy_class: Callable[..., Any] | None = None
 
     def load(self) -> type[Strategy]:
         """The class the name builds, imported on first use.
@@ -54,8 +69,128 @@ class StrategyEntry:
 
             STRATEGY_REGISTRY["fsdp"].load()  # <class 'fabric_lite.strategies.fsdp.FSDPStrategy'>
         """
+        if self.strategy_class is not None:
+            return self.strategy_class  # type: ignore[return-value]
         cls: type[Strategy] = getattr(importlib.import_module(self.module), self.class_name)
         return cls
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "strategy":
+            return self.load()
+        if key == "strategy_name":
+            return self.name
+        if key == "description":
+            return self.description
+        if key == "init_params":
+            return self.init_kwargs
+        raise KeyError(f"{key!r}: a strategy entry has {', '.join(map(repr, _KEYS))}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_KEYS)
+
+    def __len__(self) -> int:
+        return len(_KEYS)
+
+
+def _start_method_of(strategy: Callable[..., Any], init_params: Mapping[str, Any]) -> StartMethod | None:
+    """How a registered strategy starts its processes: its ``start_method`` argument as registered, else the default
+    of that parameter in the nearest class that declares one (``DDPStrategy``'s ``"popen"`` for a subclass whose
+    ``__init__`` passes ``**kwargs`` on), else ``None`` (it starts none itself)."""
+    given = init_params.get("start_method")
+    if isinstance(given, str):
+        return given  # type: ignore[return-value]
+    for owner in getattr(strategy, "__mro__", (strategy,)):
+        init = owner.__dict__.get("__init__") if isinstance(owner, type) else owner
+        if init is None:
+            continue
+        try:
+            parameter = inspect.signature(init).parameters.get("start_method")
+        except (TypeError, ValueError):  # a callable without a readable signature
+            return None
+        if parameter is not None:
+            return parameter.default if isinstance(parameter.default, str) else None  # type: ignore[return-value]
+    return None
+
+
+class _StrategyRegistry(dict[str, StrategyEntry]):
+    """Strategy names mapped to :class:`StrategyEntry` (Lightning Fabric's ``_StrategyRegistry``):
+    :meth:`register` adds one (also as a decorator), :meth:`get` builds an instance.
+
+    Example::
+
+        @STRATEGY_REGISTRY.register("ddp_static_graph", description="DDP with a static graph", static_graph=True)
+        class StaticGraphDDP(DDPStrategy): ...
+
+        STRATEGY_REGISTRY.register("my_ddp", MyDDPStrategy, description="DDP with my hooks", bucket_cap_mb=50)
+        Fabric(strategy="my_ddp", devices=2)  # MyDDPStrategy(bucket_cap_mb=50) on two processes
+    """
+
+    def __setitem__(self, name: str, entry: StrategyEntry) -> None:
+        super().__setitem__(name, entry if entry.name == name else replace(entry, name=name))
+
+    def register(
+        self,
+        name: str,
+        strategy: Callable[..., Any] | None = None,
+        description: str | None = None,
+        override: bool = False,
+        **init_params: Any,
+    ) -> Callable[..., Any]:
+        """Register ``strategy`` (a class, or any callable that builds one) under ``name``, to be built with
+        ``init_params``; without ``strategy``, return a decorator that registers the class it decorates.
+
+        Raises:
+            TypeError: ``name`` is not a string.
+            ValueError: ``name`` is taken and ``override`` is ``False``.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"`name` must be a str, found {name!r}")
+        if name in self and not override:
+            raise ValueError(f"'{name}' is already present in the registry. HINT: Use `override=True`.")
+
+        def do_register(strategy: Callable[..., Any]) -> Callable[..., Any]:
+            self[name] = StrategyEntry(
+                class_name=getattr(strategy, "__name__", type(strategy).__name__),
+                parallel=bool(getattr(strategy, "is_parallel", False)),
+                start_method=_start_method_of(strategy, init_params),
+                description=description if description is not None else "",
+                init_kwargs=init_params,
+                multi_device=bool(getattr(strategy, "drives_several_devices", False)),
+                module=getattr(strategy, "__module__", ""),
+                strategy_class=strategy,
+            )
+            return strategy
+
+        return do_register(strategy) if strategy is not None else do_register
+
+    def get(self, name: str, default: Any | None = None) -> Any:
+        """A new instance of the strategy registered under ``name``, built with its ``init_params``; ``default``
+        when there is none and ``default`` is not ``None``.
+
+        Raises:
+            KeyError: ``name`` is not registered and no ``default`` is given; the message lists the names.
+        """
+        if name in self:
+            entry = self[name]
+            return entry.load()(**entry.init_kwargs)
+        if default is not None:
+            return default
+        raise KeyError(f"'{name}' not found in registry. Available names: {', '.join(sorted(self)) or 'none'}")
+
+    def remove(self, name: str) -> None:
+        """Unregister ``name``.
+
+        Raises:
+            KeyError: ``name`` is not registered.
+        """
+        self.pop(name)
+
+    def available_strategies(self) -> list[str]:
+        """The registered names, in registration order."""
+        return list(self)
+
+    def __str__(self) -> str:
+        return "Registered Strategies: {}".format(", ".join(self))
 
 
 def _launched(class_name: str, start_method: StartMethod, description: str, **init_kwargs: Any) -> StrategyEntry:
@@ -86,7 +221,7 @@ def _deepspeed(description: str, **init_kwargs: Any) -> StrategyEntry:
     return StrategyEntry("DeepSpeedStrategy", True, "popen", description, init_kwargs)
 
 
-STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
+_BUILT_IN: dict[str, StrategyEntry] = {
     "single_device": StrategyEntry("SingleDeviceStrategy", False, None, "one process on one device"),
     "ddp": _launched("DDPStrategy", "popen", "DistributedDataParallel; the script is re-run once per extra local rank"),
     "ddp_spawn": _launched("DDPStrategy", "spawn", "DistributedDataParallel; launch(fn) spawns one process per device"),
@@ -160,3 +295,7 @@ STRATEGY_REGISTRY: dict[str, StrategyEntry] = {
     "single_xla": _xla("SingleDeviceXLAStrategy", False, "single_xla"),
     "single_tpu": _xla("SingleDeviceXLAStrategy", False, "single_xla"),
 }
+
+STRATEGY_REGISTRY = _StrategyRegistry()
+for _name, _entry in _BUILT_IN.items():
+    STRATEGY_REGISTRY[_name] = _entry

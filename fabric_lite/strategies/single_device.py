@@ -37,7 +37,7 @@ class SingleDeviceStrategy(Strategy):
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         if isinstance(device, int):
             device = torch.device("cuda", device)
-        self._root_device = torch.device(device)
+        self._root_device = device if isinstance(device, torch.device) else torch.device(device)
 
     @classmethod
     @override

@@ -14,8 +14,8 @@ class MisconfigurationException(ValueError):
     Example::
 
         Fabric(accelerator="cuda", devices=[0, 3])  # on a machine with 2 GPUs
-        # MisconfigurationException: Fabric(devices=[0, 3]) asks for cuda device(s) [3], but this machine has 2
-        # ([0, 1]). Use devices=2 or indices from that list.
+        # MisconfigurationException: Fabric(devices=[0, 3]) for accelerator='cuda': You requested gpu: [0, 3]
+        #  But your machine only has: [0, 1] ([3] missing). Use devices=2 or indices from that list.
     """
 
 

@@ -36,17 +36,7 @@ EXCLUDED: dict[str, str] = {}
 #: names outside Lightning's public surface that public clients import (the snapshot's ``client_imports``) which
 #: fabric_lite does not provide, and why; docs/migration.md lists them with the rest of the ranking
 _ONE_CLIENT = "imported by one public client only (docs/migration.md's ranking)"
-_DEVICES = f"fabric_lite parses devices in _plan.py; {_ONE_CLIENT}"
-EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {
-    "lightning_fabric.connector._PLUGIN_INPUT": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
-    "lightning_fabric.connector._is_using_cli": f"fabric_lite has no connector (its plan is _plan.py); {_ONE_CLIENT}",
-    "lightning_fabric.strategies._StrategyRegistry": (
-        f"fabric_lite's registry holds entries, not Lightning's class; register with STRATEGY_REGISTRY; {_ONE_CLIENT}"
-    ),
-    "lightning_fabric.utilities.device_parser._check_data_type": _DEVICES,
-    "lightning_fabric.utilities.device_parser._check_unique": _DEVICES,
-    "lightning_fabric.utilities.device_parser._parse_gpu_ids": f"{_DEVICES} (in its history only)",
-}
+EXCLUDED_CLIENT_IMPORTS: dict[str, str] = {}
 
 #: parameters of names that fabric_lite has, left out for now, and why
 EXCLUDED_PARAMETERS: dict[tuple[str, str], str] = {}

@@ -476,7 +476,7 @@ def test_python_dash_m_passes_precision_to_fabric(tmp_path: Path) -> None:
 def test_fabric_argument_that_disagrees_with_the_cli_ends_the_job() -> None:
     done = fabric_lite_run("--accelerator", "cpu", "--devices", "2", SCRIPT, "--fabric-devices", "3")
     assert done.returncode == 1, done.output
-    expected = "Fabric(devices=3) in the script conflicts with `fabric-lite run --devices 2`"
+    expected = "Your code has `Fabric(devices=3, ...)` but it conflicts with the value `--devices=2` set through"
     assert expected in done.stderr, done.output
     assert "Root Cause" in done.stderr and "RESULT" not in done.stdout
 

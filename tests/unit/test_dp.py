@@ -302,7 +302,7 @@ def test_plan_on_the_cpu_falls_back_to_ddp_with_a_warning(kwargs: dict[str, Any]
 
 
 def test_plan_fallback_in_a_notebook_follows_ddp() -> None:
-    with pytest.raises(ValueError, match="interactive session"):
+    with pytest.raises(RuntimeError, match=r"`Fabric\(strategy='ddp'\)` is not compatible with an interactive"):
         plan(strategy="dp", accelerator="cpu", devices=2, machine=Machine(interactive=True))
 
 

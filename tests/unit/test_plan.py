@@ -7,13 +7,15 @@ mapping and a ``Machine`` snapshot, so every case here is one row.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
+import torch
 
 from fabric_lite._plan import PRECISIONS, Machine, Plan, resolve_plan
-from fabric_lite.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator
+from fabric_lite.accelerators import Accelerator, CPUAccelerator, CUDAAccelerator, MPSAccelerator
 from fabric_lite.plugins.environments import (
     ClusterEnvironment,
     LightningEnvironment,
@@ -247,31 +249,31 @@ def test_cuda_devices(devices: Any, expected: tuple[int, ...]) -> None:
         pytest.param(
             [7],
             MisconfigurationException,
-            ("Fabric(devices=[7])", "device(s) [7]", "this machine has 4 ([0, 1, 2, 3])", "Use devices=1"),
+            ("Fabric(devices=[7])", "You requested gpu: [7]", "machine only has: [0, 1, 2, 3]", "Use devices=1"),
             id="missing-index",
         ),
         pytest.param(
             [-1],
             MisconfigurationException,
-            ("Fabric(devices=[-1])", "device(s) [-1]"),
+            ("Fabric(devices=[-1])", "You requested gpu: [-1]", "([-1] missing)"),
             id="negative-index",
         ),
         pytest.param(
             5,
             MisconfigurationException,
-            ("Fabric(devices=5)", "device(s) [4]", "this machine has 4", "Use devices=4"),
+            ("Fabric(devices=5)", "([4] missing)", "machine only has: [0, 1, 2, 3]", "Use devices=4"),
             id="count-too-large",
         ),
         pytest.param(0, ValueError, ("Fabric(devices=0)", "selects no device", "devices=1"), id="0"),
         pytest.param("0", ValueError, ("Fabric(devices='0')", "selects no device"), id="string-0"),
         pytest.param([], ValueError, ("Fabric(devices=[])", "selects no device"), id="empty-list"),
-        pytest.param(-2, ValueError, ("Fabric(devices=-2)", "-1 for every GPU"), id="-2"),
+        pytest.param(-2, MisconfigurationException, ("Fabric(devices=-2)", "-1 for every GPU"), id="-2"),
         pytest.param(True, TypeError, ("Fabric(devices=True)",), id="True"),
         pytest.param(1.5, TypeError, ("Fabric(devices=1.5)", "'0,1'"), id="float"),
         pytest.param("abc", TypeError, ("Fabric(devices='abc')", "'0,1'"), id="abc"),
         pytest.param("0,x", TypeError, ("Fabric(devices='0,x')", "'0,1'"), id="bad-index-string"),
-        pytest.param(["0"], TypeError, ("Fabric(devices=['0'])", "must be ints"), id="list-of-strings"),
-        pytest.param([True], TypeError, ("Fabric(devices=[True])", "must be ints"), id="list-of-bool"),
+        pytest.param(["0"], TypeError, ("Fabric(devices=['0'])", "you passed a sequence of str"), id="list-of-strings"),
+        pytest.param([True], TypeError, ("Fabric(devices=[True])", "you passed a sequence of bool"), id="list-of-bool"),
         pytest.param(None, TypeError, ("Fabric(devices=None)",), id="None"),
     ],
 )
@@ -301,8 +303,8 @@ def test_mps_devices(devices: Any, expected: tuple[int, ...]) -> None:
 def test_mps_has_one_device() -> None:
     raises(
         MisconfigurationException,
-        "Fabric(devices=2)",
-        "mps device(s) [1]",
+        "Fabric(devices=2) for accelerator='mps'",
+        "machine only has: [0] ([1] missing)",
         accelerator="mps",
         devices=2,
         machine=MPS,
@@ -342,7 +344,7 @@ def test_num_nodes(num_nodes: Any, expected: int) -> None:
     ],
 )
 def test_num_nodes_invalid(num_nodes: Any, cls: type[Exception], shown: str) -> None:
-    raises(cls, "num_nodes must be a positive integer", shown, "Example: num_nodes=", num_nodes=num_nodes)
+    raises(cls, "`num_nodes` must be a positive integer", shown, "Example: num_nodes=", num_nodes=num_nodes)
 
 
 @pytest.mark.parametrize(
@@ -455,7 +457,6 @@ def test_parallel_strategy_on_one_device(name: str) -> None:
     "strategy",
     [
         pytest.param("foo", id="foo"),
-        pytest.param("DDP", id="DDP-upper-case"),
         pytest.param("deepspeed_stage_4", id="no-such-deepspeed-stage"),
         pytest.param("", id="empty"),
         pytest.param(None, id="None"),
@@ -521,32 +522,47 @@ def test_strategy_instance(strategy: Any, devices: int, parallel: bool, start_me
     assert result.devices == tuple(range(devices))
 
 
-@pytest.mark.parametrize(
-    "strategy", ["ddp", "ddp_find_unused_parameters_true"], ids=["ddp", "ddp_find_unused_parameters_true"]
-)
-def test_popen_strategy_in_interactive_session(strategy: str) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_find_unused_parameters_true", "ddp_spawn", "DDP"])
+def test_popen_and_spawn_strategies_in_interactive_session(strategy: str) -> None:
+    """Lightning's refusal (a RuntimeError): the script cannot be re-run, and a spawned process cannot import a
+    function defined in a notebook."""
     raises(
-        ValueError,
-        f"strategy={strategy!r}",
-        "interactive session",
-        "Use strategy='ddp_notebook' (or 'ddp_fork')",
+        RuntimeError,
+        f"`Fabric(strategy={strategy.lower()!r})` is not compatible with an interactive environment",
+        "`Fabric(strategy='dp'|'ddp_notebook')` (or 'ddp_fork')",
         strategy=strategy,
         devices=2,
         machine=NOTEBOOK,
     )
 
 
-@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", "ddp_spawn"])
-def test_fork_and_spawn_strategies_in_interactive_session(strategy: str) -> None:
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook"])
+def test_fork_strategies_in_interactive_session(strategy: str) -> None:
     result = plan(strategy=strategy, devices=2, machine=NOTEBOOK)
     assert (result.strategy, result.start_method) == (strategy, REGISTRY_TABLE[strategy][1])
 
 
 def test_popen_strategy_instance_in_interactive_session_names_the_class() -> None:
     message = raises(
-        ValueError, "DDPStrategy", "interactive session", strategy=DDPStrategy(), devices=2, machine=NOTEBOOK
+        RuntimeError, "DDPStrategy", "interactive environment", strategy=DDPStrategy(), devices=2, machine=NOTEBOOK
     )
     assert "'instance'" not in message
+
+
+@pytest.mark.parametrize("strategy", ["ddp_fork", "ddp_notebook", DDPStrategy(start_method="fork")])
+def test_fork_where_the_platform_cannot(strategy: Any) -> None:
+    raises(
+        ValueError,
+        "process forking is not supported on this platform",
+        "`Fabric(strategy='ddp_spawn')`",
+        strategy=strategy,
+        machine=Machine(can_fork=False),
+    )
+
+
+@pytest.mark.parametrize("strategy", ["DDP", "Ddp", "DDP_Spawn"])
+def test_strategy_names_are_case_insensitive(strategy: str) -> None:
+    assert plan(strategy=strategy, devices=2).strategy == strategy.lower()
 
 
 # ------------------------------------------------------------------------------------------------- precision
@@ -583,6 +599,7 @@ def test_legacy_precision(precision: Any, expected: str, warns: bool) -> None:
         assert len(result.warnings) == 1
         assert f"precision={precision!r}" in result.warnings[0]
         assert f"write precision={expected!r}" in result.warnings[0]
+        assert f"Please set your precision to {expected} instead!" in result.warnings[0]  # Lightning's words
     else:
         assert result.warnings == ()
 
@@ -601,7 +618,7 @@ def test_precision_16_mixed_on_cpu_becomes_bf16(precision: Any, expected: str, n
     assert result.precision == expected
     assert len(result.warnings) == n_warnings
     if n_warnings:
-        assert "precision='16-mixed' on the CPU runs as precision='bf16-mixed'" in result.warnings[-1]
+        assert "AMP with fp16 is not supported on CPU. Using `precision='bf16-mixed'`" in result.warnings[-1]
         assert "plugins=[MixedPrecision('16-mixed', 'cpu')]" in result.warnings[-1]
 
 
@@ -1249,3 +1266,212 @@ def test_manual_multi_node_needs_the_main_address_and_port() -> None:
 def test_a_stray_local_rank_is_an_error_not_a_hang() -> None:
     with pytest.raises(ValueError, match=r"LOCAL_RANK='0' is set.*WORLD_SIZE and MASTER_PORT are not set"):
         resolve_plan(accelerator="cpu", devices=2, env={"LOCAL_RANK": "0"}, machine=Machine())
+
+
+def test_a_cluster_environment_plugin_that_started_the_processes_needs_no_launcher_variables() -> None:
+    class Started(LightningEnvironment):
+        @property
+        def creates_processes_externally(self) -> bool:
+            return True
+
+    result = plan(accelerator="cpu", strategy="ddp", devices=2, plugins=[Started()], env={"LOCAL_RANK": "0"})
+    assert type(result.cluster_environment) is Started and result.start_method is None and result.world_size == 2
+
+
+# ------------------------------------------------------------------------- Lightning's resolution, as Lightning
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "devices"),
+    [("cuda", 0), ("mps", "0"), ("cpu", []), ("tpu", 0), (CUDAAccelerator(), 0), ("gpu", [])],
+)
+def test_devices_selecting_nothing_are_refused_before_the_accelerator_is_looked_at(
+    accelerator: Any, devices: Any
+) -> None:
+    raises(
+        ValueError,
+        f"`Fabric(devices={devices!r})` value is not a valid input using",
+        accelerator=accelerator,
+        devices=devices,
+    )
+
+
+def test_an_accelerator_this_machine_lacks_is_named_as_lightning_names_it() -> None:
+    raises(
+        RuntimeError,
+        "`CUDAAccelerator` can not run on your system since the accelerator is not available",
+        accelerator="cuda",
+    )
+    raises(RuntimeError, "No supported gpu backend found!", "Available accelerators: ['cpu']", accelerator="gpu")
+
+
+def test_tpu_with_torch_xla_installed_is_an_accelerator_this_machine_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric_lite.accelerators import xla
+
+    monkeypatch.setattr(xla, "_XLA_AVAILABLE", True)
+    raises(RuntimeError, "Fabric(accelerator='tpu'): `XLAAccelerator` can not run on your system", accelerator="tpu")
+
+
+def test_several_gpus_in_a_notebook_use_one_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    notebook = Machine(cuda_devices=4, interactive=True)
+    result = plan(accelerator="cuda", machine=notebook)
+    assert (result.devices, result.strategy) == ((0,), "single_device")
+    (warning,) = result.warnings
+    assert "only 1 of 4 GPUs" in warning and "devices=4" in warning
+    asked = plan(accelerator="cuda", devices=4, machine=notebook)
+    assert (asked.devices, asked.strategy) == ((0, 1, 2, 3), "ddp_fork")
+
+
+def test_a_strategy_instance_brings_its_accelerator() -> None:
+    result = plan(strategy=DDPStrategy(accelerator=CUDAAccelerator()), devices=2, machine=CUDA4)
+    assert (result.accelerator, result.devices) == ("cuda", (0, 1))
+    raises(
+        ValueError,
+        "accelerator set through both DDPStrategy(accelerator=CUDAAccelerator()) and Fabric(accelerator='cpu')",
+        strategy=DDPStrategy(accelerator=CUDAAccelerator()),
+        accelerator="cpu",
+    )
+
+
+def test_a_strategy_instance_brings_its_parallel_devices() -> None:
+    on_cpu = plan(strategy=DDPStrategy(parallel_devices=[torch.device("cpu")] * 3))
+    assert (on_cpu.accelerator, on_cpu.devices, on_cpu.world_size) == ("cpu", (0, 1, 2), 3)
+    on_gpus = plan(strategy=DDPStrategy(parallel_devices=[torch.device("cuda", 2)]), machine=CUDA4)
+    assert (on_gpus.accelerator, on_gpus.devices) == ("cuda", (2,))
+    raises(
+        ValueError,
+        "Fabric(devices=3) selects 3 device(s), but DDPStrategy(parallel_devices=...) has 2",
+        strategy=DDPStrategy(parallel_devices=[torch.device("cpu")] * 2),
+        devices=3,
+    )
+    for accelerator in ("cuda", "tpu"):
+        raises(
+            ValueError,
+            f"CPU parallel_devices set through DDPStrategy class, but accelerator set to {accelerator}",
+            strategy=DDPStrategy(parallel_devices=[torch.device("cpu")]),
+            accelerator=accelerator,
+            machine=CUDA4,
+        )
+
+
+def test_a_strategy_instance_and_a_plugin_setting_the_same_thing_is_an_error() -> None:
+    raises(
+        ValueError,
+        "Fabric(plugins=[DoublePrecision(...)]) and SingleDeviceStrategy(...) with its own Precision(...) both set the"
+        " precision: choose one.",
+        strategy=SingleDeviceStrategy(precision=Precision()),
+        plugins=[DoublePrecision()],
+    )
+    raises(
+        ValueError,
+        "both set the cluster environment",
+        strategy=DDPStrategy(cluster_environment=LightningEnvironment()),
+        plugins=[LightningEnvironment()],
+        devices=2,
+    )
+    assert plan(strategy=SingleDeviceStrategy(precision=DoublePrecision())).precision == "64-true"
+
+
+def test_several_plugins_of_a_kind_are_named_in_lightnings_words() -> None:
+    raises(
+        ValueError,
+        "Received multiple values for Precision, ClusterEnvironment flags in `plugins`",
+        "(Precision: Precision, DoublePrecision; ClusterEnvironment: LightningEnvironment, SLURMEnvironment)",
+        plugins=[Precision(), DoublePrecision(), LightningEnvironment(), SLURMEnvironment(env={})],
+    )
+
+
+def test_model_parallel_refuses_16_mixed_before_the_cpu_would_run_it_as_bf16() -> None:
+    from fabric_lite.strategies import ModelParallelStrategy
+
+    raises(
+        ValueError,
+        "ModelParallelStrategy does not support Fabric(..., precision='16-mixed')",
+        strategy=ModelParallelStrategy(lambda model, mesh: model),
+        precision="16-mixed",
+    )
+    assert plan(strategy=ModelParallelStrategy(lambda model, mesh: model), precision="bf16-mixed").precision == (
+        "bf16-mixed"
+    )
+
+
+class _OwnKind(Accelerator):
+    """A custom accelerator as written for Lightning Fabric: ``name()`` a static method, its own device parsing."""
+
+    @staticmethod
+    def name() -> str:  # type: ignore[override]
+        return "own_kind"
+
+    @staticmethod
+    def parse_devices(devices: Any) -> int:
+        return int(devices)
+
+    @staticmethod
+    def get_parallel_devices(devices: Any) -> list[torch.device]:
+        return [torch.device("cpu")] * devices
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def auto_device_count() -> int:
+        return 3
+
+
+def test_a_custom_accelerator_of_its_own_kind_runs_on_the_devices_it_names() -> None:
+    result = plan(accelerator=_OwnKind(), devices=2)
+    assert (result.accelerator, result.devices, result.strategy, result.world_size) == ("cpu", (0, 1), "ddp", 2)
+    assert plan(accelerator=_OwnKind()).devices == (0, 1, 2)  # its auto_device_count
+    held = plan(strategy=SingleDeviceStrategy(accelerator=_OwnKind()), devices=1)
+    assert (held.accelerator, held.devices) == ("cpu", (0,))
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param({"LT_ACCELERATOR": "cpu", "LT_DEVICES": "2"}, ("cpu", (0, 1), "ddp"), id="fill-defaults"),
+        pytest.param({"LT_STRATEGY": "ddp_spawn", "LT_CLI_USED": "1"}, ("cpu", (0,), "ddp_spawn"), id="strategy"),
+        pytest.param({"LT_ACCELERATOR": "cpu", "LT_CLI_USED": "0"}, ("cpu", (0,), "single_device"), id="not-cli"),
+    ],
+)
+def test_lightnings_cli_variables_are_read(env: dict[str, str], expected: tuple[str, tuple[int, ...], str]) -> None:
+    result = plan(env=env)
+    assert (result.accelerator, result.devices, result.strategy) == expected
+
+
+def test_lightnings_cli_variables_win_unless_its_cli_set_them_and_the_script_disagrees() -> None:
+    # Lightning's rule: the variable replaces the argument; a disagreement is an error only under its CLI
+    assert plan(accelerator="cuda", env={"LT_ACCELERATOR": "cpu"}).accelerator == "cpu"
+    raises(
+        ValueError,
+        "Your code has `Fabric(accelerator='cuda', ...)` but it conflicts with the value `--accelerator=cpu`",
+        "LT_ACCELERATOR='cpu'",
+        accelerator="cuda",
+        env={"LT_ACCELERATOR": "cpu", "LT_CLI_USED": "1"},
+    )
+    raises(ValueError, "`--num_nodes=3`", num_nodes=2, env={"LT_NUM_NODES": "3", "LT_CLI_USED": "1", **MAIN})
+    assert plan(precision="64", env={"LT_PRECISION": "64-true", "LT_CLI_USED": "1"}).precision == "64-true"
+
+
+def test_machine_detect_reads_through_lightnings_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fabric_lite.accelerators import cuda
+
+    monkeypatch.setattr(cuda, "num_cuda_devices", lambda: 3)
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: True))
+    monkeypatch.setattr(torch.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    assert Machine.detect() == Machine(cuda_devices=3, mps_available=True, interactive=False, can_fork=False)
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    assert Machine.detect().cuda_devices == 0
+
+
+def test_a_spawned_child_importing_its_script_is_not_interactive(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    bootstrap, script = types.ModuleType("__main__"), types.ModuleType("__mp_main__")
+    script.__file__ = "train.py"
+    monkeypatch.setitem(sys.modules, "__main__", bootstrap)  # `python -c` or a notebook: no file
+    monkeypatch.delitem(sys.modules, "__mp_main__", raising=False)
+    assert Machine.detect().interactive
+    monkeypatch.setitem(sys.modules, "__mp_main__", script)  # multiprocessing's spawn runs the script under this name
+    assert not Machine.detect().interactive

@@ -261,7 +261,11 @@ def test_lbfgs_with_a_scaler_is_refused() -> None:
     [
         ({"precision": "8-mixed"}, ValueError, "'8-mixed'"),
         ({"plugins": [MixedPrecision("bf16-mixed", "cpu")], "precision": "64-true"}, ValueError, "conflicts"),
-        ({"plugins": [HalfPrecision("16-true"), DoublePrecision()]}, ValueError, "multiple Precision"),
+        (
+            {"plugins": [HalfPrecision("16-true"), DoublePrecision()]},
+            ValueError,
+            r"multiple values for Precision flags in `plugins` \(Precision: HalfPrecision, DoublePrecision\)",
+        ),
     ],
 )
 def test_bad_precision_arguments(arguments: dict, cls: type[Exception], fragment: str) -> None:

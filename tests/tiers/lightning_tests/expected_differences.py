@@ -34,6 +34,149 @@ class Difference:
 EXPECTED: dict[str, Difference] = {
     # --- XLA/TPU (kind xla) ---
     # --- connector, plan, registries, device parsing, accelerators ---
+    "tests_fabric/test_connector.py::test_accelerator_choice_tpu": Difference(
+        "xla",
+        "mocks torch_xla as available (tpu_available) and expects XLAAccelerator and the XLA strategies",
+    ),
+    "tests_fabric/test_connector.py::test_connector_auto_selection": Difference(
+        "xla",
+        (
+            "its TPU steps mock torch_xla as available (mock_tpu_available) and expect XLAAccelerator and "
+            "XLAStrategy to be chosen"
+        ),
+    ),
+    "tests_fabric/test_connector.py::test_connector_with_tpu_accelerator_instance": Difference(
+        "xla",
+        "builds XLAAccelerator() with torch_xla mocked as available (tpu_available)",
+    ),
+    "tests_fabric/test_connector.py::test_unsupported_tpu_choice": Difference(
+        "xla",
+        ("builds XLAAccelerator, XLAStrategy and XLAPrecision with torch_xla mocked as available (tpu_available)"),
+    ),
+    "tests_fabric/test_connector.py::test_xla_fsdp_automatic_strategy_selection": Difference(
+        "xla",
+        "expects strategy='fsdp' on a TPU mocked as available (tpu_available) to become XLAFSDPStrategy",
+    ),
+    "tests_fabric/test_connector.py::test_fallback_from_ddp_spawn_to_ddp_on_cluster[env_vars1-LSFEnvironment]": Difference(  # noqa: E501
+        "private",
+        (
+            "patches Lightning's LSFEnvironment._get_node_rank and _read_hosts, helpers that fabric_lite's "
+            "LSFEnvironment does not have (it reads the rank file itself)"
+        ),
+    ),
+    "tests_fabric/test_connector.py::test_fallback_from_ddp_spawn_to_ddp_on_cluster[env_vars0-SLURMEnvironment]": Difference(  # noqa: E501
+        "documented",
+        (
+            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
+            "Fabric(...), Lightning at launch()"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_ddp_cpu_slurm": Difference(
+        "documented",
+        (
+            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
+            "Fabric(...), Lightning at launch()"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_ddp_slurm[DDPStrategy-some_name-SLURMEnvironment]": Difference(  # noqa: E501
+        "documented",
+        (
+            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
+            "Fabric(...), Lightning at launch()"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_ddp_slurm[auto-some_name-SLURMEnvironment]": Difference(
+        "documented",
+        (
+            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
+            "Fabric(...), Lightning at launch()"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_ddp_slurm[ddp-some_name-SLURMEnvironment]": Difference(
+        "documented",
+        (
+            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
+            "Fabric(...), Lightning at launch()"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_multi_node_gpu": Difference(
+        "documented",
+        (
+            "Fabric(num_nodes=2) without a launcher, MASTER_ADDR or MASTER_PORT is refused at construction (under"
+            " Lightning the nodes' processes would wait for each other until the timeout)"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_devices_from_environment": Difference(
+        "documented",
+        ("num_nodes=3 (from LT_NUM_NODES) without a launcher, MASTER_ADDR or MASTER_PORT is refused at construction"),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_custom_accelerator": Difference(
+        "documented",
+        (
+            "a SingleDeviceStrategy instance with devices=2 is an error, and so is devices=2 in a SLURM task with"
+            " SLURM_NTASKS_PER_NODE=1, at Fabric(...); its custom accelerator (name(), parse_devices, ...) works"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_torchelastic_priority_over_slurm": Difference(
+        "documented",
+        (
+            "asserts SLURMEnvironment.detect() with SLURM_NTASKS set but no srun task (no SLURM_PROCID): "
+            "fabric_lite uses SLURM's variables only in a task srun started"
+        ),
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_fsdp_unsupported_on_cpu": Difference(
+        "documented",
+        "strategy='fsdp' runs on the CPU with gloo in fabric_lite; Lightning refuses it",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_bitsandbytes_precision_cuda_required": Difference(
+        "documented",
+        "BitsandbytesPrecision runs on the CPU too in fabric_lite; Lightning requires CUDA",
+        section="What differs, and why",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_ddp_kubeflow": Difference(
+        "documented",
+        (
+            "KubeflowEnvironment with devices=2 and WORLD_SIZE=20: fabric_lite checks one process per pod "
+            "(devices=1, num_nodes=WORLD_SIZE)"
+        ),
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/test_connector.py::test_strategy_choice_ddp_cpu_kubeflow": Difference(
+        "documented",
+        (
+            "KubeflowEnvironment with devices=2 and WORLD_SIZE=20: fabric_lite checks one process per pod "
+            "(devices=1, num_nodes=WORLD_SIZE)"
+        ),
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/accelerators/test_cuda.py::test_force_nvml_based_cuda_check": Difference(
+        "documented",
+        "importing fabric_lite sets no environment variable (Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1)",
+        section="Beyond the loop: where the other names differ",
+    ),
+    "tests_fabric/strategies/test_registry.py::test_available_strategies_in_registry": Difference(
+        "documented",
+        "STRATEGY_REGISTRY also holds fabric_lite's single_device, horovod and find_unused_parameters aliases",
+        section="What fabric_lite adds",
+    ),
+    "tests_fabric/plugins/precision/test_transformer_engine.py": Difference(
+        "documented",
+        (
+            "TransformerEnginePrecision ('transformer-engine') is not in fabric_lite; the tests mock "
+            "transformer_engine as installed"
+        ),
+        section="What fabric_lite does not have",
+    ),
     # --- Fabric and its wrappers, device/dtype mixin ---
     "tests_fabric/test_fabric.py::test_all_gather": Difference(
         "documented",

@@ -1,0 +1,102 @@
+"""Lightning Fabric's ``_Connector``: ``Fabric(...)``'s arguments resolved into the objects Fabric runs with.
+
+fabric_lite decides in :func:`fabric_lite._plan.resolve_plan` (a pure function) and builds in
+:func:`fabric_lite._build.build_strategy`, which is what ``Fabric.__init__`` calls. :class:`_Connector` is a thin
+adapter over the same two steps with Lightning's constructor and attribute names, for code written against
+Lightning's connector (its tests pin how arguments resolve through it); it decides nothing of its own.
+
+It reads the machine as ``Fabric`` does, through the functions at Lightning's paths
+(``accelerators.cuda.num_cuda_devices``, ``MPSAccelerator.is_available``,
+``torch.multiprocessing.get_all_start_methods``), and treats the session as interactive when ``_IS_INTERACTIVE``
+(Lightning's flag, in this module) says so or when fabric_lite detects it.
+
+Example::
+
+    connector = _Connector(accelerator="cpu", devices=2)
+    connector.strategy, connector.accelerator, connector.precision  # DDPStrategy(...), CPUAccelerator(), Precision()
+    connector._parallel_devices                                     # [device(type='cpu'), device(type='cpu')]
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import replace
+
+import torch
+
+from fabric_lite._build import build_strategy
+from fabric_lite._cli_env import launched_by_cli
+from fabric_lite._hooks import as_list
+from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite.accelerators.accelerator import Accelerator
+from fabric_lite.plugins.environments import ClusterEnvironment
+from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
+from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.utilities.imports import _IS_INTERACTIVE
+
+#: what ``Fabric(plugins=...)`` takes, one of them or an iterable of them
+_PLUGIN_INPUT = Precision | ClusterEnvironment | CheckpointIO
+
+
+class _Connector:
+    """``Fabric(accelerator=, strategy=, devices=, num_nodes=, precision=, plugins=)`` resolved as ``Fabric`` resolves
+    them, with the results under Lightning's names: :attr:`accelerator`, :attr:`strategy`, :attr:`precision`,
+    :attr:`cluster_environment`, :attr:`checkpoint_io`, and the flags ``_accelerator_flag``, ``_strategy_flag``,
+    ``_devices_flag``, ``_num_nodes_flag``, ``_precision_input``, ``_parallel_devices``.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as ``Fabric(...)`` does for the same arguments.
+    """
+
+    def __init__(
+        self,
+        accelerator: str | Accelerator = "auto",
+        strategy: str | Strategy = "auto",
+        devices: list[int] | str | int = "auto",
+        num_nodes: int = 1,
+        precision: str | int | None = "32-true",
+        plugins: _PLUGIN_INPUT | Iterable[_PLUGIN_INPUT] | None = None,
+    ) -> None:
+        plugin_list = as_list(plugins)
+        detected = Machine.detect()
+        machine = replace(detected, interactive=_IS_INTERACTIVE or detected.interactive)
+        plan = resolve_plan(
+            accelerator=accelerator,
+            strategy=strategy,
+            devices=devices,
+            num_nodes=num_nodes,
+            precision=precision,
+            plugins=plugin_list,
+            env=os.environ,
+            machine=machine,
+        )
+        self.strategy: Strategy = build_strategy(plan, strategy, accelerator, plugin_list)
+        if self.strategy.global_rank == 0:
+            for message in plan.warnings:
+                warnings.warn(message, UserWarning, stacklevel=2)
+        assert self.strategy.accelerator is not None  # the build step always sets it
+        self.accelerator: Accelerator = self.strategy.accelerator
+        self.precision: Precision = self.strategy.precision
+        self.cluster_environment: ClusterEnvironment = getattr(
+            self.strategy, "cluster_environment", plan.cluster_environment
+        )
+        self.checkpoint_io: CheckpointIO | None = self.strategy._checkpoint_io
+        self._accelerator_flag: str | Accelerator = plan.accelerator
+        self._strategy_flag: str | Strategy = strategy if isinstance(strategy, Strategy) else plan.strategy
+        self._devices_flag: int | list[int] = len(plan.devices) if plan.accelerator == "cpu" else list(plan.devices)
+        self._num_nodes_flag: int = plan.num_nodes
+        self._precision_input: str = plan.precision
+        parallel_devices = getattr(self.strategy, "parallel_devices", None)
+        self._parallel_devices: list[torch.device] = list(parallel_devices or [self.strategy.root_device])
+
+
+def _is_using_cli() -> bool:
+    """Whether a command-line launcher started this process: ``fabric-lite run``, or Lightning's ``fabric run``
+    (both set ``LT_CLI_USED``)."""
+    return launched_by_cli(os.environ)
+
+
+__all__ = ["_Connector"]

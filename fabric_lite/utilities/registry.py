@@ -1,0 +1,38 @@
+"""Lightning Fabric's ``utilities.registry``: callbacks that other installed packages offer through entry points.
+
+Example::
+
+    # in another package's pyproject.toml:
+    #   [project.entry-points."lightning.pytorch.callbacks_factory"]
+    #   mine = "my_package.callbacks:factory"     # a function returning a callback or a list of them
+    _load_external_callbacks("lightning.pytorch.callbacks_factory")  # [MyCallback()]
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import entry_points
+from typing import Any
+
+_log = logging.getLogger(__name__)
+
+
+def _load_external_callbacks(group: str) -> list[Any]:
+    """The callbacks of every factory registered under the entry-point ``group``: each entry point names a function
+    that returns a callback or a list of callbacks, called here once.
+
+    Args:
+        group: the entry-point group, e.g. ``"lightning.pytorch.callbacks_factory"``.
+    """
+    callbacks: list[Any] = []
+    for entry_point in entry_points(group=group):
+        made = entry_point.load()()
+        found = made if isinstance(made, list) else [made]
+        if found:
+            names = ", ".join(type(callback).__name__ for callback in found)
+            _log.info(f"Adding {len(found)} callbacks from entry point {entry_point.name!r}: {names}")
+        callbacks.extend(found)
+    return callbacks
+
+
+__all__ = ["_load_external_callbacks"]
