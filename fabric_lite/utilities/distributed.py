@@ -476,8 +476,17 @@ def _get_default_process_group_backend_for_device(device: torch.device) -> str:
     return dist.Backend.default_device_backend_map.get(device.type, "gloo")
 
 
-#: torch.distributed's ``group`` (``group.WORLD``), which clients import from here, as from Lightning Fabric
-group = dist.group
+if dist.is_available():
+    #: torch.distributed's ``group`` (``group.WORLD``), which clients import from here, as from Lightning Fabric
+    group = dist.group
+else:  # a build of torch without distributed support
+
+    class group:  # type: ignore[no-redef]
+        """Where torch.distributed is missing: no process group, not even the world."""
+
+        WORLD = None
+
+
 # Lightning Fabric's private names for the functions above (clients' custom strategies import them)
 _distributed_is_initialized = distributed_available
 _gather_all_tensors = gather_all_tensors
