@@ -30,7 +30,7 @@ class LSFEnvironment(_LauncherEnvironment):
     are all set, as in Lightning Fabric. The hosts, address and port are read once, when it is created.
 
     Args:
-        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+        env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
 
     Raises:
         ValueError: no host list (``LSB_DJOB_RANKFILE``/``LSB_HOSTS`` unset or empty), or neither ``MASTER_PORT``

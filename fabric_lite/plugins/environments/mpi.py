@@ -60,7 +60,7 @@ class MPIEnvironment(_LauncherEnvironment):
     ``pip install mpi4py`` (or the ``mpi`` extra).
 
     Args:
-        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+        env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
 
     Raises:
         ModuleNotFoundError: mpi4py is not installed (the message says how to install it).

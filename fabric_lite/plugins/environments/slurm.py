@@ -135,8 +135,9 @@ def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | N
 class SLURMEnvironment(_LauncherEnvironment):
     """Processes started by ``srun`` (directly or inside an ``sbatch`` script); fabric_lite starts none itself.
 
-    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``, the tasks per node
-    (:meth:`tasks_per_node`), the nodes (:meth:`num_nodes`), ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main
+    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS`` (each when asked for; a missing one
+    is then a ``KeyError``, as in Lightning), the tasks per node (:meth:`tasks_per_node`), the nodes
+    (:meth:`num_nodes`), ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main
     address is ``MASTER_ADDR`` or else the first host of ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else
     ``15000 +`` the last four digits of the job id (the same choice as Lightning, so every task computes the same
     port without talking to the others).
@@ -152,8 +153,9 @@ class SLURMEnvironment(_LauncherEnvironment):
 
     A step of several tasks is SLURM's to manage whatever the job is called: ``salloc`` names its allocation
     ``interactive``, and ``srun -n 2 python train.py`` run in it inherits that name (Lightning ignores SLURM there,
-    and every task starts its own processes). Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in
-    any case.
+    and every task starts its own processes). Task variables set by hand outside a job (``SLURM_NTASKS`` without
+    ``SLURM_JOB_ID``) count as in Lightning. Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in any
+    case.
 
     Auto-requeue: with ``auto_requeue=True`` (the default) fabric_lite installs a handler for ``requeue_signal``
     (default ``SIGUSR1``) in every process once the process is set up (``fabric.launch()``). When SLURM sends the
@@ -165,7 +167,9 @@ class SLURMEnvironment(_LauncherEnvironment):
     Args:
         auto_requeue: Whether to requeue the job when ``requeue_signal`` arrives.
         requeue_signal: The signal SLURM sends before the time limit. Defaults to ``SIGUSR1`` (none on Windows).
-        env: The environment variables to read (keyword only). Defaults to a copy of ``os.environ``.
+        env: The environment variables to read (keyword only; a copy is kept). Defaults to this process's
+            ``os.environ``, read at each call; only then do the constructor and :meth:`detect` also warn where
+            ``srun`` is available but did not start this process, as Lightning does.
 
     Example::
 
