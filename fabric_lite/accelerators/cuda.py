@@ -92,6 +92,19 @@ def is_cuda_available() -> bool:
     return num_cuda_devices() > 0
 
 
+def _is_ampere_or_later(device: torch.device | None = None) -> bool:
+    """Whether the CUDA device (default: the current one) is of compute capability 8 or later (Ampere and newer),
+    whose tensor cores run float32 matmuls as TF32 unless ``torch.get_float32_matmul_precision() == "highest"``
+    (Lightning Fabric's private name, which ``get_available_flops`` asks).
+
+    Example::
+
+        _is_ampere_or_later(torch.device("cuda", 0))  # True on an A100 or H100, False on a V100 or T4
+    """
+    major, _ = torch.cuda.get_device_capability(device)
+    return major >= 8
+
+
 def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
     """The indices of visible CUDA GPUs that accept a tensor right now (e.g. not taken by another process in
     exclusive mode), the first ``num_devices`` of them, or all with ``-1``.

@@ -10,6 +10,7 @@ import tempfile
 import warnings
 import weakref
 from argparse import Namespace
+from collections.abc import Sequence
 from typing import Any
 
 from typing_extensions import override
@@ -145,26 +146,31 @@ class _ExperimentWriter:
         # a URL: the whole file is kept here and uploaded whole by every save (object stores cannot append)
         remote = _is_remote(log_dir)
         self._remote_text: str | None = "" if remote else None
-        if remote:
-            fs, fs_path = _filesystem(log_dir)
-            occupied = fs.exists(fs_path) and bool(fs.ls(fs_path))
-            exists, remove, metrics_file = fs.isfile, fs.rm, f"{fs_path.rstrip('/')}/{self.NAME_METRICS_FILE}"
-        else:
-            occupied = os.path.isdir(log_dir) and bool(os.listdir(log_dir))
-            exists, remove, metrics_file = os.path.isfile, os.remove, self.metrics_file_path
-        if occupied:
-            warnings.warn(
-                f"The log folder {log_dir} exists and is not empty. Its metrics.csv, if any, is replaced by this"
-                " run's. Pass another `version` (or none, for the next free one) to keep it.",
-                UserWarning,
-                stacklevel=4,
-            )
-            if exists(metrics_file):
-                remove(metrics_file)
+        self._check_log_dir_exists()
         if not remote:
             os.makedirs(log_dir, exist_ok=True)
         elif not _is_object_store(log_dir):
+            fs, fs_path = _filesystem(log_dir)
             fs.makedirs(fs_path, exist_ok=True)
+
+    def _check_log_dir_exists(self) -> None:
+        """Warn when the folder holds files already, and remove its ``metrics.csv``: this run's replaces it."""
+        if self._remote_text is not None:
+            fs, fs_path = _filesystem(self.log_dir)
+            occupied = fs.exists(fs_path) and bool(fs.ls(fs_path))
+            exists, remove, metrics_file = fs.isfile, fs.rm, f"{fs_path.rstrip('/')}/{self.NAME_METRICS_FILE}"
+        else:
+            occupied = os.path.isdir(self.log_dir) and bool(os.listdir(self.log_dir))
+            exists, remove, metrics_file = os.path.isfile, os.remove, self.metrics_file_path
+        if occupied:
+            warnings.warn(
+                f"Experiment logs directory {self.log_dir} exists and is not empty. Its metrics.csv, if any, is"
+                " replaced by this run's. Pass another `version` (or none, for the next free one) to keep it.",
+                UserWarning,
+                stacklevel=5,
+            )
+            if exists(metrics_file):
+                remove(metrics_file)
 
     def log_metrics(self, metrics: dict[str, Any], step: int) -> None:
         """Buffer one row."""
@@ -181,9 +187,7 @@ class _ExperimentWriter:
             return
         file_exists = os.path.isfile(self.metrics_file_path)
         if new_keys and file_exists:
-            with open(self.metrics_file_path, newline="") as file:
-                rows = [*csv.DictReader(file), *self.metrics]
-            self._replace_file(rows)
+            self._rewrite_with_new_header(self.metrics_keys, self.metrics)
         else:
             with open(self.metrics_file_path, "a" if file_exists else "w", newline="") as file:
                 writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
@@ -207,13 +211,17 @@ class _ExperimentWriter:
         self._remote_text = text.getvalue()
         self.metrics = []
 
-    def _replace_file(self, rows: list[dict[str, Any]]) -> None:
+    def _rewrite_with_new_header(self, fieldnames: list[str], new_rows: Sequence[dict[str, Any]] = ()) -> None:
+        """Rewrite the local file with the header ``fieldnames`` (its rows keep their values; new columns are
+        empty), followed by ``new_rows``."""
+        with open(self.metrics_file_path, newline="") as file:
+            rows = [*csv.DictReader(file), *new_rows]
         # write a new file and move it over the old one, so that an interruption never leaves half a file
         handle, temporary = tempfile.mkstemp(prefix=".metrics-", suffix=".csv", dir=self.log_dir)
         try:
             os.chmod(temporary, stat.S_IMODE(os.stat(self.metrics_file_path).st_mode))  # mkstemp makes it 0600
             with os.fdopen(handle, "w", newline="") as file:
-                writer = csv.DictWriter(file, fieldnames=self.metrics_keys)
+                writer = csv.DictWriter(file, fieldnames=fieldnames)
                 writer.writeheader()
                 writer.writerows(rows)
             os.replace(temporary, self.metrics_file_path)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import importlib.util
 import io
 import os
 import time
@@ -26,20 +25,24 @@ from fabric_lite.loggers._folder import _FolderLogger
 from fabric_lite.loggers._metrics import _to_scalars
 from fabric_lite.loggers.logger import _DummyExperiment
 from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote
+from fabric_lite.utilities.imports import _Availability
 from fabric_lite.utilities.types import _PATH
 
 _Backend = Literal["tensorboard", "tensorboardX"]
 
 
+#: whether ``tensorboard`` / ``tensorboardX`` is installed (Lightning's names; looked up on first use, not imported)
+_TENSORBOARD_AVAILABLE = _Availability("tensorboard")
+_TENSORBOARDX_AVAILABLE = _Availability("tensorboardX")
+
+
 def _installed_backend() -> _Backend | None:
     """``"tensorboard"`` (written through ``torch.utils.tensorboard``) when installed, else ``"tensorboardX"`` when
     that is, else ``None``. Looks the packages up without importing them."""
-    for backend in ("tensorboard", "tensorboardX"):
-        try:
-            if importlib.util.find_spec(backend) is not None:
-                return backend
-        except (ImportError, ValueError):  # a broken or half-imported package counts as missing
-            continue
+    if _TENSORBOARD_AVAILABLE:
+        return "tensorboard"
+    if _TENSORBOARDX_AVAILABLE:
+        return "tensorboardX"
     return None
 
 
@@ -212,15 +215,26 @@ class TensorBoardLogger(_FolderLogger):
         from fabric_lite.wrappers import _unwrap_objects
 
         input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
-        if not isinstance(input_array, (Tensor, tuple)):
-            warnings.warn(
-                f"TensorBoardLogger.log_graph could not trace the model: the example input is {type(input_array)}."
-                " Pass input_array=<a tensor, or a tuple of the forward's positional arguments>.",
-                UserWarning,
-                stacklevel=2,
-            )
+        model = _unwrap_objects(model)
+        if input_array is None:
+            problem = "`model.example_input_array` is not set and no `input_array` was given"
+        elif not isinstance(input_array, (Tensor, tuple)):
+            problem = f"the example input has type {type(input_array)}, which can't be traced by TensorBoard"
+        else:
+            before = getattr(model, "_on_before_batch_transfer", None)
+            transfer = getattr(model, "_apply_batch_transfer_handler", None)
+            if callable(before) and callable(transfer):
+                # a LightningModule: its batch hooks prepare the input and move it to the module's device, as for
+                # a batch
+                input_array = transfer(before(input_array))
+            self.experiment.add_graph(model, input_array)
             return
-        self.experiment.add_graph(_unwrap_objects(model), input_array)
+        warnings.warn(
+            f"Could not log computational graph to TensorBoard: {problem}. Pass input_array=<a tensor, or a tuple of"
+            " the forward's positional arguments>.",
+            UserWarning,
+            stacklevel=2,
+        )
 
     @override
     def save(self) -> None:
@@ -234,6 +248,7 @@ class TensorBoardLogger(_FolderLogger):
         folder)."""
         if self._experiment is None:
             return
+        self._experiment.flush()
         if self._at_exit is not None:
             self._at_exit()  # closes the writer, once
         self._experiment = None

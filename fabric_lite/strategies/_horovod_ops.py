@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from fabric_lite.utilities._collectives.ops import _MEAN
+from fabric_lite.utilities.types import ReduceOp as _ReduceOp
 
-_ReduceOp = torch.distributed.ReduceOp
 # Horovod matches the processes' collectives by name; these run one at a time, so a fixed name per kind is unique
 BROADCAST_NAME = "fabric_lite.broadcast"
 _REDUCE_NAME = "fabric_lite.all_reduce"

@@ -22,7 +22,7 @@ from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 if TYPE_CHECKING:
     from fabric_lite.plugins.environments import ClusterEnvironment
 
-_ReduceOp = torch.distributed.ReduceOp
+_ReduceOp = ReduceOp
 #: the reductions over the replicas' values; ``mean`` is ``_collectives``' marker for an average
 _DP_REDUCE_OPS = ("mean", "sum", "max", "min", "product")
 

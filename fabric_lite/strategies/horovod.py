@@ -37,7 +37,7 @@ HOROVOD_INSTALL = (
     "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1"
     " HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation horovod==0.28.1"
 )
-_ReduceOp = torch.distributed.ReduceOp
+_ReduceOp = ReduceOp
 # while gradient sync is blocked, Horovod's per-parameter countdown starts here, so its hooks never fire an all-reduce
 _NEVER = 1 << 30
 

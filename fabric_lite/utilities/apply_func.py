@@ -54,8 +54,10 @@ def _move(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
         return leaf.to(device, non_blocking=non_blocking)
     to = getattr(leaf, "to", None)
     if callable(to) and not isinstance(leaf, type):
-        # any object with a ``.to(device)`` method, as in Lightning (e.g. a custom batch class)
-        return to(device)
+        # any object with a ``.to(device)`` method, as in Lightning (e.g. a custom batch class); one that moves
+        # itself in place and forgets to return ``self`` is kept, not replaced by ``None``
+        moved = to(device)
+        return leaf if moved is None else moved
     return leaf
 
 

@@ -566,8 +566,17 @@ def _is_dtensor(tensor: Any) -> TypeGuard[DTensor]:
     return isinstance(tensor, DTensor)
 
 
-#: torch.distributed's ``group`` (``group.WORLD``), which clients import from here, as from Lightning Fabric
-group = dist.group
+if dist.is_available():
+    #: torch.distributed's ``group`` (``group.WORLD``), which clients import from here, as from Lightning Fabric
+    group = dist.group
+else:  # a build of torch without distributed support
+
+    class group:  # type: ignore[no-redef]
+        """Where torch.distributed is missing: no process group, not even the world."""
+
+        WORLD = None
+
+
 # Lightning Fabric's private names for the functions above (clients' custom strategies import them)
 _distributed_is_initialized = distributed_available
 _gather_all_tensors = gather_all_tensors

@@ -24,3 +24,20 @@ class InvalidReduceOpError(ValueError, AttributeError):
 
     A ``ValueError``; also an ``AttributeError`` because that is what Lightning Fabric raises for the same input.
     """
+
+
+class MissingEnvironmentVariableError(KeyError, RuntimeError):
+    """A cluster environment was asked for a value whose environment variable is not set.
+
+    A ``KeyError``, as Lightning Fabric raises for the same call, and a ``RuntimeError``; unlike a plain ``KeyError``
+    its message reads as a sentence.
+
+    Example::
+
+        SLURMEnvironment(env={}).world_size()
+        # MissingEnvironmentVariableError: The environment variable SLURM_NTASKS is not set, but SLURMEnvironment
+        # needs it. Start the script with the launcher that sets it, or set SLURM_NTASKS yourself.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -49,7 +49,11 @@ class _Availability:
     def _check(self) -> str | None:
         if not self._checked:
             self._checked = True
-            if importlib.util.find_spec(self.module) is None:
+            try:
+                spec = importlib.util.find_spec(self.module)
+            except (ImportError, ValueError):  # a broken or half-imported package counts as missing
+                spec = None
+            if spec is None:
                 self._reason = f"the package {self.package!r} is not installed: pip install {self.package}"
             elif self.min_version is not None:
                 try:

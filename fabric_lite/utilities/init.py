@@ -63,7 +63,7 @@ def _has_meta_device_parameters_or_buffers(obj: Module | Optimizer, recurse: boo
         return any(p.is_meta for group in obj.param_groups for p in group["params"] if isinstance(p, Parameter))
     if isinstance(obj, Module):
         return any(t.is_meta for t in itertools.chain(obj.parameters(recurse=recurse), obj.buffers(recurse=recurse)))
-    raise TypeError(f"Expected a torch.nn.Module or a torch.optim.Optimizer, got {type(obj).__name__}: {obj!r}")
+    raise TypeError(f"Expected `torch.nn.Module` or `torch.optim.Optimizer`, got {type(obj).__name__}: {obj!r}")
 
 
 def _materialize(module: Module, device: _DEVICE) -> None:

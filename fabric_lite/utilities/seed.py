@@ -15,29 +15,43 @@ from fabric_lite.utilities.rank_zero import _get_rank, rank_prefixed_message, ra
 
 log = logging.getLogger(__name__)
 
-# Written by seed_everything so that processes started later (script re-run, spawn, dataloader workers) see it.
-ENV_SEED = "FABRIC_LITE_GLOBAL_SEED"
-ENV_SEED_WORKERS = "FABRIC_LITE_SEED_WORKERS"
+# Written by seed_everything so that processes started later (script re-run, spawn, dataloader workers) see it:
+# Lightning's names, so that a job started with PL_GLOBAL_SEED=2020 is seeded with 2020 under either library
+ENV_SEED = "PL_GLOBAL_SEED"
+ENV_SEED_WORKERS = "PL_SEED_WORKERS"
+#: fabric_lite's earlier names, read (never written) where Lightning's are unset
+_READ_ALIASES = {ENV_SEED: "FABRIC_LITE_GLOBAL_SEED", ENV_SEED_WORKERS: "FABRIC_LITE_SEED_WORKERS"}
 #: the range of seeds NumPy accepts (unsigned 32-bit), as in Lightning
 max_seed_value = 4294967295
 min_seed_value = 0
 _MIN_SEED, _MAX_SEED = min_seed_value, max_seed_value
 
 
+def _read(name: str) -> tuple[str, str] | None:
+    """``(variable, value)`` of ``name``, or of its read alias where ``name`` is unset; ``None`` if neither is set."""
+    for variable in (name, _READ_ALIASES[name]):
+        value = os.environ.get(variable)
+        if value is not None:
+            return variable, value
+    return None
+
+
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
     """Seed ``random``, NumPy and torch (all devices) with ``seed`` and return it.
 
-    The seed is also written to the ``FABRIC_LITE_GLOBAL_SEED`` environment variable, so that processes started
-    afterwards inherit it and ``setup_dataloaders`` seeds its ``DistributedSampler`` with it.
+    The seed is also written to the ``PL_GLOBAL_SEED`` environment variable and ``workers`` to ``PL_SEED_WORKERS``
+    (Lightning's names), so that processes started afterwards inherit them and ``setup_dataloaders`` seeds its
+    ``DistributedSampler`` with it.
 
     Args:
-        seed: an integer in ``[0, 2**32 - 1]``. ``None`` reads ``FABRIC_LITE_GLOBAL_SEED``, or uses 0 if unset.
+        seed: an integer in ``[0, 2**32 - 1]``. ``None`` reads ``PL_GLOBAL_SEED`` (or ``FABRIC_LITE_GLOBAL_SEED``),
+            or uses 0 if unset.
         workers: also give every dataloader worker of loaders set up afterwards its own seed, derived from the
             seed, the worker id and the global rank (via a ``worker_init_fn``, unless the loader has one).
         verbose: log the seed at INFO level.
 
     Raises:
-        ValueError: the seed is out of range or not an integer.
+        ValueError: the seed is out of range or not an integer, also when read from the environment.
 
     Example::
 
@@ -45,16 +59,19 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         seed_everything(42)
     """
     if seed is None:
-        env_seed = os.environ.get(ENV_SEED)
-        if env_seed is None:
+        found = _read(ENV_SEED)
+        if found is None:
             seed = 0
             if verbose:
                 rank_zero_warn(f"No seed found, seed set to {seed}")
         else:
+            variable, env_seed = found
             try:
                 seed = int(env_seed)
             except ValueError:
-                raise ValueError(f"Invalid seed in {ENV_SEED}: {env_seed!r}. Set it to an integer.") from None
+                raise ValueError(
+                    f"Invalid seed specified via {variable}: {env_seed!r}. Set it to an integer, or unset it."
+                ) from None
     elif not isinstance(seed, int) or isinstance(seed, bool):
         try:
             seed = int(seed)
@@ -62,7 +79,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
             raise ValueError(f"seed_everything(seed={seed!r}): the seed must be an integer, e.g. 42.") from None
     if not _MIN_SEED <= seed <= _MAX_SEED:
         raise ValueError(
-            f"seed_everything(seed={seed}) is out of range: NumPy accepts {_MIN_SEED} to {_MAX_SEED}."
+            f"seed_everything(seed={seed}): {seed} is not in bounds, NumPy accepts {_MIN_SEED} to {_MAX_SEED}."
             f" Use e.g. seed % {_MAX_SEED + 1}."
         )
     if verbose:
@@ -77,19 +94,21 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
 
 def reset_seed() -> None:
     """Seed every generator again with the seed :func:`seed_everything` last set (in this process or an ancestor),
-    with the same ``workers`` setting; nothing happens when it was never called.
+    with the same ``workers`` setting, read from ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS``; nothing happens when it
+    was never called.
 
     Example::
 
         seed_everything(42)
         ...                # draw random numbers
         reset_seed()       # the generators are back to their state right after seed_everything(42)
+
+    Raises:
+        ValueError: ``PL_GLOBAL_SEED`` is not an integer in range.
     """
-    seed = os.environ.get(ENV_SEED)
-    if seed is None:
+    if _read(ENV_SEED) is None:
         return
-    workers = os.environ.get(ENV_SEED_WORKERS, "0")
-    seed_everything(int(seed), workers=bool(int(workers)), verbose=False)
+    seed_everything(None, workers=seed_workers_requested(), verbose=False)  # an invalid value raises, naming it
 
 
 def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
@@ -137,29 +156,30 @@ def _generate_seed_sequence(base_seed: int, worker_id: int, global_rank: int, co
 
 
 def global_seed() -> int | None:
-    """The seed set by :func:`seed_everything` in this process or an ancestor, if any.
+    """The seed set by :func:`seed_everything` in this process or an ancestor (``PL_GLOBAL_SEED``), if any.
 
     Example::
 
         seed_everything(7)
         global_seed()  # 7
     """
-    value = os.environ.get(ENV_SEED)
+    found = _read(ENV_SEED)
     try:
-        return int(value) if value is not None else None
+        return int(found[1]) if found is not None else None
     except ValueError:
         return None
 
 
 def seed_workers_requested() -> bool:
-    """Whether :func:`seed_everything` was called with ``workers=True``.
+    """Whether :func:`seed_everything` was called with ``workers=True`` (``PL_SEED_WORKERS=1``).
 
     Example::
 
         seed_everything(7, workers=True)
         seed_workers_requested()  # True
     """
-    return os.environ.get(ENV_SEED_WORKERS) == "1"
+    found = _read(ENV_SEED_WORKERS)
+    return found is not None and found[1] == "1"
 
 
 def worker_init_function(worker_id: int, rank: int = 0) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from fabric_lite.accelerators import cuda
 from fabric_lite.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
 if TYPE_CHECKING:
@@ -407,7 +408,7 @@ def get_available_flops(device: torch.device, dtype: torch.dtype | str) -> int |
         return None
     tf32 = (
         dtype is torch.float32
-        and torch.cuda.get_device_capability(device)[0] >= 8
+        and cuda._is_ampere_or_later(device)  # through the module: Lightning's tests patch it there
         and torch.get_float32_matmul_precision() != "highest"
     )
     return _cuda_flops(torch.cuda.get_device_name(device), dtype, tf32)

@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+import enum
 import os
 from collections import defaultdict
 from collections.abc import Callable
@@ -23,14 +24,28 @@ _DEVICE: TypeAlias = torch.device | str | int
 _MAP_LOCATION_TYPE: TypeAlias = (
     _DEVICE | Callable[[torch.UntypedStorage, str], torch.UntypedStorage | None] | dict[_DEVICE, _DEVICE] | None
 )
-ReduceOp = torch.distributed.ReduceOp
 if torch.distributed.is_available():
-    from torch.distributed import ProcessGroup
+    from torch.distributed import ProcessGroup as ProcessGroup
+    from torch.distributed import ReduceOp as ReduceOp
 
     RedOpType: TypeAlias = ReduceOp.RedOpType
-else:  # a build of torch without distributed support
+else:  # a build of torch without distributed support: importing fabric_lite must still work
+
+    class _RedOpType(enum.Enum):
+        """torch's reduce operations by name, so that the tables keyed by them build without torch.distributed."""
+
+        SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = range(9)
+
+    class _ReduceOp:
+        """A stand-in for ``torch.distributed.ReduceOp``: its members, and no collective to use them with."""
+
+        RedOpType = _RedOpType
+        SUM, AVG, PRODUCT, MIN, MAX = _RedOpType.SUM, _RedOpType.AVG, _RedOpType.PRODUCT, _RedOpType.MIN, _RedOpType.MAX
+        BAND, BOR, BXOR, PREMUL_SUM = _RedOpType.BAND, _RedOpType.BOR, _RedOpType.BXOR, _RedOpType.PREMUL_SUM
+
+    ReduceOp = _ReduceOp  # type: ignore[misc,assignment]
+    RedOpType = _RedOpType  # type: ignore[misc,assignment]
     ProcessGroup = Any  # type: ignore[misc,assignment]
-    RedOpType = object  # type: ignore[misc,assignment]
 TBroadcast = TypeVar("TBroadcast")
 TReduce = TypeVar("TReduce")
 

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
 
@@ -38,6 +39,16 @@ def disable_possible_user_warnings(module: str = "") -> None:
         disable_possible_user_warnings("fabric_lite.strategies")  # only from the strategies
     """
     warnings.filterwarnings("ignore", module=module, category=PossibleUserWarning)
+
+
+def _is_path_in_lightning(path: Path) -> bool:
+    """Whether ``path`` looks like a file of the Lightning package: its absolute form contains ``"lightning"``.
+
+    Lightning's private helper for its ``warnings.formatwarning`` (which fabric_lite does not install), kept under its
+    name for code that imports it. As Lightning's, it is naive: ``Path("/a/b/lightning")`` and any path under a
+    folder named ``lightning`` count.
+    """
+    return "lightning" in str(path.absolute())
 
 
 __all__ = ["LightningDeprecationWarning", "PossibleUserWarning", "disable_possible_user_warnings"]

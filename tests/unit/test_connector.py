@@ -126,7 +126,12 @@ def test_lightnings_cli_variables_through_the_connector(monkeypatch: pytest.Monk
 
 
 def test_a_slurm_task_through_the_connector(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "1"}.items():
+    for name, value in {
+        "SLURM_NTASKS": "2",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_NODEID": "0",
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("SLURM_LOCALID", "1")
     monkeypatch.setenv("SLURM_JOB_NAME", "train")

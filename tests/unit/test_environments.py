@@ -221,12 +221,15 @@ def test_torchelastic_getters() -> None:
 
 
 def test_torchelastic_defaults() -> None:
-    environment = TorchElasticEnvironment(env=without(TORCHRUN, "GROUP_RANK", "MASTER_ADDR", "LOCAL_WORLD_SIZE"))
-    assert (environment.node_rank(), environment.main_address, environment.local_world_size()) == (
-        0,
-        "127.0.0.1",
-        None,
+    environment = TorchElasticEnvironment(
+        env=without(TORCHRUN, "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
     )
+    assert (environment.node_rank(), environment.local_world_size()) == (0, None)
+    # torchrun always sets the address and port: without them Lightning's defaults, with its warnings
+    with pytest.warns(UserWarning, match="MASTER_ADDR environment variable is not defined"):
+        assert environment.main_address == "127.0.0.1"
+    with pytest.warns(UserWarning, match="MASTER_PORT environment variable is not defined"):
+        assert environment.main_port == 12910
 
 
 def test_torchelastic_setters_change_nothing() -> None:
@@ -253,16 +256,16 @@ def test_torchelastic_detect(env: dict[str, str], expected: bool) -> None:
 @pytest.mark.parametrize(
     ("missing", "getter"),
     [
-        pytest.param("MASTER_PORT", lambda e: e.main_port, id="MASTER_PORT"),
         pytest.param("WORLD_SIZE", lambda e: e.world_size(), id="WORLD_SIZE"),
         pytest.param("RANK", lambda e: e.global_rank(), id="RANK"),
         pytest.param("LOCAL_RANK", lambda e: e.local_rank(), id="LOCAL_RANK"),
     ],
 )
 def test_torchelastic_missing_variable(missing: str, getter: Any) -> None:
-    environment = TorchElasticEnvironment(env=without(TORCHRUN, missing))
+    environment = TorchElasticEnvironment(env=without(TORCHRUN, missing))  # constructs: variables are read lazily
     with pytest.raises(RuntimeError) as excinfo:
         getter(environment)
+    assert isinstance(excinfo.value, KeyError)  # Lightning's class for a missing variable
     message = str(excinfo.value)
     assert f"The environment variable {missing} is not set" in message
     assert "TorchElasticEnvironment needs it" in message
@@ -368,8 +371,11 @@ def test_slurm_setters_change_nothing() -> None:
     assert (environment.world_size(), environment.global_rank()) == (8, 6)
 
 
-def test_slurm_node_rank_defaults_to_zero() -> None:
-    assert SLURMEnvironment(env=without(SLURM, "SLURM_NODEID")).node_rank() == 0
+def test_slurm_node_rank_needs_slurm_nodeid() -> None:
+    # srun sets SLURM_NODEID in every task; as in Lightning, the node rank is not guessed without it
+    environment = SLURMEnvironment(env=without(SLURM, "SLURM_NODEID"))
+    with pytest.raises(KeyError, match="The environment variable SLURM_NODEID is not set"):
+        environment.node_rank()
 
 
 @pytest.mark.parametrize(
@@ -449,8 +455,11 @@ def test_slurm_main_address_empty_node_list() -> None:
     ("env", "expected"),
     [
         pytest.param(SLURM, True, id="srun"),
-        # SLURM sets SLURM_PROCID for every task: without it this is an salloc shell, not a task
-        pytest.param({"SLURM_NTASKS": "1"}, False, id="only-NTASKS-is-not-a-task"),
+        # SLURM sets SLURM_PROCID for every task: without it, in a job, this is an salloc shell, not a task
+        pytest.param({"SLURM_NTASKS": "2", "SLURM_JOB_ID": "7"}, False, id="NTASKS-in-a-job-without-a-task"),
+        # variables set by hand, without a job: Lightning's rule (SLURM_NTASKS, and not an interactive job name)
+        pytest.param({"SLURM_NTASKS": "2"}, True, id="only-NTASKS-by-hand"),
+        pytest.param({"SLURM_NTASKS": "2", "SLURM_JOB_NAME": "bash"}, False, id="only-NTASKS-by-hand-bash"),
         pytest.param({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, True, id="NTASKS-and-PROCID"),
         pytest.param({**SLURM, "SLURM_JOB_NAME": "train"}, True, id="batch-job-name"),
         pytest.param({**SLURM, "SLURM_JOB_NAME": "bash"}, False, id="job-name-bash"),
@@ -786,12 +795,13 @@ def test_env_mapping_is_copied(cls: type[ClusterEnvironment]) -> None:
         pytest.param(SLURMEnvironment, "SLURM_PROCID", lambda e: e.global_rank(), 3, id="SLURM"),
     ],
 )
-def test_default_env_is_a_snapshot_of_os_environ(
+def test_default_env_is_os_environ_read_at_each_call(
     monkeypatch: pytest.MonkeyPatch, cls: type[ClusterEnvironment], variable: str, getter: Any, expected: int
 ) -> None:
-    monkeypatch.setenv(variable, str(expected))
-    environment = cls()
+    # as in Lightning: a variable set (or changed) after the environment was created counts
     monkeypatch.setenv(variable, "7")
+    environment = cls()
+    monkeypatch.setenv(variable, str(expected))
     assert getter(environment) == expected
 
 
@@ -886,6 +896,11 @@ def comparison_cases(tmp: Path) -> list[tuple[str, str, dict[str, str], dict[str
         "local_rank": 1,
         "node_rank": 0,
     }
+    # launcher environments constructed where nothing is set: every rank is an error when read
+    missing = {"creates_processes_externally": True, "world_size": "error", "global_rank": "error"}
+    missing |= {"local_rank": "error", "node_rank": "error"}
+    getters_of_torchrun = {"creates_processes_externally": True, "main_address": "10.1.2.3", "main_port": 29400}
+    getters_of_torchrun |= {"world_size": 8, "global_rank": 5, "local_rank": 1, "node_rank": 1}
     return [
         ("kubeflow", "KubeflowEnvironment", KUBEFLOW, {"detect": "NotImplementedError", **kubeflow}),
         (
@@ -930,6 +945,34 @@ def comparison_cases(tmp: Path) -> list[tuple[str, str, dict[str, str], dict[str
             {**lsf_env(tmp / "e", ["batch1", HOST]), "LSB_DJOB_RANKFILE": ""},
             {"detect": True, "construct": "error"},
         ),
+        (
+            "slurm-task",
+            "SLURMEnvironment",
+            SLURM,
+            {
+                "detect": True,
+                **kubeflow,
+                "main_address": "gpu007",
+                "main_port": 15000 + 4321,
+                "world_size": 8,
+                "global_rank": 6,
+                "local_rank": 2,
+                "node_rank": 1,
+            },
+        ),
+        (
+            "slurm-nothing-set",
+            "SLURMEnvironment",
+            {},
+            {"detect": False, **missing, "main_address": "127.0.0.1", "main_port": 12910},
+        ),
+        ("torchelastic", "TorchElasticEnvironment", TORCHRUN, {"detect": True, **getters_of_torchrun}),
+        (
+            "torchelastic-nothing-set",
+            "TorchElasticEnvironment",
+            {},
+            {"detect": False, **missing, "main_address": "127.0.0.1", "main_port": 12910, "node_rank": 0},
+        ),
     ]
 
 
@@ -943,7 +986,7 @@ def observe(python: str | None, impl: str, cases: list[dict[str, Any]], tmp: Pat
 
 
 @pytest.mark.timeout(240)
-def test_kubeflow_and_lsf_report_what_lightning_reports(tmp_path: Path) -> None:
+def test_launcher_environments_report_what_lightning_reports(tmp_path: Path) -> None:
     cases = comparison_cases(tmp_path)
     payload = [{"cls": cls, "env": env} for _, cls, env, _ in cases]
     ours = observe(None, "fabric_lite", payload, tmp_path)
@@ -1074,6 +1117,55 @@ def test_mpi_environment_without_mpi4py_says_how_to_install_it(monkeypatch: pyte
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # as if not installed, even where it is
     with pytest.raises(ModuleNotFoundError, match=r"needs the mpi4py package.*`pip install mpi4py`"):
         MPIEnvironment()
+
+
+class _FakeWorld:
+    """``COMM_WORLD`` of one rank of a job whose ranks run on ``hosts``: rank 0 gathers, and records what it
+    broadcasts in ``sent``; another rank receives those values in order (so rank 0 runs first)."""
+
+    def __init__(self, rank: int, hosts: list[str], sent: list[Any]) -> None:
+        self.rank, self.hosts, self.sent, self.received = rank, hosts, sent, 0
+
+    def Get_rank(self) -> int:  # mpi4py's names
+        return self.rank
+
+    def Get_size(self) -> int:
+        return len(self.hosts)
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        assert obj == self.hosts[self.rank]
+        return list(self.hosts) if self.rank == root else None
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        if self.rank == root:
+            self.sent.append(obj)
+            return obj
+        self.received += 1
+        return self.sent[self.received - 1]
+
+    def Split(self, color: int, key: int) -> Any:
+        local = [r for r, host in enumerate(self.hosts) if host == self.hosts[self.rank]]
+        return type("Local", (), {"Get_rank": lambda _: local.index(key), "Get_size": lambda _: len(local)})()
+
+
+@pytest.mark.parametrize("asked_first", ["main_address", "main_port"])
+def test_mpi_ranks_and_nodes_from_host_names(monkeypatch: pytest.MonkeyPatch, asked_first: str) -> None:
+    hosts = ["b-host", "b-host", "a-host", "a-host", "a-host"]  # node indices follow the sorted names
+    expected = {0: (1, 0), 1: (1, 1), 2: (0, 0), 3: (0, 1), 4: (0, 2)}  # (node rank, local rank)
+    sent: list[Any] = []
+    mains = set()
+    monkeypatch.setattr("fabric_lite.plugins.environments.mpi._MPI4PY_AVAILABLE", True)
+    for rank in range(len(hosts)):  # rank 0 first: the others receive what it broadcast
+        mpi4py = type(sys)("mpi4py")
+        mpi4py.MPI = type("MPI", (), {"COMM_WORLD": _FakeWorld(rank, hosts, sent)})  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "mpi4py", mpi4py)
+        monkeypatch.setattr("socket.gethostname", lambda rank=rank: hosts[rank])
+        environment = MPIEnvironment()
+        assert (environment.node_rank(), environment.local_rank()) == expected[rank]
+        assert (environment.num_nodes(), environment.local_world_size()) == (2, 2 if hosts[rank] == "b-host" else 3)
+        getattr(environment, asked_first)  # whichever a rank asks for first, it is the same broadcast
+        mains.add((environment.main_address, environment.main_port))
+    assert len(sent) == 2 and len(mains) == 1 and next(iter(mains))[0] == "b-host"
 
 
 # -------------------------------------------------------------------------------------------- detection order

@@ -45,3 +45,27 @@ def test_import_emits_no_warning() -> None:
     done = run_python(["-W", "error", "-c", "import fabric_lite"], timeout=60)
     assert done.returncode == 0, done.output
     assert done.stderr == ""
+
+
+WITHOUT_DISTRIBUTED = r"""
+import torch
+import torch.distributed as dist
+for name in [n for n in vars(dist) if not n.startswith("__")]:  # a build of torch without distributed support
+    delattr(dist, name)
+dist.is_available = lambda: False
+import fabric_lite, fabric_lite.strategies, fabric_lite.plugins, fabric_lite.loggers, fabric_lite.utilities
+from fabric_lite.plugins.collectives import TorchCollective
+from fabric_lite.utilities.distributed import group
+from fabric_lite.utilities.types import ReduceOp
+assert group.WORLD is None and ReduceOp.SUM != ReduceOp.MAX
+fabric = fabric_lite.Fabric(accelerator="cpu", devices=1)
+print("imported", fabric.world_size)
+"""
+
+
+def test_import_works_without_torch_distributed() -> None:
+    """A torch built without distributed support (``USE_DISTRIBUTED=0``) still imports fabric_lite and runs one
+    process."""
+    done = run_python(["-c", WITHOUT_DISTRIBUTED], timeout=120)
+    assert done.returncode == 0, done.output
+    assert done.stdout.strip().splitlines()[-1] == "imported 1"

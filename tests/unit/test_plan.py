@@ -25,7 +25,7 @@ from fabric_lite.plugins.environments import (
 from fabric_lite.plugins.precision import DoublePrecision, Precision
 from fabric_lite.strategies import DDPStrategy, SingleDeviceStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from fabric_lite.utilities.exceptions import MisconfigurationException
+from fabric_lite.utilities.exceptions import MisconfigurationException, MissingEnvironmentVariableError
 
 CPU = Machine()
 CUDA4 = Machine(cuda_devices=4)
@@ -831,7 +831,8 @@ def test_torchelastic_mismatch(env: dict[str, str], kwargs: dict[str, Any], frag
 def test_torchelastic_without_world_size_names_the_variable() -> None:
     env = torchelastic_env()
     del env["WORLD_SIZE"]
-    raises(RuntimeError, "WORLD_SIZE", "TorchElasticEnvironment", env=env, num_nodes=2)
+    # a RuntimeError, and the KeyError Lightning raises
+    raises(MissingEnvironmentVariableError, "WORLD_SIZE", "TorchElasticEnvironment", env=env, num_nodes=2)
 
 
 @pytest.mark.parametrize("devices", [pytest.param([0], id="list-0"), pytest.param(-1, id="-1")])

@@ -13,15 +13,22 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fabric_lite import Fabric, seed_everything
-from fabric_lite.utilities.seed import ENV_SEED, ENV_SEED_WORKERS, global_seed, worker_init_function
+from fabric_lite.utilities.seed import (
+    ENV_SEED,
+    ENV_SEED_WORKERS,
+    global_seed,
+    reset_seed,
+    seed_workers_requested,
+    worker_init_function,
+)
 
 _ENV_AT_IMPORT = (os.environ.get(ENV_SEED), os.environ.get(ENV_SEED_WORKERS))
 
 
 @pytest.fixture
 def no_seed(monkeypatch):
-    monkeypatch.delenv(ENV_SEED, raising=False)
-    monkeypatch.delenv(ENV_SEED_WORKERS, raising=False)
+    for name in (ENV_SEED, ENV_SEED_WORKERS, "FABRIC_LITE_GLOBAL_SEED", "FABRIC_LITE_SEED_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def _draw():
@@ -53,6 +60,52 @@ def test_writes_the_environment_variables(no_seed):
     assert os.environ[ENV_SEED_WORKERS] == "0"
     seed_everything(5, workers=True)
     assert os.environ[ENV_SEED] == "5" and os.environ[ENV_SEED_WORKERS] == "1"
+
+
+def test_lightning_variables_are_read_and_written(no_seed, monkeypatch):
+    # a job started with PL_GLOBAL_SEED=2020 is seeded with 2020, as under Lightning; only Lightning's two names are
+    # written (Lightning's own test suite fails a test that leaves any other variable behind)
+    assert (ENV_SEED, ENV_SEED_WORKERS) == ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+    monkeypatch.setenv("PL_GLOBAL_SEED", "2020")
+    before = set(os.environ)
+    assert seed_everything() == 2020
+    assert set(os.environ) - before == {"PL_SEED_WORKERS"}
+    assert (os.environ["PL_GLOBAL_SEED"], os.environ["PL_SEED_WORKERS"]) == ("2020", "0")
+
+
+def test_fabric_lite_variables_are_read_aliases(no_seed, monkeypatch):
+    monkeypatch.setenv("FABRIC_LITE_GLOBAL_SEED", "31")
+    monkeypatch.setenv("FABRIC_LITE_SEED_WORKERS", "1")
+    assert global_seed() == 31 and seed_workers_requested()
+    assert seed_everything() == 31
+    monkeypatch.setenv("PL_GLOBAL_SEED", "32")  # Lightning's name wins
+    assert seed_everything() == 32 and global_seed() == 32
+    assert os.environ["FABRIC_LITE_GLOBAL_SEED"] == "31"  # read, never written
+
+
+@pytest.mark.parametrize("variable", ["PL_GLOBAL_SEED", "FABRIC_LITE_GLOBAL_SEED"])
+def test_an_invalid_seed_variable_raises_naming_it(no_seed, monkeypatch, variable):
+    monkeypatch.setenv(variable, "invalid")
+    with pytest.raises(ValueError, match=f"Invalid seed specified via {variable}: 'invalid'"):
+        seed_everything()
+    with pytest.raises(ValueError, match=f"Invalid seed specified via {variable}"):
+        reset_seed()
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 10e9])
+def test_out_of_bounds_seed_raises(no_seed, seed):
+    with pytest.raises(ValueError, match=f"{int(seed)} is not in bounds, NumPy accepts 0 to 4294967295"):
+        seed_everything(seed)
+
+
+def test_reset_seed_reads_the_variables_a_parent_set(no_seed, monkeypatch):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "11")
+    monkeypatch.setenv("PL_SEED_WORKERS", "1")
+    reset_seed()
+    first = _draw()
+    assert os.environ["PL_SEED_WORKERS"] == "1"
+    seed_everything(11)
+    assert _draw() == first
 
 
 def test_the_environment_is_restored_between_tests():

@@ -384,6 +384,21 @@ def test_move_data_to_device_calls_to_on_objects_but_not_on_classes():
     assert out["cls"] is HasToAsClassAttribute and out["n"] == 1
 
 
+def test_move_data_to_device_keeps_an_object_whose_to_returns_nothing():
+    # a custom batch class whose ``to`` moves in place and forgets ``return self`` stays in the batch (as in Lightning)
+    class MovesInPlace:
+        def __init__(self) -> None:
+            self.moved_to: list[torch.device] = []
+
+        def to(self, device: torch.device) -> None:
+            self.moved_to.append(device)
+
+    item = MovesInPlace()
+    assert move_data_to_device(item, "cpu") is item
+    out = move_data_to_device({"item": item, "t": t1}, torch.device("cpu"))
+    assert out["item"] is item and out["t"] is t1 and item.moved_to == [torch.device("cpu")] * 2
+
+
 def test_move_data_to_device_changes_dtype_never():
     data = [torch.zeros(1, dtype=torch.int16), torch.zeros(1, dtype=torch.bfloat16)]
     out = move_data_to_device(data, "cpu")

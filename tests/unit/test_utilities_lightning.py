@@ -341,6 +341,21 @@ def test_get_available_flops() -> None:
         assert _cuda_flops("NVIDIA H200", torch.float32, tf32=False) is None
 
 
+def test_get_available_flops_asks_is_ampere_or_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning's private _is_ampere_or_later decides TF32; a test (or a client) patching it is heard
+    from fabric_lite.accelerators import cuda
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert cuda._is_ampere_or_later() and cuda._is_ampere_or_later(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert not cuda._is_ampere_or_later()
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    for ampere, flops in ((False, 19.5e12), (True, 156e12)):
+        monkeypatch.setattr(cuda, "_is_ampere_or_later", lambda device=None, ampere=ampere: ampere)
+        assert get_available_flops(torch.device("cuda"), torch.float32) == flops
+
+
 def test_throughput_module_imports_nothing_heavy() -> None:
     code = (
         "import sys; import fabric_lite.utilities.throughput, fabric_lite.utilities.spike,"
@@ -714,3 +729,20 @@ def test_utilities_exports_lightnings_names() -> None:
     assert lightning_all <= set(utilities.__all__)
     assert utilities.rank_zero_only is rank_zero.rank_zero_only and utilities.Throughput is Throughput
     assert utilities.measure_flops is measure_flops and utilities.AttributeDict is data.AttributeDict
+
+
+# ------------------------------------------------------------------------------------- Lightning's private helpers
+def test_is_path_in_lightning_is_lightnings_naive_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fabric_lite.utilities.warnings import _is_path_in_lightning
+
+    monkeypatch.chdir(tmp_path)
+    assert _is_path_in_lightning(Path("/a/b/c/lightning/core/lightning.py"))
+    assert _is_path_in_lightning(Path("/a/b/lightning"))
+    assert not _is_path_in_lightning(Path("/a/b/c/"))
+
+
+def test_has_meta_device_parameters_or_buffers_names_what_it_takes() -> None:
+    from fabric_lite.utilities.init import _has_meta_device_parameters_or_buffers
+
+    with pytest.raises(TypeError, match=r"Expected `torch.nn.Module` or `torch.optim.Optimizer`, got NoneType"):
+        _has_meta_device_parameters_or_buffers(None)  # type: ignore[arg-type]

@@ -12,10 +12,11 @@ from torch import Tensor
 from typing_extensions import Self, override
 
 from fabric_lite.plugins.collectives.collective import Collective
+from fabric_lite.utilities.types import ReduceOp as _ReduceOp
 
-_ReduceOp = dist.ReduceOp
-#: the default timeout of a process group's collectives, as in ``torch.distributed`` (Lightning's name here)
-default_pg_timeout = dist.constants.default_pg_timeout
+#: the default timeout of a process group's collectives, as in ``torch.distributed`` (Lightning's name here; torch's
+#: 30 minutes where torch.distributed is missing)
+default_pg_timeout = dist.constants.default_pg_timeout if dist.is_available() else datetime.timedelta(minutes=30)
 #: what the ``op`` strings name, beyond ``ReduceOp``'s own members (matched case-insensitively)
 _OP_ALIASES = {"MEAN": "AVG", "PROD": "PRODUCT"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -9,16 +10,23 @@ from typing import ClassVar
 
 from typing_extensions import override
 
+from fabric_lite.utilities.exceptions import MissingEnvironmentVariableError
+
+log = logging.getLogger(__name__)
+
 
 class ClusterEnvironment(ABC):
     """Tells fabric_lite the ranks of this process and the address of the main process.
 
     Environments read the variables set by whatever started the process (fabric_lite's own launcher, torchrun,
-    SLURM). They take the environment as a mapping so that they can be built and tested without touching
-    ``os.environ``; by default they read a snapshot of ``os.environ`` taken when they are created.
+    SLURM) when a value is asked for, never when they are created: an environment constructs without error where a
+    variable is missing, and a missing variable it needs is an error (a ``KeyError``, as in Lightning) when read.
+    They take the environment as a mapping so that they can be built and tested without touching ``os.environ``:
+    the planner passes the mapping it plans from.
 
     Args:
-        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+        env: The environment variables to read; a mapping is copied when the environment is created. Defaults to
+            this process's ``os.environ`` itself, read at each call (as Lightning does).
 
     Example::
 
@@ -28,7 +36,8 @@ class ClusterEnvironment(ABC):
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        self._env: dict[str, str] = dict(os.environ if env is None else env)
+        # a mapping passed in is copied, so that what a plan was made from cannot change under it
+        self._env: Mapping[str, str] = os.environ if env is None else dict(env)
 
     @property
     @abstractmethod
@@ -98,7 +107,7 @@ class ClusterEnvironment(ABC):
         """The value of the variable ``name``, which this environment cannot work without."""
         value = self._env.get(name)
         if value is None:
-            raise RuntimeError(
+            raise MissingEnvironmentVariableError(
                 f"The environment variable {name} is not set, but {type(self).__name__} needs it."
                 f" Start the script with the launcher that sets it, or set {name} yourself."
             )
@@ -126,11 +135,13 @@ class _LauncherEnvironment(ClusterEnvironment):
             _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "MY_SIZE", "MY_RANK", "MY_LOCAL_RANK", "MY_NODE"
     """
 
-    #: the variables of the world size, the global rank, the local rank and the node rank (0 when it is unset)
+    #: the variables of the world size, the global rank, the local rank and the node rank
     _WORLD_SIZE: ClassVar[str]
     _GLOBAL_RANK: ClassVar[str]
     _LOCAL_RANK: ClassVar[str]
     _NODE_RANK: ClassVar[str]
+    #: the node rank where its variable is unset (``None``: the variable is required)
+    _NODE_RANK_DEFAULT: ClassVar[int | None] = 0
 
     @property
     @override
@@ -153,7 +164,7 @@ class _LauncherEnvironment(ClusterEnvironment):
 
     @override
     def set_world_size(self, size: int) -> None:
-        pass  # the launcher decides
+        log.debug("%s.set_world_size(%d) ignored: setting world size is not allowed", type(self).__name__, size)
 
     @override
     def global_rank(self) -> int:
@@ -161,7 +172,7 @@ class _LauncherEnvironment(ClusterEnvironment):
 
     @override
     def set_global_rank(self, rank: int) -> None:
-        pass  # the launcher decides
+        log.debug("%s.set_global_rank(%d) ignored: setting global rank is not allowed", type(self).__name__, rank)
 
     @override
     def local_rank(self) -> int:
@@ -169,4 +180,4 @@ class _LauncherEnvironment(ClusterEnvironment):
 
     @override
     def node_rank(self) -> int:
-        return self._int(self._NODE_RANK, 0)
+        return self._int(self._NODE_RANK, self._NODE_RANK_DEFAULT)

@@ -30,7 +30,7 @@ class LSFEnvironment(_LauncherEnvironment):
     are all set, as in Lightning Fabric. The hosts, address and port are read once, when it is created.
 
     Args:
-        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+        env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
 
     Raises:
         ValueError: no host list (``LSB_DJOB_RANKFILE``/``LSB_HOSTS`` unset or empty), or neither ``MASTER_PORT``
@@ -58,7 +58,7 @@ class LSFEnvironment(_LauncherEnvironment):
         rankfile = self._env.get("LSB_DJOB_RANKFILE")
         if rankfile is not None:
             if not rankfile:
-                raise ValueError("The environment variable LSB_DJOB_RANKFILE is empty: LSF names no rank file.")
+                raise ValueError("The environment variable `LSB_DJOB_RANKFILE` is empty: LSF names no rank file.")
             try:
                 with open(rankfile) as handle:
                     entries = [line.strip() for line in handle]
@@ -73,8 +73,8 @@ class LSFEnvironment(_LauncherEnvironment):
             source = "LSB_HOSTS"
         else:
             raise ValueError(
-                "Did not find the environment variable LSB_DJOB_RANKFILE (nor LSB_HOSTS): LSFEnvironment needs the"
-                " job's hosts. Run the script with jsrun inside an LSF job."
+                "Did not find the environment variable `LSB_DJOB_RANKFILE` (nor `LSB_HOSTS`): LSFEnvironment needs"
+                " the job's hosts. Run the script with jsrun inside an LSF job."
             )
         hosts = entries[1:]  # the first entry is the launch node
         if not hosts:
@@ -86,7 +86,7 @@ class LSFEnvironment(_LauncherEnvironment):
             return self._int("MASTER_PORT")
         if "LSB_JOBID" in self._env:
             return self._int("LSB_JOBID") % 1000 + 10000  # every task derives the same port in the 10k+ range
-        raise ValueError("Could not find the job id in the environment variable LSB_JOBID (nor MASTER_PORT is set).")
+        raise ValueError("Could not find job id in environment variable LSB_JOBID, nor MASTER_PORT: set one of them.")
 
     @property
     @override

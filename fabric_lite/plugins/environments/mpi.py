@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 from collections.abc import Mapping
@@ -11,25 +10,33 @@ from typing import Any
 from typing_extensions import override
 
 from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
+from fabric_lite.utilities.imports import _Availability
 
 #: variables that MPI launchers set in the processes they start (Open MPI, MPICH/Hydra and Intel MPI, PMIx,
 #: MVAPICH); without one of them this process was not started by an MPI launcher and mpi4py is never imported
 _LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
 #: variables that hold the world size itself: "1" means a single process, with no need to ask MPI
 _SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+#: whether mpi4py is installed (Lightning's name; checked on first use, without importing it)
+_MPI4PY_AVAILABLE = _Availability("mpi4py")
 _INSTALL_HINT = "Install it with `pip install mpi4py` (or `pip install fabric_lite[mpi]`); it needs an MPI library."
 
 
 def _import_mpi() -> Any:
     """``mpi4py.MPI`` (importing it initialises MPI), or ``ModuleNotFoundError`` saying how to install it."""
-    try:
-        return importlib.import_module("mpi4py.MPI")
-    except ModuleNotFoundError as error:
-        if error.name not in ("mpi4py", "mpi4py.MPI"):
-            raise
-        raise ModuleNotFoundError(
-            f"MPIEnvironment needs the mpi4py package, which is not installed. {_INSTALL_HINT}"
-        ) from error
+    error: ModuleNotFoundError | None = None
+    if _MPI4PY_AVAILABLE:
+        try:
+            from mpi4py import MPI  # type: ignore[import-not-found,unused-ignore]
+
+            return MPI
+        except ModuleNotFoundError as err:
+            if err.name not in ("mpi4py", "mpi4py.MPI"):
+                raise
+            error = err
+    raise ModuleNotFoundError(
+        f"MPIEnvironment needs the mpi4py package, which is not installed. {_INSTALL_HINT}"
+    ) from error
 
 
 def _free_port() -> int:
@@ -53,7 +60,7 @@ class MPIEnvironment(_LauncherEnvironment):
     ``pip install mpi4py`` (or the ``mpi`` extra).
 
     Args:
-        env: The environment variables to read. Defaults to a copy of ``os.environ``.
+        env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
 
     Raises:
         ModuleNotFoundError: mpi4py is not installed (the message says how to install it).
@@ -73,27 +80,28 @@ class MPIEnvironment(_LauncherEnvironment):
         self._comm_local: Any = None
         self._node_rank: int | None = None
         self._num_nodes: int | None = None
-        self._main: tuple[str, int] | None = None
+        self._main_address: str | None = None
+        self._main_port: int | None = None
 
-    def _main_address_and_port(self) -> tuple[str, int]:
-        if self._main is None:
+    def _main(self) -> tuple[str, int]:
+        if self._main_address is None or self._main_port is None:
             # one broadcast for both, so that asking for either first is the same collective on every rank
             mine = (socket.gethostname(), _free_port()) if self._comm_world.Get_rank() == 0 else None
             address, port = self._comm_world.bcast(mine, root=0)
-            self._main = (str(address), int(port))
-        return self._main
+            self._main_address, self._main_port = str(address), int(port)
+        return self._main_address, self._main_port
 
     @property
     @override
     def main_address(self) -> str:
-        """Rank 0's host name (broadcast from rank 0: a collective the first time)."""
-        return self._main_address_and_port()[0]
+        """Rank 0's host name (broadcast from rank 0 with the port: a collective the first time)."""
+        return self._main()[0]
 
     @property
     @override
     def main_port(self) -> int:
-        """A port that was free on rank 0 (broadcast from rank 0: a collective the first time)."""
-        return self._main_address_and_port()[1]
+        """A port that was free on rank 0 (broadcast from rank 0 with the address: a collective the first time)."""
+        return self._main()[1]
 
     @staticmethod
     @override
@@ -110,10 +118,10 @@ class MPIEnvironment(_LauncherEnvironment):
         if sizes and all(size.strip() == "1" for size in sizes):
             return False
         try:
-            mpi = importlib.import_module("mpi4py.MPI")
+            from mpi4py import MPI
         except ImportError:  # not installed, or installed without a working MPI library
             return False
-        return int(mpi.COMM_WORLD.Get_size()) > 1
+        return int(MPI.COMM_WORLD.Get_size()) > 1
 
     @override
     def world_size(self) -> int:
@@ -124,11 +132,12 @@ class MPIEnvironment(_LauncherEnvironment):
         return int(self._comm_world.Get_rank())
 
     def _init_comm_local(self) -> None:
-        # sorted distinct host names: every rank computes the same node index for the same host
-        hosts = self._comm_world.allgather(socket.gethostname())
-        nodes = sorted(set(hosts))
+        # rank 0 sorts the distinct host names and sends them to every rank: the same node index for the same host
+        hostname = socket.gethostname()
+        hosts = self._comm_world.gather(hostname, root=0)  # None on the other ranks
+        nodes = self._comm_world.bcast(sorted(set(hosts)) if hosts is not None else None, root=0)
         self._num_nodes = len(nodes)
-        self._node_rank = nodes.index(socket.gethostname())
+        self._node_rank = nodes.index(hostname)
         self._comm_local = self._comm_world.Split(color=self._node_rank, key=self._comm_world.Get_rank())
 
     @override

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from typing import Any
 from typing_extensions import override
 
 from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
+from fabric_lite.utilities.rank_zero import rank_zero_warn
+from fabric_lite.utilities.warnings import PossibleUserWarning
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,42 @@ def first_host(nodelist: str) -> str:
 
 def _slurm_interactive(env: Mapping[str, str]) -> bool:
     return env.get("SLURM_JOB_NAME") in _INTERACTIVE_JOB_NAMES
+
+
+def _several_task_step(env: Mapping[str, str]) -> bool:
+    """Whether ``srun`` started this process as one task of a step of several, whose tasks are the ranks."""
+    step_tasks = _step_tasks(env)
+    return _in_srun_step(env) and step_tasks is not None and step_tasks > 1
+
+
+def _started_by_srun(env: Mapping[str, str]) -> bool:
+    """Whether SLURM started this process as one task of a job step (see :meth:`SLURMEnvironment.detect`)."""
+    if "SLURM_NTASKS" not in env:
+        return False  # outside SLURM
+    if "SLURM_PROCID" not in env:
+        if "SLURM_JOB_ID" in env:
+            return False  # an salloc shell: SLURM started no task here
+        return not _slurm_interactive(env)  # task variables set by hand: Lightning's rule
+    if not _in_srun_step(env):
+        if env.get("ENVIRONMENT") == "BATCH":
+            return False  # the batch script: one process, not one of the job's tasks
+        return not _slurm_interactive(env)  # task variables set by hand, without step information
+    if _several_task_step(env):
+        return True  # a step of several tasks: they are the ranks, whatever the job is called
+    return not _slurm_interactive(env)
+
+
+def _warn_if_srun_not_used(env: Mapping[str, str]) -> None:
+    """Lightning's hint for a machine where ``srun`` exists but did not start this process (often a forgotten
+    ``srun`` in a batch script, whose processes would then wait for tasks SLURM never starts)."""
+    if sys.platform == "win32" or shutil.which("srun") is None or _started_by_srun(env):
+        return
+    command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
+    rank_zero_warn(
+        "The `srun` command is available on this machine, but is not used. HINT: to run on SLURM, start the"
+        f" script with srun: {command} ...",
+        category=PossibleUserWarning,
+    )
 
 
 def _in_srun_step(env: Mapping[str, str]) -> bool:
@@ -96,8 +135,9 @@ def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | N
 class SLURMEnvironment(_LauncherEnvironment):
     """Processes started by ``srun`` (directly or inside an ``sbatch`` script); fabric_lite starts none itself.
 
-    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS``, the tasks per node
-    (:meth:`tasks_per_node`), the nodes (:meth:`num_nodes`), ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main
+    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS`` (each when asked for; a missing one
+    is then a ``KeyError``, as in Lightning), the tasks per node (:meth:`tasks_per_node`), the nodes
+    (:meth:`num_nodes`), ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main
     address is ``MASTER_ADDR`` or else the first host of ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else
     ``15000 +`` the last four digits of the job id (the same choice as Lightning, so every task computes the same
     port without talking to the others).
@@ -113,8 +153,9 @@ class SLURMEnvironment(_LauncherEnvironment):
 
     A step of several tasks is SLURM's to manage whatever the job is called: ``salloc`` names its allocation
     ``interactive``, and ``srun -n 2 python train.py`` run in it inherits that name (Lightning ignores SLURM there,
-    and every task starts its own processes). Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in
-    any case.
+    and every task starts its own processes). Task variables set by hand outside a job (``SLURM_NTASKS`` without
+    ``SLURM_JOB_ID``) count as in Lightning. Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in any
+    case.
 
     Auto-requeue: with ``auto_requeue=True`` (the default) fabric_lite installs a handler for ``requeue_signal``
     (default ``SIGUSR1``) in every process once the process is set up (``fabric.launch()``). When SLURM sends the
@@ -126,7 +167,9 @@ class SLURMEnvironment(_LauncherEnvironment):
     Args:
         auto_requeue: Whether to requeue the job when ``requeue_signal`` arrives.
         requeue_signal: The signal SLURM sends before the time limit. Defaults to ``SIGUSR1`` (none on Windows).
-        env: The environment variables to read (keyword only). Defaults to a copy of ``os.environ``.
+        env: The environment variables to read (keyword only; a copy is kept). Defaults to this process's
+            ``os.environ``, read at each call; only then do the constructor and :meth:`detect` also warn where
+            ``srun`` is available but did not start this process, as Lightning does.
 
     Example::
 
@@ -138,6 +181,7 @@ class SLURMEnvironment(_LauncherEnvironment):
     """
 
     _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"
+    _NODE_RANK_DEFAULT = None  # srun always sets SLURM_NODEID
 
     def __init__(
         self,
@@ -166,28 +210,32 @@ class SLURMEnvironment(_LauncherEnvironment):
         self.requeue_signal = requeue_signal
         self._previous_handler: Any = None
         self._handler_installed = False
+        if env is None:
+            _warn_if_srun_not_used(self._env)
 
     @staticmethod
-    def job_name() -> str | None:
-        """``SLURM_JOB_NAME`` of this process's ``os.environ``, or ``None``.
+    def job_name(env: Mapping[str, str] | None = None) -> str | None:
+        """``SLURM_JOB_NAME`` of ``env`` (default: this process's ``os.environ``), or ``None``.
 
         Example::
 
             SLURMEnvironment.job_name()  # 'train' in a job submitted with --job-name=train
         """
-        return os.environ.get("SLURM_JOB_NAME")
+        return (os.environ if env is None else env).get("SLURM_JOB_NAME")
 
     @staticmethod
-    def job_id() -> int | None:
-        """``SLURM_JOB_ID`` of ``os.environ`` as an int; ``None`` outside SLURM and in an interactive job.
+    def job_id(env: Mapping[str, str] | None = None) -> int | None:
+        """``SLURM_JOB_ID`` of ``env`` (default: ``os.environ``) as an int; ``None`` outside SLURM and in an
+        interactive job.
 
         Example::
 
             SLURMEnvironment.job_id()  # 4242 inside job 4242; None in a job named 'bash' or 'interactive'
         """
-        if _slurm_interactive(os.environ):
+        env = os.environ if env is None else env
+        if _slurm_interactive(env):
             return None
-        job_id = os.environ.get("SLURM_JOB_ID", "")
+        job_id = env.get("SLURM_JOB_ID", "")
         return int(job_id) if job_id.isdigit() else None
 
     @staticmethod
@@ -272,17 +320,14 @@ class SLURMEnvironment(_LauncherEnvironment):
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
-        env = os.environ if env is None else env
-        if "SLURM_NTASKS" not in env or "SLURM_PROCID" not in env:
-            return False  # outside SLURM, or an salloc shell: SLURM started no task here
-        if not _in_srun_step(env):
-            if env.get("ENVIRONMENT") == "BATCH":
-                return False  # the batch script: one process, not one of the job's tasks
-            return not _slurm_interactive(env)  # task variables set by hand, without step information
-        step_tasks = _step_tasks(env)
-        if step_tasks is not None and step_tasks > 1:
-            return True  # a step of several tasks: they are the ranks, whatever the job is called
-        return not _slurm_interactive(env)
+        """Whether SLURM started this process as one task of a job step (under ``srun``); see the class.
+
+        Called without ``env`` (reading ``os.environ``), it also warns where ``srun`` is available but did not start
+        this process, as Lightning does.
+        """
+        if env is None:
+            _warn_if_srun_not_used(os.environ)
+        return _started_by_srun(os.environ if env is None else env)
 
     def tasks_per_node(self) -> int | None:
         """Tasks of this step on each node; ``None`` when nodes have different counts or SLURM does not say.
@@ -322,23 +367,31 @@ class SLURMEnvironment(_LauncherEnvironment):
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Raise ``ValueError`` where ``devices``/``num_nodes`` disagree with SLURM's tasks per node, nodes or tasks.
+
+        Skipped in an interactive job (named ``bash`` or ``interactive``) unless ``srun`` started this process as
+        one task of several: there the processes are fabric_lite's to start, as in Lightning.
+        """
+        if self.job_name(self._env) in _INTERACTIVE_JOB_NAMES and not _several_task_step(self._env):
+            return
         per_node, source = self._tasks_per_node()
         if per_node is not None and per_node != num_devices:
             raise ValueError(
-                f"Fabric(devices={num_devices}) does not match SLURM's {per_node} tasks per node"
-                f" ({source}, from --ntasks-per-node or -n). Set devices={per_node} (or 'auto'), or ask SLURM for"
-                f" --ntasks-per-node={num_devices}."
+                f"Fabric(devices={num_devices}) does not match SLURM's {per_node} tasks per node ({source}, from"
+                " --ntasks-per-node or -n). Each task is one process, so the number of tasks per node configured in"
+                f" SLURM and `devices` must be equal: {per_node} does not match {num_devices}. Set devices={per_node}"
+                f" (or 'auto'), or ask SLURM for --ntasks-per-node={num_devices}."
             )
         nnodes = self.num_nodes()
         if nnodes is not None and nnodes != num_nodes:
             raise ValueError(
-                f"Fabric(num_nodes={num_nodes}) does not match SLURM's --nodes={nnodes} ({self._nodes_variable()})."
-                f" Set num_nodes={nnodes}, or ask SLURM for --nodes={num_nodes}."
+                f"Fabric(num_nodes={num_nodes}) does not match SLURM's --nodes={nnodes} ({self._nodes_variable()}):"
+                f" the number of nodes configured in SLURM ({nnodes}) does not match num_nodes={num_nodes}. Set"
+                f" num_nodes={nnodes}, or ask SLURM for --nodes={num_nodes}."
             )
-        ntasks = self.world_size()
-        if ntasks != num_devices * num_nodes:
+        if "SLURM_NTASKS" in self._env and self.world_size() != num_devices * num_nodes:
             raise ValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}) asks for {num_devices * num_nodes} processes,"
-                f" but SLURM started {ntasks} tasks (SLURM_NTASKS). Start the script with"
+                f" but SLURM started {self.world_size()} tasks (SLURM_NTASKS). Start the script with"
                 f" `srun --ntasks-per-node={num_devices} --nodes={num_nodes}`, or change devices/num_nodes."
             )

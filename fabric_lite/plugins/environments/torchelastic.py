@@ -8,13 +8,18 @@ from collections.abc import Mapping
 from typing_extensions import override
 
 from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
+from fabric_lite.utilities.rank_zero import rank_zero_warn
+
+#: the port where MASTER_PORT is unset, as in Lightning
+_DEFAULT_PORT = 12910
 
 
 class TorchElasticEnvironment(_LauncherEnvironment):
     """Processes started by torchrun (the torch elastic agent), which fabric_lite never starts itself.
 
-    Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR`` and
-    ``MASTER_PORT``; detected by ``TORCHELASTIC_RUN_ID``. torchrun's settings win: ``devices`` and ``num_nodes``
+    Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (default 0),
+    ``MASTER_ADDR`` and ``MASTER_PORT`` (torchrun sets both; without them ``127.0.0.1`` and 12910, with a warning, as
+    in Lightning); detected by ``TORCHELASTIC_RUN_ID``. torchrun's settings win: ``devices`` and ``num_nodes``
     must agree with them, or :meth:`validate_settings` raises naming both.
 
     Example::
@@ -25,6 +30,20 @@ class TorchElasticEnvironment(_LauncherEnvironment):
     """
 
     _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "WORLD_SIZE", "RANK", "LOCAL_RANK", "GROUP_RANK"
+
+    @property
+    @override
+    def main_address(self) -> str:
+        if "MASTER_ADDR" not in self._env:  # torchrun always sets it
+            rank_zero_warn("MASTER_ADDR environment variable is not defined: using 127.0.0.1 (localhost)")
+        return self._env.get("MASTER_ADDR", "127.0.0.1")
+
+    @property
+    @override
+    def main_port(self) -> int:
+        if "MASTER_PORT" not in self._env:  # torchrun always sets it
+            rank_zero_warn(f"MASTER_PORT environment variable is not defined: using {_DEFAULT_PORT}")
+        return self._int("MASTER_PORT", _DEFAULT_PORT)
 
     @staticmethod
     @override
@@ -59,5 +78,6 @@ class TorchElasticEnvironment(_LauncherEnvironment):
             hint = f" Set num_nodes={world_size // num_devices}." if world_size % num_devices == 0 else ""
             raise ValueError(
                 f"Fabric(devices={num_devices}, num_nodes={num_nodes}) asks for {num_devices * num_nodes} processes,"
-                f" but torchrun started WORLD_SIZE={world_size}.{hint}"
+                f" but torchrun started WORLD_SIZE={world_size}: the product ({num_devices} * {num_nodes}) does not"
+                f" match the world size ({world_size}).{hint}"
             )

@@ -21,8 +21,8 @@ from torch import Tensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
+from fabric_lite.utilities.types import ReduceOp as ReduceOp
 
-ReduceOp = dist.ReduceOp
 _MEAN = "mean"
 
 _REDUCE_OP_NAMES: dict[str, Any] = {
@@ -176,9 +176,11 @@ def _columns(rows: Tensor, buffers: Sequence[Tensor]) -> Iterator[Tensor]:
         offset += size
 
 
-# ``(output, flat, group)``: gather the 1-D ``flat`` of every rank into the 1-D ``output`` of ``world_size *
-# flat.numel()`` elements (torch >= 2.12 renames all_gather_into_tensor to all_gather_single, deprecating the old name)
-_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+def _all_gather_flat(output: Tensor, flat: Tensor, group: Any) -> None:
+    """Gather the 1-D ``flat`` of every rank into the 1-D ``output`` of ``world_size * flat.numel()`` elements."""
+    # torch >= 2.12 renames all_gather_into_tensor to all_gather_single, deprecating the old name
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, flat, group)
 
 
 def _gather_buffers(buffers: Sequence[Tensor], group: Any, world_size: int) -> list[Tensor]:
