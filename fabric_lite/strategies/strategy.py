@@ -24,6 +24,7 @@ from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedS
 from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
 from fabric_lite.utilities.checkpoint import CheckpointError, folders, sharded
+from fabric_lite.utilities.checkpoint.entries import _apply_filter as _apply_filter  # Lightning's path
 from fabric_lite.utilities.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
 from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
@@ -795,8 +796,14 @@ def _set_gradient_sync(module: Module, enabled: bool) -> None:
             unit.set_requires_gradient_sync(enabled, recurse=False)
 
 
+_CHECKPOINT_IO_METHODS = ("save_checkpoint", "load_checkpoint", "remove_checkpoint")
+
+
 def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | None:
-    if io is not None and not isinstance(io, CheckpointIO):
+    """``io`` if it can save, load and remove checkpoints: a ``CheckpointIO``, or any object with those three methods
+    (Lightning accepts any object; a class, a path or a string is a mistake worth naming here)."""
+    missing = [name for name in _CHECKPOINT_IO_METHODS if not callable(getattr(io, name, None))]
+    if io is not None and not isinstance(io, CheckpointIO) and (isinstance(io, type) or missing):
         raise TypeError(
             f"{owner}(checkpoint_io={io!r}) got a {type(io).__name__}: expected an instance of"
             " fabric_lite.plugins.io.CheckpointIO (e.g. TorchCheckpointIO(), or a subclass of your own), or None."
@@ -821,24 +828,3 @@ def _validate_keys_for_strict_loading(
             f"The requested state contains a key {missing[0]!r} that does not exist in the loaded checkpoint (it has"
             f" {sorted(present)}). To load only the keys it has, set `strict=False`."
         )
-
-
-def _apply_filter(
-    key: str, filter: dict[str, Callable[[str, Any], bool]], source_dict: object, target_dict: dict[str, Any]
-) -> None:
-    """Put ``source_dict`` into ``target_dict[key]``; where ``filter`` has a function for ``key`` (and the source is a
-    dict), only the items it keeps, and nothing at all when it keeps none (Lightning Fabric's private helper for
-    ``save_checkpoint(filter=...)``).
-
-    Example::
-
-        target = {}
-        _apply_filter("model", {"model": lambda k, v: "weight" in k}, model.state_dict(), target)
-    """
-    if key in filter and isinstance(source_dict, dict):
-        keep = filter[key]
-        for name, value in source_dict.items():
-            if keep(name, value):
-                target_dict.setdefault(key, {})[name] = value
-    else:
-        target_dict[key] = source_dict

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import os  # noqa: F401  Lightning's path: its tests patch utilities.data.os to set the CPU count
 import random
 from collections.abc import Sized
 from typing import Any, TypeGuard

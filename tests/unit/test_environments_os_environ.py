@@ -206,3 +206,19 @@ def test_mpi_environment_takes_ranks_from_comm_world(monkeypatch: pytest.MonkeyP
         environment = MPIEnvironment()
     assert environment.creates_processes_externally
     assert (environment.world_size(), environment.global_rank()) == (8, 3)
+
+
+@pytest.mark.parametrize("cls", [LightningEnvironment, SLURMEnvironment, TorchElasticEnvironment, KubeflowEnvironment])
+def test_an_environment_reading_os_environ_pickles_and_reads_the_receivers(
+    cls: type, clean_environ: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A strategy sent to a spawned process carries its environment: one that reads ``os.environ`` must pickle (the
+    ``os.environ`` object does not) and read the variables of the process it arrives in."""
+    import pickle
+
+    environment = cls()
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    arrived = pickle.loads(pickle.dumps(environment))
+    assert arrived._env is os.environ and arrived._env["MASTER_ADDR"] == "10.0.0.7"
+    given = pickle.loads(pickle.dumps(cls(env={"MASTER_ADDR": "10.0.0.8"})))
+    assert given._env == {"MASTER_ADDR": "10.0.0.8"}  # a mapping passed in travels as it is

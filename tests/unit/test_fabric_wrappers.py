@@ -188,3 +188,24 @@ def test_a_loader_made_in_the_launched_function_can_be_made_again_around_a_sampl
     assert type(again) is Custom and [batch.tolist() for batch in again] == [[1, 3], [5]]
     with pytest.raises(MisconfigurationException, match=r"The missing attributes are \['size'\]"):
         replace_sampler(Custom(6, batch_size=2), DistributedSampler(range(6), num_replicas=2, rank=1))  # made outside
+
+
+def test_a_filter_that_keeps_nothing_of_an_entry_leaves_the_entry_out(tmp_path: Any) -> None:
+    """As in Lightning: ``save(filter=...)`` writes an entry only where its filter keeps something."""
+    fabric = Fabric(accelerator="cpu", devices=1)
+    model = nn.Linear(2, 2)
+    state = {"model": model, "extra": {"a": 1, "b": "x"}, "step": 3}
+    fabric.save(tmp_path / "ckpt.pt", state, filter={"model": lambda k, v: False, "extra": lambda k, v: k == "a"})
+    assert torch.load(tmp_path / "ckpt.pt", weights_only=True) == {"extra": {"a": 1}, "step": 3}
+
+
+def test_any_object_that_saves_loads_and_removes_is_a_checkpoint_io() -> None:
+    """Lightning takes any object as the checkpoint IO; fabric_lite takes any that has the three methods, and names
+    the mistake otherwise (a class instead of an instance, a path)."""
+    strategy = SingleDeviceStrategy("cpu")
+    io = Mock()  # has every method
+    strategy.checkpoint_io = io
+    assert strategy.checkpoint_io is io
+    for wrong in ("checkpoints/", object(), SingleDeviceStrategy):
+        with pytest.raises(TypeError, match="expected an instance of fabric_lite.plugins.io.CheckpointIO"):
+            strategy.checkpoint_io = wrong  # type: ignore[assignment]

@@ -36,8 +36,15 @@ class ClusterEnvironment(ABC):
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        # a mapping passed in is copied, so that what a plan was made from cannot change under it
-        self._env: Mapping[str, str] = os.environ if env is None else dict(env)
+        # a mapping passed in is copied, so that what a plan was made from cannot change under it; None stands for
+        # this process's os.environ, so that an environment sent to a spawned process reads that process's variables
+        # (and pickles: os.environ itself does not)
+        self._given_env: dict[str, str] | None = None if env is None else dict(env)
+
+    @property
+    def _env(self) -> Mapping[str, str]:
+        """The variables this environment reads: the mapping it was given, else ``os.environ`` as it is now."""
+        return os.environ if self._given_env is None else self._given_env
 
     @property
     @abstractmethod

@@ -15,6 +15,27 @@ from fabric_lite.utilities.types import _Stateful
 PRECISION_KEY = "fabric_lite:precision"
 
 
+def _apply_filter(
+    key: str, filter: dict[str, Callable[[str, Any], bool]], source_dict: object, target_dict: dict[str, Any]
+) -> None:
+    """Put ``source_dict`` into ``target_dict[key]``; where ``filter`` has a function for ``key`` (and the source is a
+    dict), only the items it keeps, and nothing at all when it keeps none (Lightning Fabric's private helper for
+    ``save_checkpoint(filter=...)``).
+
+    Example::
+
+        target = {}
+        _apply_filter("model", {"model": lambda k, v: "weight" in k}, model.state_dict(), target)
+    """
+    if key in filter and isinstance(source_dict, dict):
+        keep = filter[key]
+        for name, value in source_dict.items():
+            if keep(name, value):
+                target_dict.setdefault(key, {})[name] = value
+    else:
+        target_dict[key] = source_dict
+
+
 def to_state_dicts(
     state: dict[str, Any],
     filter: dict[str, Callable[[str, Any], bool]],
@@ -24,7 +45,7 @@ def to_state_dicts(
 ) -> dict[str, Any]:
     """The checkpoint to save for ``state``: modules through ``module_state``, optimizers through
     ``optimizer_state``, stateful objects by ``state_dict()``, other values as they are; an entry named in
-    ``filter`` keeps the items its predicate accepts. A non-empty ``precision_state`` is kept under
+    ``filter`` keeps the items its predicate accepts (:func:`_apply_filter`: none accepted, no entry). A non-empty ``precision_state`` is kept under
     :data:`PRECISION_KEY`.
 
     Example::
@@ -41,10 +62,7 @@ def to_state_dicts(
             value = obj.state_dict()
         else:
             value = obj
-        if key in filter and isinstance(value, dict):
-            keep = filter[key]
-            value = {k: v for k, v in value.items() if keep(k, v)}
-        checkpoint[key] = value
+        _apply_filter(key, filter, value, checkpoint)
     if precision_state:
         checkpoint.setdefault(PRECISION_KEY, precision_state)
     return checkpoint
