@@ -129,14 +129,25 @@ class _InternalLoader(importlib.abc.Loader):
 
 
 class _ClientLoader(importlib.abc.Loader):
-    """Gives ``lightning.fabric.X``/``lightning_fabric.X`` the module ``fabric_lite.X`` itself."""
+    """Gives ``lightning.fabric.X``/``lightning_fabric.X`` the module ``fabric_lite.X`` itself.
 
-    def __init__(self, target: str, requested: str) -> None:
+    Imported again after it was deleted from ``sys.modules`` (``fresh``), the name gets a new execution of
+    ``fabric_lite.X``'s code, as deleting and importing a module gives everywhere else (its import-time state, such
+    as ``rank_zero_only.rank`` from the environment, is computed again); ``fabric_lite.X`` itself stays as it is.
+    """
+
+    def __init__(self, target: str, requested: str, fresh: bool = False) -> None:
         self._target = target
         self._requested = requested
+        self._fresh = fresh
         self._own_spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if self._fresh:
+            own = importlib.util.find_spec(self._target)
+            if own is not None and own.loader is not None and not own.submodule_search_locations:
+                self._own_spec = own
+                return importlib.util.module_from_spec(own)  # executed by exec_module
         try:
             module = importlib.import_module(self._target)
         except ModuleNotFoundError as err:
@@ -154,6 +165,8 @@ class _ClientLoader(importlib.abc.Loader):
     def exec_module(self, module: types.ModuleType) -> None:
         # importlib gave the module this alias's spec; it stays fabric_lite's module, with its own spec
         module.__spec__ = self._own_spec
+        if self._fresh and self._own_spec is not None and self._own_spec.loader is not None:
+            self._own_spec.loader.exec_module(module)
 
     def get_code(self, fullname: str) -> types.CodeType | None:
         """The code of ``fabric_lite.X``: what ``python -m lightning.fabric.X`` runs (runpy asks the loader)."""
@@ -233,7 +246,9 @@ class LightningFinder(importlib.abc.MetaPathFinder):
             if rest == "":
                 return importlib.machinery.ModuleSpec(fullname, _ClientPackageLoader(), is_package=True)
             if rest is not None:
-                return importlib.machinery.ModuleSpec(fullname, _ClientLoader("fabric_lite" + rest, fullname))
+                # a name served before and asked for again was deleted from sys.modules: a new execution
+                loader = _ClientLoader("fabric_lite" + rest, fullname, fresh=fullname in self.names)
+                return importlib.machinery.ModuleSpec(fullname, loader)
         top = fullname.partition(".")[0]
         if top not in _INTERNAL_TOPS:
             return None

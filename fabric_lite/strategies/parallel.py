@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -19,6 +18,7 @@ from torch import Tensor
 from torch.nn import Module
 from typing_extensions import override
 
+from fabric_lite._log import get_logger
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
@@ -30,7 +30,7 @@ from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _JOINED_KEY = "fabric_lite/joined"
 _T = TypeVar("_T")

@@ -20,12 +20,12 @@ package had the function, so the module is callable as the function.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
+from fabric_lite._log import get_logger
 from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.checkpoint import deepspeed
 from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save
@@ -39,7 +39,7 @@ from fabric_lite.utilities.cloud_io import get_filesystem
 from fabric_lite.utilities.imports import _TORCH_GREATER_EQUAL_2_3
 from fabric_lite.utilities.types import _PATH
 
-_log = logging.getLogger(__name__)
+_log = get_logger(__name__)
 
 _DESCRIPTION = (
     "Convert a sharded checkpoint folder (what fabric.save writes with FSDPStrategy(), ModelParallelStrategy() or"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import signal
 import threading
@@ -33,6 +32,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 from typing_extensions import Self
 
+from fabric_lite._log import get_logger
 from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._fs import _is_local_file_protocol, _local_path
 from fabric_lite.utilities.imports import _TORCH_GREATER_EQUAL_2_4
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from fabric_lite.plugins.environments import ClusterEnvironment
     from fabric_lite.strategies import Strategy
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "AllGatherGrad",

@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -26,7 +25,9 @@ from typing import Any, TypeVar, overload
 
 from typing_extensions import ParamSpec
 
-log = logging.getLogger(__name__)
+from fabric_lite._log import get_logger
+
+log = get_logger(__name__)
 
 T = TypeVar("T")
 P = ParamSpec("P")

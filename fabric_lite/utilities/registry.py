@@ -10,11 +10,12 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from importlib.metadata import entry_points
 from typing import Any
 
-_log = logging.getLogger(__name__)
+from fabric_lite._log import get_logger
+
+_log = get_logger(__name__)
 
 
 def _load_external_callbacks(group: str) -> list[Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 from typing import Any
@@ -11,9 +10,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from fabric_lite._log import get_logger
 from fabric_lite.utilities.rank_zero import _get_rank, rank_prefixed_message, rank_zero_only, rank_zero_warn
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Written by seed_everything so that processes started later (script re-run, spawn, dataloader workers) see it:
 # Lightning's names, so that a job started with PL_GLOBAL_SEED=2020 is seeded with 2020 under either library

@@ -94,6 +94,31 @@ def test_python_dash_m_runs_a_lightning_module_path_as_fabric_lites() -> None:
     assert done.returncode == 0 and "python -m fabric_lite.utilities.consolidate_checkpoint" in done.stdout, done.output
 
 
+def test_logging_goes_through_lightnings_loggers_and_a_deleted_module_imports_afresh() -> None:
+    """Under the hook a program's settings for Lightning's loggers apply to what fabric_lite logs; and a module
+    deleted from sys.modules and imported again is executed again (its import-time state computed anew), as
+    everywhere in Python."""
+    code = (
+        "import logging, os, sys\n"
+        "records = []\n"
+        "handler = logging.Handler(); handler.emit = records.append\n"
+        "logging.getLogger('lightning.fabric').addHandler(handler)\n"
+        "logging.getLogger('lightning.fabric').setLevel(logging.INFO)\n"
+        "from lightning.fabric import seed_everything\n"
+        "seed_everything(7)\n"
+        "print('LOGGED', [(r.name, r.getMessage()) for r in records])\n"
+        "from lightning.fabric.utilities.rank_zero import rank_zero_only as before\n"
+        "del sys.modules['lightning.fabric.utilities.rank_zero']\n"
+        "os.environ['RANK'] = '3'\n"
+        "from lightning.fabric.utilities.rank_zero import rank_zero_only as after\n"
+        "print('RANKS', before.rank, after.rank)\n"
+    )
+    done = run_python(["-c", code], env=base_env({"FABRIC_LITE_AS_LIGHTNING": "1"}), timeout=90)
+    assert done.returncode == 0, done.output
+    assert "LOGGED [('lightning.fabric.utilities.seed', 'Seed set to 7')]" in done.stdout, done.output
+    assert "RANKS 0 3" in done.stdout, done.output
+
+
 def test_one_line_of_python_and_uninstall() -> None:
     code = (
         "import fabric_lite.as_lightning as hook, os, sys\n"

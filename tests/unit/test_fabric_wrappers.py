@@ -207,5 +207,5 @@ def test_any_object_that_saves_loads_and_removes_is_a_checkpoint_io() -> None:
     strategy.checkpoint_io = io
     assert strategy.checkpoint_io is io
     for wrong in ("checkpoints/", object(), SingleDeviceStrategy):
-        with pytest.raises(TypeError, match="expected an instance of fabric_lite.plugins.io.CheckpointIO"):
+        with pytest.raises(TypeError, match=r"expected an instance of fabric_lite\.plugins\.io\.CheckpointIO"):
             strategy.checkpoint_io = wrong  # type: ignore[assignment]

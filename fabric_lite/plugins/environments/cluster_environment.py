@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -10,9 +9,10 @@ from typing import ClassVar
 
 from typing_extensions import override
 
+from fabric_lite._log import get_logger
 from fabric_lite.utilities.exceptions import MissingEnvironmentVariableError
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 class ClusterEnvironment(ABC):

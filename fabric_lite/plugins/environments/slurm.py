@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -16,11 +15,12 @@ from typing import Any
 
 from typing_extensions import override
 
+from fabric_lite._log import get_logger
 from fabric_lite.plugins.environments.cluster_environment import _LauncherEnvironment
 from fabric_lite.utilities.rank_zero import rank_zero_warn
 from fabric_lite.utilities.warnings import PossibleUserWarning
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Job names that mean "an interactive shell inside an allocation", where the user starts processes by other means.
 _INTERACTIVE_JOB_NAMES = ("bash", "interactive")

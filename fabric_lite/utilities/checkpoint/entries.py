@@ -45,8 +45,8 @@ def to_state_dicts(
 ) -> dict[str, Any]:
     """The checkpoint to save for ``state``: modules through ``module_state``, optimizers through
     ``optimizer_state``, stateful objects by ``state_dict()``, other values as they are; an entry named in
-    ``filter`` keeps the items its predicate accepts (:func:`_apply_filter`: none accepted, no entry). A non-empty ``precision_state`` is kept under
-    :data:`PRECISION_KEY`.
+    ``filter`` keeps the items its predicate accepts (:func:`_apply_filter`: none accepted, no entry). A non-empty
+    ``precision_state`` is kept under :data:`PRECISION_KEY`.
 
     Example::
 

@@ -345,36 +345,6 @@ EXPECTED: dict[str, Difference] = {
         section="Private names that clients import",
     ),
     # --- cluster environments, seeds, ranks, loggers, throughput, spikes, warnings, imports ---
-    "tests_fabric/plugins/environments/test_kubeflow.py::test_attributes_from_environment_variables": Difference(
-        "documented",
-        "reads the setters' debug records from Lightning's logger lightning.fabric.plugins.environments; fabric_lite"
-        " logs the same words to fabric_lite.plugins.environments (its getters and no-op setters pass)",
-        section="Beyond the loop: where the other names differ",
-    ),
-    "tests_fabric/plugins/environments/test_slurm.py::test_attributes_from_environment_variables": Difference(
-        "documented",
-        "reads the setters' debug records from Lightning's logger lightning.fabric.plugins.environments; fabric_lite"
-        " logs the same words to fabric_lite.plugins.environments (its getters and no-op setters pass)",
-        section="Beyond the loop: where the other names differ",
-    ),
-    "tests_fabric/plugins/environments/test_torchelastic.py::test_attributes_from_environment_variables": Difference(
-        "documented",
-        "reads the setters' debug records from Lightning's logger lightning.fabric.plugins.environments; fabric_lite"
-        " logs the same words to fabric_lite.plugins.environments (its getters and no-op setters pass)",
-        section="Beyond the loop: where the other names differ",
-    ),
-    "tests_fabric/plugins/environments/test_mpi.py::test_setters": Difference(
-        "documented",
-        "reads the setters' debug records from Lightning's logger lightning.fabric.plugins.environments; fabric_lite"
-        " logs the same words to fabric_lite.plugins.environments",
-        section="Beyond the loop: where the other names differ",
-    ),
-    "tests_fabric/utilities/test_seed.py::test_reset_seed_non_verbose": Difference(
-        "documented",
-        "counts seed_everything's INFO record with caplog's default level, which Lightning's import makes visible by"
-        " setting its lightning.fabric logger to INFO; importing fabric_lite sets no logger level",
-        section="Beyond the loop: where the other names differ",
-    ),
     "tests_fabric/utilities/test_warnings.py::test_disable_possible_user_warnings_from_environment": Difference(
         "documented",
         "POSSIBLE_USER_WARNINGS=0/off read by reloading lightning.fabric, which then installs a global warning filter;"
@@ -400,30 +370,6 @@ EXPECTED: dict[str, Difference] = {
         section="Beyond the loop: where the other names differ",
     ),
     # its other parametrizations (no variable, or rank 0) pass
-    "tests_fabric/utilities/test_rank_zero.py::test_rank_zero_known_environment_variables[env_vars5-None]": Difference(
-        "private",
-        "deletes Lightning's rank_zero modules from sys.modules to read the rank variables at a second import; under"
-        " the hook that leads back to fabric_lite's loaded module, which read them at its own import (held in fresh"
-        " processes by tests/unit/test_utilities_lightning.py::test_rank_at_import_comes_from_the_environment)",
-    ),
-    "tests_fabric/utilities/test_rank_zero.py::test_rank_zero_known_environment_variables[env_vars6-None]": Difference(
-        "private",
-        "deletes Lightning's rank_zero modules from sys.modules to read the rank variables at a second import; under"
-        " the hook that leads back to fabric_lite's loaded module, which read them at its own import (held in fresh"
-        " processes by tests/unit/test_utilities_lightning.py::test_rank_at_import_comes_from_the_environment)",
-    ),
-    "tests_fabric/utilities/test_rank_zero.py::test_rank_zero_known_environment_variables[env_vars7-None]": Difference(
-        "private",
-        "deletes Lightning's rank_zero modules from sys.modules to read the rank variables at a second import; under"
-        " the hook that leads back to fabric_lite's loaded module, which read them at its own import (held in fresh"
-        " processes by tests/unit/test_utilities_lightning.py::test_rank_at_import_comes_from_the_environment)",
-    ),
-    "tests_fabric/utilities/test_rank_zero.py::test_rank_zero_known_environment_variables[env_vars8-None]": Difference(
-        "private",
-        "deletes Lightning's rank_zero modules from sys.modules to read the rank variables at a second import; under"
-        " the hook that leads back to fabric_lite's loaded module, which read them at its own import (held in fresh"
-        " processes by tests/unit/test_utilities_lightning.py::test_rank_at_import_comes_from_the_environment)",
-    ),
     "tests_fabric/utilities/test_throughput.py::test_get_available_flops": Difference(
         "xla",
         "its xla_available fixture patches Lightning's XLA environment (_XLA_AVAILABLE) and mocks torch_xla for TPU"
