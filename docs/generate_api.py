@@ -382,6 +382,8 @@ class _Shown:
 
 
 def _default(value: Any) -> _Shown:
+    if isinstance(value, ModuleType):  # its repr names the file, which depends on where the checkout is
+        return _Shown(f"<module {value.__name__!r}>")
     return _Shown(_ADDRESS.sub("", repr(value)))
 
 

@@ -383,14 +383,14 @@ AGREE = [
     ("num_nodes", "1", 1),
 ]
 DISAGREE = [
-    ("devices", "2", 3, "Fabric(devices=3)", "--devices 2"),
-    ("devices", "2", [0, 1, 2], "Fabric(devices=[0, 1, 2])", "--devices 2"),
-    ("accelerator", "cpu", "cuda", "Fabric(accelerator='cuda')", "--accelerator cpu"),
-    ("accelerator", "cuda", CPUAccelerator(), "Fabric(accelerator=CPUAccelerator(...))", "--accelerator cuda"),
-    ("strategy", "ddp", "single_device", "Fabric(strategy='single_device')", "--strategy ddp"),
-    ("strategy", "ddp", DDPStrategy(), "Fabric(strategy=DDPStrategy(...))", "--strategy ddp"),
-    ("precision", "bf16-mixed", "64-true", "Fabric(precision='64-true')", "--precision bf16-mixed"),
-    ("num_nodes", "1", 2, "Fabric(num_nodes=2)", "--num-nodes 1"),
+    ("devices", "2", 3, "Fabric(devices=3, ...)"),
+    ("devices", "2", [0, 1, 2], "Fabric(devices=[0, 1, 2], ...)"),
+    ("accelerator", "cpu", "cuda", "Fabric(accelerator='cuda', ...)"),
+    ("accelerator", "cuda", CPUAccelerator(), "Fabric(accelerator=CPUAccelerator(...), ...)"),
+    ("strategy", "ddp", "single_device", "Fabric(strategy='single_device', ...)"),
+    ("strategy", "ddp", DDPStrategy(), "Fabric(strategy=DDPStrategy(...), ...)"),
+    ("precision", "bf16-mixed", "64-true", "Fabric(precision='64-true', ...)"),
+    ("num_nodes", "1", 2, "Fabric(num_nodes=2, ...)"),
 ]
 ENV = {"accelerator": "LT_ACCELERATOR", "strategy": "LT_STRATEGY", "devices": "LT_DEVICES"}
 ENV |= {"num_nodes": "LT_NUM_NODES", "precision": "LT_PRECISION"}
@@ -402,15 +402,31 @@ def test_cli_setting_that_agrees_with_fabric(name: str, cli: str, given: Any) ->
     resolve_plan(env={ENV[name]: cli}, machine=machine, **{name: given})  # no error
 
 
-@pytest.mark.parametrize(("name", "cli", "given", "in_script", "on_cli"), DISAGREE)
-def test_cli_setting_that_disagrees_with_fabric_names_both(
-    name: str, cli: str, given: Any, in_script: str, on_cli: str
-) -> None:
+@pytest.mark.parametrize(("name", "cli", "given", "in_script"), DISAGREE)
+def test_cli_setting_that_disagrees_with_fabric_names_both(name: str, cli: str, given: Any, in_script: str) -> None:
+    env = {ENV[name]: cli, "LT_CLI_USED": "1"}  # the script runs under `fabric run` / `fabric-lite run`
     with pytest.raises(ValueError) as excinfo:
-        resolve_plan(env={ENV[name]: cli}, machine=Machine(cuda_devices=4), **{name: given})
+        resolve_plan(env=env, machine=Machine(cuda_devices=4), **{name: given})
     message = str(excinfo.value)
-    assert in_script in message and f"`fabric-lite run {on_cli}`" in message, message
+    assert f"Your code has `{in_script}` but it conflicts with the value `--{name}={cli}`" in message, message
     assert f"{ENV[name]}={cli!r}" in message and "Give the value in one place only" in message
+
+
+@pytest.mark.parametrize(("name", "cli", "given", "in_script"), DISAGREE)
+def test_a_launcher_setting_replaces_the_argument_outside_the_cli(
+    name: str, cli: str, given: Any, in_script: str
+) -> None:
+    """As in Lightning: the LT_* variables without LT_CLI_USED (set by another launcher) replace the argument."""
+    env = {ENV[name]: cli, "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+    plan, cli_only = (resolve_plan(env=env, machine=Machine(cuda_devices=4), **a) for a in ({name: given}, {}))
+    assert getattr(plan, name) == getattr(cli_only, name)
+    assert (plan.accelerator, plan.strategy, plan.devices, plan.precision, plan.num_nodes) == (
+        cli_only.accelerator,
+        cli_only.strategy,
+        cli_only.devices,
+        cli_only.precision,
+        cli_only.num_nodes,
+    )
 
 
 def test_cli_settings_fill_arguments_left_at_their_default() -> None:

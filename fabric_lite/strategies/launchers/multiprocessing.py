@@ -168,9 +168,13 @@ class _GlobalStateSnapshot:
         )
 
     def restore(self) -> None:
-        torch.use_deterministic_algorithms(
-            self.use_deterministic_algorithms, warn_only=self.use_deterministic_algorithms_warn_only
-        )
+        wanted = (self.use_deterministic_algorithms, self.use_deterministic_algorithms_warn_only)
+        if wanted != (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        ):
+            # only on a change: the setter imports torch._inductor (seconds, and a cache folder in TMPDIR)
+            torch.use_deterministic_algorithms(wanted[0], warn_only=wanted[1])
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
         _set_rng_states(self.rng_states)
         if "torch.cuda" not in self.rng_states:

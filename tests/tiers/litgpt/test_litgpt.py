@@ -13,7 +13,7 @@ backward passes differ in the last bits from run to run, in either library).
   weights as one process within float tolerance; ``finetune_full`` and ``finetune_adapter`` (which pass FSDP1's
   arguments) complete, near the one-process run (the data order differs).
 * litgpt's own test files that drive Fabric, from its PyPI source distribution: every test that passes on
-  Lightning passes on fabric_lite.
+  Lightning (a list kept in the project, computed once: :mod:`tests.tiers.litgpt.own_tests`) passes on fabric_lite.
 
 The tier is optional, like the DeepSpeed tier: the whole suite skips it unless asked (``pytest -m litgpt``, this
 file named, or ``FABRIC_LITE_LITGPT=1``, which also makes a failed install an error).
@@ -22,41 +22,22 @@ file named, or ``FABRIC_LITE_LITGPT=1``, which also makes a failed install an er
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers.harness import REPO, Completed, base_env, optional_venv, run_python
+from tests.helpers.harness import Completed, base_env, optional_venv, run_python
 from tests.helpers.litgpt.tiny import BLOCK_SIZE
+from tests.tiers.litgpt import own_tests
 
 pytestmark = pytest.mark.litgpt
 
-VENV = REPO / ".venv-litgpt"
+VENV = own_tests.VENV
 IMPLS = ("lightning", "fabric_lite")
-#: the tier's runs take minutes and time nothing: they leave the cores to the other test worker's timed jobs
-NICE = 10
-#: litgpt's own test files that drive Fabric (tests/generate/* is not in litgpt's source distribution; the session
-#: that added this tier ran it from litgpt's repository: 27 passed, 4 skipped and 1 xfailed on both libraries)
-LITGPT_TEST_FILES = (
-    "test_pretrain.py",
-    "test_lora.py",
-    "test_adapter.py",
-    "test_adapter_v2.py",
-    "test_full.py",
-    "test_utils.py",
-    "test_distributed.py",
-    "test_merge_lora.py",
-    "test_chat.py",
-    "test_generate_speculatively.py",
-    "test_api.py",
-    "test_batch.py",
-    "test_trainer_support.py",
-)
+NICE = own_tests.NICE
 FINETUNE = ("finetune_lora", "finetune_full", "finetune_adapter", "finetune_adapter_v2")
 _FINETUNE_ARGS = [
     "--data=JSON",
@@ -105,8 +86,7 @@ def litgpt_python(request: pytest.FixtureRequest) -> str:
 
 
 def _env(impl: str, **extra: str) -> dict[str, str]:
-    env = base_env({"OMP_NUM_THREADS": "1", "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"})
-    env["FABRIC_LITE_AS_LIGHTNING"] = "1" if impl == "fabric_lite" else "0"
+    env = own_tests.env(impl)
     env.update(extra)
     return env
 
@@ -395,41 +375,15 @@ def test_finetuning_on_two_processes_lands_near_one_process(litgpt_python: str, 
     assert finals["finetune_adapter", 2].is_file()
 
 
-def _outcomes(junit: Path) -> dict[str, str]:
-    outcomes = {}
-    for case in ET.parse(junit).getroot().iter("testcase"):
-        result = "passed"
-        for child in case:
-            if child.tag in ("failure", "error"):
-                result = "failed"
-            elif child.tag == "skipped":
-                result = "skipped"
-        outcomes[f"{case.get('classname')}::{case.get('name')}"] = result
-    return outcomes
-
-
-@pytest.mark.timeout(3000)
+@pytest.mark.timeout(1800)
 def test_litgpts_own_fabric_tests_pass_as_on_lightning(litgpt_python: str, tmp_path: Path) -> None:
-    """litgpt's own test files (from its sdist, with our conftest.py): every test that passes on Lightning passes
-    on fabric_lite. Those that fail on both need what CI does not have (the Hugging Face Hub, bitsandbytes'
-    optimizers)."""
-    tests = VENV / "litgpt-tests"
-    results = {}
-    for impl in IMPLS:
-        junit = tmp_path / f"{impl}.xml"
-        args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=900", f"--junitxml={junit}"]
-        args.append(f"--basetemp={tmp_path / impl}")  # its tmp_path folders, inside ours
-        args += [f"tests/{name}" for name in LITGPT_TEST_FILES]
-        done = run_python(args, env=_env(impl), cwd=tests, python=litgpt_python, timeout=1400, nice=NICE)
-        assert junit.is_file(), done.output
-        results[impl] = _outcomes(junit)
-        print(
-            f"litgpt's tests on {impl}: {sorted(results[impl].values()).count('passed')} passed, "
-            f"{list(results[impl].values()).count('failed')} failed, "
-            f"{list(results[impl].values()).count('skipped')} skipped"
-        )
-    lightning, ours = results["lightning"], results["fabric_lite"]
-    assert set(ours) == set(lightning)
-    regressed = sorted(test for test, outcome in lightning.items() if outcome == "passed" and ours[test] != "passed")
-    assert not regressed, f"pass on Lightning, not on fabric_lite: {regressed}"
-    assert list(lightning.values()).count("passed") > 600, lightning
+    """litgpt's own test files (from its sdist, with our conftest.py): every test that passes on Lightning (the list
+    kept in tests/tiers/litgpt/passing_on_lightning.txt, see own_tests.py) passes on fabric_lite. Those that fail on
+    Lightning need what CI does not have (the Hugging Face Hub, bitsandbytes' optimizers)."""
+    reference = own_tests.read_reference()
+    ours, output = own_tests.run(litgpt_python, "fabric_lite", tmp_path)
+    counts = {outcome: list(ours.values()).count(outcome) for outcome in ("passed", "failed", "skipped")}
+    print(f"litgpt's tests on fabric_lite: {counts}")
+    regressed = sorted(test for test in reference if ours.get(test) != "passed")
+    assert not regressed, f"pass on Lightning, not on fabric_lite: {regressed}\n{output[-20000:]}"
+    assert len(reference) > 600, len(reference)
