@@ -7,7 +7,7 @@ import inspect
 import os
 import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any
 
@@ -466,12 +466,24 @@ class Fabric:
     def setup_optimizers(self, *optimizers: Optimizer) -> _FabricOptimizer | tuple[_FabricOptimizer, ...]:
         """Set up one or more optimizers; returns one wrapped optimizer, or a tuple for several.
 
+        Raises:
+            NotImplementedError: (a ``RuntimeError``) the strategy sets up a module and its optimizers together
+                (DeepSpeed): pass them to :meth:`setup` instead.
+            ValueError, TypeError: no optimizer, one set up already, or an object that is not an optimizer.
+
         Example::
 
             optimizer = fabric.setup_optimizers(torch.optim.SGD(model.parameters(), lr=0.1))
             opt_g, opt_d = fabric.setup_optimizers(opt_g, opt_d)  # several: a tuple, in the same order
         """
         self._validate_launched()
+        if _trait(self._strategy, "requires_joint_setup"):
+            # the strategy's own refusal, a RuntimeError as Lightning's Fabric raises, before the strategy is asked
+            raise NotImplementedError(
+                f"The `{self._strategy.__class__.__name__}` requires the model and optimizer(s) to be set up jointly"
+                " through `.setup(model, optimizer, ...)`. Create the optimizers from the model's parameters and call"
+                " model, optimizer = fabric.setup(model, optimizer) instead of fabric.setup_optimizers(...)."
+            )
         if not optimizers:
             raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
         if any(isinstance(opt, _FabricOptimizer) for opt in optimizers):
@@ -553,7 +565,8 @@ class Fabric:
         """Replaces ``loss.backward()``: back-propagates through the strategy and precision.
 
         Raises:
-            RuntimeError: no model was set up yet (the gradients would not be synchronised).
+            RuntimeError: with several processes, no model was set up yet (the gradients would not be
+                synchronised). With one process a module not set up back-propagates as with ``loss.backward()``.
 
         Example::
 
@@ -562,10 +575,11 @@ class Fabric:
             fabric.backward(loss)  # instead of loss.backward()
             optimizer.step()
         """
-        if self._models_setup == 0:
+        if self._models_setup == 0 and _trait(self._strategy, "is_parallel"):
             raise RuntimeError(
-                "No models were set up for backward. Did you forget to call `fabric.setup()`?"
-                " Set up the model first: model, optimizer = fabric.setup(model, optimizer)."
+                f"No models were set up for backward with {type(self._strategy).__name__}: the gradients would not be"
+                " synchronised across the processes. Did you forget to call `fabric.setup()`? Set up the model"
+                " first: model, optimizer = fabric.setup(model, optimizer)."
             )
         model = uncompiled(model)  # torch.compile(fabric_model) is accepted too
         module = model._strategy_module if isinstance(model, _FabricModule) else model
@@ -678,8 +692,10 @@ class Fabric:
         return self._strategy.no_backward_sync(module._strategy_module, enabled)
 
     def sharded_model(self) -> AbstractContextManager[Any]:
-        """Deprecated (as in Lightning): use :meth:`init_module`, which this calls.
+        """Deprecated (as in Lightning): use :meth:`init_module`.
 
+        What it was in Lightning: the strategy's ``module_sharded_context()`` where it has one (the sharded
+        strategies, DeepSpeed's ``deepspeed.zero.Init`` under ZeRO stage 3), else a context that does nothing.
         Warns with ``LightningDeprecationWarning`` (a ``DeprecationWarning``), on global rank 0.
 
         Example::
@@ -688,7 +704,10 @@ class Fabric:
                 model = GPT(config)
         """
         rank_zero_deprecation("`Fabric.sharded_model()` is deprecated in favor of `Fabric.init_module()`.")
-        return self.init_module()
+        # read through __class__, as the strategy's traits are: a strategy without the method has no such context
+        if getattr(self._strategy.__class__, "module_sharded_context", None) is None:
+            return nullcontext()
+        return self._strategy.module_sharded_context()  # type: ignore[attr-defined,no-any-return]
 
     def init_tensor(self) -> AbstractContextManager[Any]:
         """Tensors created inside are created on :attr:`device`, in the precision's dtype.
@@ -796,7 +815,11 @@ class Fabric:
         self._validate_launched()
         if isinstance(data, Tensor):
             return self._strategy.all_gather(convert_to_tensors(data, self.device), group=group, sync_grads=sync_grads)
-        return _on_tensors(data, self.device, lambda tensors: self._strategy.all_gather(tensors, group, sync_grads))
+        strategy = self._strategy
+        if _takes_collections(strategy, "all_gather"):
+            return _on_tensors(data, self.device, lambda tensors: strategy.all_gather(tensors, group, sync_grads))
+        gather = partial(strategy.all_gather, group=group, sync_grads=sync_grads)
+        return _on_tensors(data, self.device, lambda tensors: [gather(tensor) for tensor in tensors])
 
     def gather_for_metrics(self, data: Any, dataloader: Any | None = None) -> Any:
         """Gather per-sample results (e.g. predictions and targets) from every process, for a metric over exactly
@@ -837,7 +860,8 @@ class Fabric:
         first, and CUDA data see no host-device synchronisation, as in :meth:`all_gather`). ``reduce_op`` is
         ``"mean"`` (default; ``"avg"``), ``"sum"``, ``"max"``, ``"min"``, ``"product"`` or a
         ``torch.distributed.ReduceOp``; an integer ``mean`` stays an integer, truncated toward zero. A collection is
-        reduced with one collective per dtype. Every process must call it with the same shapes, dtypes and order.
+        reduced with one collective per dtype (a strategy of your own whose ``all_reduce`` overrides fabric_lite's is
+        called once per tensor, as in Lightning). Every process must call it with the same shapes, dtypes and order.
         With one process the data comes back as is, except with ``strategy="dp"``, which reduces the elements of
         each tensor (the values ``DataParallel`` gathered from its replicas) into a new 0-dim tensor.
 
@@ -854,7 +878,11 @@ class Fabric:
             )
         # the strategy returns the list it was given, reduced in place, or (DataParallel) a list of new tensors; the
         # result is a new collection holding them, as in Lightning
-        return _on_tensors(data, self.device, lambda tensors: self._strategy.all_reduce(tensors, group, reduce_op))
+        strategy = self._strategy
+        if _takes_collections(strategy, "all_reduce"):
+            return _on_tensors(data, self.device, lambda tensors: strategy.all_reduce(tensors, group, reduce_op))
+        reduce = partial(strategy.all_reduce, group=group, reduce_op=reduce_op)
+        return _on_tensors(data, self.device, lambda tensors: [reduce(tensor) for tensor in tensors])
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective.
@@ -1019,6 +1047,14 @@ def _trait(obj: object, name: str) -> bool:
     ``True`` only where its class declares it so. Read through ``__class__``, which a stand-in for an object (a proxy,
     a ``Mock(spec=DDPStrategy)``) reports as the class it stands for; anything else, ``None`` included, is ``False``."""
     return getattr(obj.__class__, name, False) is True
+
+
+def _takes_collections(strategy: object, collective: str) -> bool:
+    """Whether the strategy's ``collective`` method takes a collection's tensors in one call (fabric_lite's do, with
+    one collective per dtype); one of a strategy of your own, or of a stand-in, gets one tensor per call, as in
+    Lightning (see :func:`fabric_lite.strategies.strategy._takes_collections`)."""
+    method = getattr(type(strategy), collective, None)
+    return getattr(method, "_takes_collections", False) is True
 
 
 def _on_tensors(data: Any, device: torch.device, collective: Callable[[list[Tensor]], list[Tensor]]) -> Any:

@@ -205,9 +205,20 @@ class _FabricOptimizer(Optimizer):
     """Wraps an optimizer set up by ``Fabric.setup``/``setup_optimizers``.
 
     ``step`` goes through the strategy (and its precision, which may e.g. skip steps with inf gradients);
-    everything else, including ``param_groups``, ``state`` and hooks, is the wrapped optimizer's. It is an
-    ``Optimizer``, so learning-rate schedulers accept it. ``.optimizer`` is the original optimizer.
+    everything else, including ``param_groups``, ``state`` and hooks, is the wrapped optimizer's. ``.optimizer`` is
+    the original optimizer.
+
+    The wrapper is an instance of the wrapped optimizer's class, as in Lightning (``isinstance(fabric_opt,
+    torch.optim.Adam)`` holds, so code that tells optimizers by class and learning-rate schedulers accept it): it is
+    created as an instance of a subclass of both, ``Fabric<name>`` (e.g. ``FabricAdam``), made for it. Nothing is
+    rewritten afterwards, and it pickles and copies as a new wrapper around the copied optimizer. A wrapped object
+    whose class is not an ``Optimizer``, or cannot be subclassed, gives a plain ``_FabricOptimizer``.
     """
+
+    def __new__(cls, optimizer: Optimizer, strategy: Strategy, callbacks: list[Any] | None = None) -> _FabricOptimizer:
+        if cls is _FabricOptimizer:
+            cls = _wrapper_class(optimizer)
+        return super().__new__(cls)
 
     def __init__(self, optimizer: Optimizer, strategy: Strategy, callbacks: list[Any] | None = None) -> None:
         # Optimizer.__init__ is deliberately not called: all state lives in the wrapped optimizer
@@ -279,12 +290,17 @@ class _FabricOptimizer(Optimizer):
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("param_groups", "state", "defaults"):
             object.__setattr__(self, name, value)  # the property setters forward it
-        elif hasattr(type(self), name):
-            # a method patched on this instance (an LR scheduler wraps ``step``): it must stay on the wrapper, or
-            # the wrapped optimizer's step would call back into this one
+        elif hasattr(_FabricOptimizer, name):
+            # a method of the wrapper patched on this instance (an LR scheduler wraps ``step``): it must stay on the
+            # wrapper, or the wrapped optimizer's step would call back into this one
             self.__dict__[name] = value
         else:
             setattr(self.optimizer, name, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the class made for this wrapper cannot be found by name: a copy is a wrapper made again, with this state
+        state = self.__dict__
+        return (_FabricOptimizer, (state["_optimizer"], state["_strategy"], state["_callbacks"]), self.__getstate__())
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -294,6 +310,28 @@ class _FabricOptimizer(Optimizer):
 
     def __repr__(self) -> str:
         return f"Fabric{self.optimizer!r}"
+
+
+def _wrapper_class(optimizer: Any) -> type[_FabricOptimizer]:
+    """The class of a wrapper around ``optimizer``: a subclass of :class:`_FabricOptimizer` and of the optimizer's
+    class (its ``__class__``, which a stand-in such as ``Mock(spec=torch.optim.SGD)`` reports as the class it stands
+    for), or :class:`_FabricOptimizer` itself where that class is not an ``Optimizer`` or cannot be subclassed."""
+    kind = optimizer.__class__
+    if not (isinstance(kind, type) and issubclass(kind, Optimizer)) or issubclass(kind, _FabricOptimizer):
+        return _FabricOptimizer
+    namespace: dict[str, Any] = {"__module__": __name__}
+    if hasattr(kind, "__del__"):
+        # the wrapper owns nothing: a finaliser of the optimizer's class (DeepSpeedCPUAdam frees its C++ state) must
+        # run when the optimizer goes, not when a wrapper around it does
+        namespace["__del__"] = _owns_nothing
+    try:
+        return type(f"Fabric{kind.__name__}", (_FabricOptimizer, kind), namespace)
+    except TypeError:  # a final class, or one whose layout or metaclass cannot be combined with the wrapper's
+        return _FabricOptimizer
+
+
+def _owns_nothing(self: Any) -> None:
+    """The finaliser of a wrapper whose optimizer's class has one: nothing to free."""
 
 
 class _FabricDataLoader:

@@ -117,6 +117,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     #: where Lightning reads a config file from when ``config`` is not given
     DEEPSPEED_ENV_VAR = "PL_DEEPSPEED_CONFIG_PATH"
+    requires_joint_setup = True
     accepts_checkpoint_io = False
     _own_checkpoints = "DeepSpeed's engine writes every rank's partitions into its checkpoint folders itself"
 

@@ -12,7 +12,7 @@ from typing_extensions import override
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.strategies.strategy import Strategy, _takes_collections
 from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import move_data_to_device
@@ -142,6 +142,7 @@ class DataParallelStrategy(Strategy):
 
     # ------------------------------------------------------------------ collectives
     @override
+    @_takes_collections
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
@@ -170,6 +171,7 @@ class DataParallelStrategy(Strategy):
         return unflatten(spec, [_reduce_replicas(x, op) if isinstance(x, Tensor) else x for x in leaves])  # type: ignore[no-any-return]
 
     @override
+    @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Return ``tensor`` unchanged: one process, so a world size of 1 and no added dimension (as documented
         for ``Fabric.all_gather``)."""

@@ -25,7 +25,7 @@ from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
-from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.strategies.strategy import Strategy, _takes_collections
 from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
@@ -340,6 +340,7 @@ class HorovodStrategy(Strategy):
             )
 
     @override
+    @_takes_collections
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
@@ -377,6 +378,7 @@ class HorovodStrategy(Strategy):
         return self.all_reduce(tensor, group=group, reduce_op=reduce_op)
 
     @override
+    @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Gather ``tensor`` (or every tensor in a collection) from every process into new tensors of shape
         ``(world_size, *shape)``; with one process the input is returned unchanged (as ``Fabric.all_gather``

@@ -23,7 +23,7 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.strategies.strategy import Strategy, _takes_collections
 from fabric_lite.utilities import _collectives, _trail
 from fabric_lite.utilities._collectives.checked import call_key
 from fabric_lite.utilities._tree import flatten, unflatten
@@ -605,6 +605,7 @@ class ParallelStrategy(Strategy):
             return None
 
     @override
+    @_takes_collections
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
@@ -633,6 +634,7 @@ class ParallelStrategy(Strategy):
         return tensor
 
     @override
+    @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Gather ``tensor`` (or every tensor in a collection) from every process, as new tensors.
 

@@ -10,7 +10,7 @@ from typing_extensions import override
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.strategies.strategy import Strategy
+from fabric_lite.strategies.strategy import Strategy, _takes_collections
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
 
@@ -50,6 +50,7 @@ class SingleDeviceStrategy(Strategy):
         return self._root_device
 
     @override
+    @_takes_collections
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
@@ -57,6 +58,7 @@ class SingleDeviceStrategy(Strategy):
         return tensor
 
     @override
+    @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Return ``tensor`` unchanged: with a world size of 1 no leading dimension is added (as documented)."""
         return tensor

@@ -7,7 +7,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -43,6 +43,18 @@ class _Compiler(Protocol):
     def wrap(self, module: Module) -> Module: ...
 
     def compile_units(self, root: Module, units: Iterable[Module]) -> None: ...
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _takes_collections(method: _F) -> _F:
+    """Mark a strategy's ``all_reduce``/``all_gather`` as one that takes a whole collection of tensors at once (one
+    collective per dtype), which ``Fabric`` then passes the collection's tensors to in one call. A method without the
+    mark (a strategy of your own that overrides it, written for Lightning's single-tensor contract) is called once
+    per tensor, as Lightning's Fabric calls it."""
+    method.__dict__["_takes_collections"] = True
+    return method
 
 
 class Strategy(ABC):
@@ -86,6 +98,9 @@ class Strategy(ABC):
     #: whether a strategy that refuses a ``CheckpointIO`` takes ``AsyncCheckpointIO()`` (no inner IO) as the switch to
     #: writing its own checkpoints in the background (the sharding strategies' DCP ``async_save``)
     _saves_own_checkpoints_async: ClassVar[bool] = False
+    #: whether a module and its optimizers must be set up together (``fabric.setup(model, optimizer)``), so that
+    #: ``Fabric.setup_optimizers`` refuses before asking the strategy (DeepSpeed builds one engine of both)
+    requires_joint_setup: ClassVar[bool] = False
     #: how :meth:`no_backward_sync` skips the gradient synchronisation (Lightning Fabric's attribute); ``None``: it
     #: is a no-op
     _backward_sync_control: _BackwardSyncControl | None = None

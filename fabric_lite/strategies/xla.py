@@ -21,6 +21,8 @@ class XLAStrategy(_NeedsXLA, ParallelStrategy):
         XLAStrategy()  # ModuleNotFoundError: XLAStrategy needs torch_xla and an XLA device ...
     """
 
+    requires_joint_setup = True  # as Lightning's: its optimizers are set up with the module
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import pickle
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -66,25 +68,37 @@ def test_run_with_a_spawn_strategy_in_a_function_is_the_pickled_class_body() -> 
     assert body(fabric, 3, b=4)["b"] == 4
 
 
-def test_sharded_model_warns_and_is_init_module() -> None:
+def test_sharded_model_warns_and_does_nothing_without_a_sharded_context() -> None:
+    # as in Lightning: the deprecated method is the strategy's sharded context, and a strategy without one has none
+    # (it is not init_module: the layer stays on the CPU in float32 under bf16-true, and nothing needs launch())
     fabric = Fabric(accelerator="cpu", devices=1, precision="bf16-true")
     with pytest.warns(LightningDeprecationWarning, match=r"sharded_model\(\)` is deprecated in favor of"):
         context = fabric.sharded_model()
     with context:
         layer = nn.Linear(2, 2)
-    with fabric.init_module():
-        reference = nn.Linear(2, 2)
-    assert layer.weight.dtype == reference.weight.dtype == torch.bfloat16
-    assert layer.weight.device == reference.weight.device == fabric.device
+    assert layer.weight.dtype == torch.float32 and layer.weight.device == torch.device("cpu")
     assert issubclass(LightningDeprecationWarning, DeprecationWarning)
-
-
-def test_sharded_model_before_launch_is_refused_like_init_module() -> None:
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LightningDeprecationWarning)
-        with pytest.raises(RuntimeError, match=r"call fabric\.launch"):
-            fabric.sharded_model()
+        with Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn").sharded_model():
+            pass
+
+
+def test_sharded_model_is_the_sharded_strategys_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="fsdp")
+    entered = []
+
+    @contextmanager
+    def sharded_context(strategy: Any) -> Iterator[None]:
+        entered.append(strategy)
+        yield
+
+    monkeypatch.setattr(type(fabric.strategy), "module_sharded_context", sharded_context)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LightningDeprecationWarning)
+        with fabric.sharded_model():
+            pass
+    assert entered == [fabric.strategy]
 
 
 # ---------------------------------------------------------------------------------------------- distributed tier

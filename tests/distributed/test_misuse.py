@@ -38,7 +38,7 @@ LIGHTNING = {
     "setup_dataloaders non-DataLoader": "TypeError",
     "setup_dataloaders twice": "ValueError",
     "foreign optimizer": None,
-    "backward before setup": None,  # Lightning raises RuntimeError only for DeepSpeed/XLA
+    "backward before setup": None,  # one device; Lightning raises for DeepSpeed/XLA, fabric_lite for several processes
     "no_backward_sync unwrapped": "TypeError",
     "clip both": "ValueError",
     "clip neither": "ValueError",
@@ -206,11 +206,18 @@ def test_setup_with_a_non_optimizer_after_the_module(no_processes):
 
 
 # ---------------------------------------------------------------------------------------------- training helpers
-def test_backward_before_setup(no_processes):
-    fabric = _fabric()
+def test_backward_before_setup_with_several_processes(no_processes):
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
     loss = (torch.ones(2, requires_grad=True) * 2).sum()
     with pytest.raises(_expect("backward before setup", RuntimeError), match=r"fabric\.setup\(model, optimizer\)"):
         fabric.backward(loss)
+
+
+def test_backward_before_setup_on_one_device_back_propagates(no_processes):
+    # as in Lightning: with one process nothing is synchronised, so a module not set up gets its gradients
+    weight = torch.ones(2, requires_grad=True)
+    _fabric().backward((weight * 2).sum())
+    assert torch.equal(weight.grad, torch.full((2,), 2.0))
 
 
 def test_no_backward_sync_on_an_unwrapped_module(no_processes):

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import pickle
+from typing import Any, ClassVar
 from unittest.mock import Mock
 
 import pytest
@@ -209,3 +211,114 @@ def test_any_object_that_saves_loads_and_removes_is_a_checkpoint_io() -> None:
     for wrong in ("checkpoints/", object(), SingleDeviceStrategy):
         with pytest.raises(TypeError, match=r"expected an instance of fabric_lite\.plugins\.io\.CheckpointIO"):
             strategy.checkpoint_io = wrong  # type: ignore[assignment]
+
+
+class _Finalised(torch.optim.SGD):
+    """An optimizer whose class frees something when an instance goes (as DeepSpeedCPUAdam frees its C++ state)."""
+
+    freed: ClassVar[list[int]] = []
+
+    def __del__(self) -> None:
+        _Finalised.freed.append(id(self))
+
+    def scaled_lr(self, factor: float) -> float:
+        return float(self.param_groups[0]["lr"]) * factor
+
+
+def test_the_optimizer_wrapper_is_an_instance_of_the_optimizers_class() -> None:
+    model, optimizer = _fabric().setup(*_linear_and(torch.optim.Adam))
+    assert isinstance(optimizer, torch.optim.Adam) and isinstance(optimizer, _FabricOptimizer)
+    assert type(optimizer).__name__ == "FabricAdam" and not isinstance(optimizer, torch.optim.SGD)
+    model(torch.ones(1, 2)).sum().backward()
+    before = model.weight.detach().clone()
+    optimizer.step()  # through the strategy, not Adam.step on the wrapper
+    assert not torch.equal(before, model.weight) and optimizer.optimizer.state  # the wrapped optimizer's state
+    # a stand-in reports the class it stands for; anything else that is not an optimizer gives the plain wrapper
+    assert isinstance(_FabricOptimizer(Mock(spec=torch.optim.SGD), Mock()), torch.optim.SGD)
+    assert type(_FabricOptimizer(Mock(), Mock())) is _FabricOptimizer
+
+
+def test_the_optimizer_wrapper_runs_methods_of_the_optimizers_class_on_the_wrapped_state() -> None:
+    _, optimizer = _fabric().setup(*_linear_and(_Finalised))
+    assert optimizer.scaled_lr(2.0) == pytest.approx(0.2)
+    optimizer.param_groups[0]["lr"] = 0.5  # the wrapped optimizer's groups
+    assert optimizer.optimizer.param_groups[0]["lr"] == 0.5 and optimizer.scaled_lr(1.0) == 0.5
+
+
+def test_a_wrapper_going_away_does_not_run_the_optimizers_finaliser() -> None:
+    inner = _Finalised(nn.Linear(2, 1).parameters(), lr=0.1)
+    wrapper = _FabricOptimizer(inner, _fabric().strategy)
+    _Finalised.freed.clear()
+    del wrapper
+    assert _Finalised.freed == []  # the optimizer lives on: nothing of it may be freed
+    del inner
+    assert len(_Finalised.freed) == 1
+
+
+def test_the_optimizer_wrapper_pickles_and_copies_as_a_wrapper_of_the_copy() -> None:
+    strategy = _fabric().strategy
+    inner = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1, momentum=0.9)
+    wrapper = _FabricOptimizer(inner, strategy)
+    for copied in (copy.deepcopy(wrapper), pickle.loads(pickle.dumps(wrapper))):
+        assert type(copied).__name__ == "FabricSGD" and isinstance(copied, torch.optim.SGD)
+        assert copied.optimizer is not inner and copied.param_groups[0]["momentum"] == 0.9
+
+
+def test_setup_optimizers_is_refused_before_asking_a_strategy_that_sets_up_jointly() -> None:
+    from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
+
+    fabric = _fabric()
+    fabric._strategy = Mock(spec=DeepSpeedStrategy)  # a stand-in: the class alone decides
+    fabric._launched = True
+    with pytest.raises(RuntimeError, match=r"The `DeepSpeedStrategy` requires the model and optimizer\(s\) to be set"):
+        fabric.setup_optimizers(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+    fabric._strategy.setup_optimizer.assert_not_called()
+
+
+class _OneTensorAtATime(SingleDeviceStrategy):
+    """A strategy of one's own, written for Lightning's contract: its collectives take one tensor."""
+
+    def all_reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        assert isinstance(tensor, torch.Tensor), tensor
+        return tensor * 2
+
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        assert isinstance(tensor, torch.Tensor), tensor
+        return torch.stack([tensor, tensor])
+
+
+def test_a_strategy_that_overrides_the_collectives_gets_one_tensor_per_call() -> None:
+    fabric = Fabric(strategy=_OneTensorAtATime(torch.device("cpu")))
+    data = {"a": torch.tensor(1.0), "b": [torch.tensor(2.0), "text"]}
+    assert fabric.all_reduce(data) == {"a": torch.tensor(2.0), "b": [torch.tensor(4.0), "text"]}
+    gathered = fabric.all_gather(data)
+    assert gathered["a"].tolist() == [1.0, 1.0] and gathered["b"][0].tolist() == [2.0, 2.0]
+    assert gathered["b"][1] == "text"
+
+
+def test_fabric_lites_strategies_get_a_collections_tensors_in_one_call() -> None:
+    fabric = _fabric()
+    calls = []
+    strategy = fabric.strategy
+    original = type(strategy).all_reduce
+
+    def recording(self: Any, tensors: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        calls.append(tensors)
+        return original(self, tensors, group, reduce_op)
+
+    recording.__dict__.update(original.__dict__)  # fabric_lite's mark: it takes a collection
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(strategy), "all_reduce", recording)
+        fabric.all_reduce({"a": torch.tensor(1.0), "b": [torch.tensor(2), 3.0]})
+    assert len(calls) == 1 and len(calls[0]) == 3
+
+
+def test_backward_on_one_device_needs_no_set_up_model() -> None:
+    weight = torch.ones(2, requires_grad=True)
+    _fabric().backward((weight * 3).sum())
+    assert weight.grad is not None and weight.grad.tolist() == [3.0, 3.0]
+
+
+def _linear_and(optimizer_class: type[torch.optim.Optimizer]) -> tuple[nn.Module, torch.optim.Optimizer]:
+    model = nn.Linear(2, 1)
+    return model, optimizer_class(model.parameters(), lr=0.1)

@@ -193,24 +193,6 @@ EXPECTED: dict[str, Difference] = {
         section="What fabric_lite does not have",
     ),
     # --- Fabric and its wrappers, device/dtype mixin ---
-    "tests_fabric/test_fabric.py::test_all_gather": Difference(
-        "documented",
-        "a collection's tensors reach the strategy's all_gather in one call, as a list (one collective per dtype);"
-        " Lightning calls it once per tensor, which the mocked strategy counts",
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_fabric.py::test_all_reduce": Difference(
-        "documented",
-        "a collection's tensors reach the strategy's all_reduce in one call, as a list (one collective per dtype);"
-        " Lightning calls it once per tensor, which the mocked strategy counts",
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_fabric.py::test_backward": Difference(
-        "documented",
-        "fabric.backward before any fabric.setup raises (the gradients would not be synchronised); Lightning raises"
-        " so with DeepSpeed only",
-        section="What differs, and why",
-    ),
     "tests_fabric/test_fabric.py::test_backward_required": Difference(
         "private",
         "reads wrappers._in_fabric_backward, Lightning's module-global flag (fabric_lite keeps it on the precision"
@@ -242,26 +224,11 @@ EXPECTED: dict[str, Difference] = {
         "in a script the CLI started, an overridden Fabric.run runs (Lightning raises TypeError)",
         section="Beyond the loop: where the other names differ",
     ),
-    "tests_fabric/test_fabric.py::test_module_sharding_context": Difference(
-        "documented",
-        "sharded_model() is init_module(), its documented replacement, not the strategy's module_sharded_context",
-        section="Beyond the loop: where the other names differ",
-    ),
     "tests_fabric/test_fabric.py::test_no_backward_sync": Difference(
         "private",
         "mocks strategy._backward_sync_control, which Lightning's Fabric calls itself after telling single-device"
         " strategies by class; fabric_lite's Fabric calls strategy.no_backward_sync(module, enabled), which each"
         " strategy implements (the base through _backward_sync_control; DDP and Horovod their own)",
-    ),
-    "tests_fabric/test_fabric.py::test_setup_optimizers_not_supported": Difference(
-        "private",
-        "Lightning's Fabric refuses by class (isinstance(strategy, (DeepSpeedStrategy, XLAStrategy))); in fabric_lite"
-        " DeepSpeedStrategy.setup_optimizer raises that RuntimeError with the same words, which a mocked one does not",
-    ),
-    "tests_fabric/test_wrappers.py::test_fabric_optimizer_wraps": Difference(
-        "documented",
-        "the optimizer wrapper is a torch.optim.Optimizer; its class is not rewritten into one of the user's",
-        section="What differs, and why",
     ),
     "tests_fabric/test_wrappers.py::test_fabric_optimizer_steps": Difference(
         "private",
