@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 
 def lazy_getattr(package: str, lazy: dict[str, str]) -> Callable[[str], Any]:
     """A module ``__getattr__`` for ``package`` that imports ``lazy[name]`` when ``name`` is first asked for and
-    returns that module's ``name``; any other name raises ``AttributeError``.
+    returns that module's ``name``. A submodule of the package is imported when first asked for as an attribute (as
+    where a package imports all its modules eagerly: ``fabric_lite.strategies.fsdp`` without importing it first);
+    any other name raises ``AttributeError``.
 
     Example::
 
@@ -19,6 +22,8 @@ def lazy_getattr(package: str, lazy: dict[str, str]) -> Callable[[str], Any]:
     def __getattr__(name: str) -> Any:
         if name in lazy:
             return getattr(importlib.import_module(lazy[name]), name)
+        if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return __getattr__

@@ -69,3 +69,25 @@ def test_import_works_without_torch_distributed() -> None:
     done = run_python(["-c", WITHOUT_DISTRIBUTED], timeout=120)
     assert done.returncode == 0, done.output
     assert done.stdout.strip().splitlines()[-1] == "imported 1"
+
+
+_SUBMODULE = """
+import sys
+import fabric_lite.strategies as strategies
+assert "fabric_lite.strategies.single_xla" not in sys.modules  # not imported with the package
+print(strategies.single_xla.__name__, strategies.fsdp.__name__)
+try:
+    strategies.no_such_module
+except AttributeError as error:
+    print(error)
+"""
+
+
+def test_a_lazy_packages_submodule_is_an_attribute_on_first_use() -> None:
+    """As in a package that imports its modules eagerly (Lightning's): ``package.module`` without importing it."""
+    done = run_python(["-c", _SUBMODULE], env=base_env(), timeout=120)
+    assert done.returncode == 0, done.output
+    assert done.stdout.splitlines() == [
+        "fabric_lite.strategies.single_xla fabric_lite.strategies.fsdp",
+        "module 'fabric_lite.strategies' has no attribute 'no_such_module'",
+    ], done.output
