@@ -26,6 +26,23 @@ _LAZY = {
 }
 
 
+def _as_lightning_fabric() -> None:
+    """What executing the package under Lightning's name (``lightning.fabric``, ``lightning_fabric``, through the
+    import hook) does beyond giving its names, as importing Lightning Fabric does; ``import fabric_lite`` never runs it.
+
+    * ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` unless the variable is set already: ``torch.cuda.is_available()`` then
+      asks NVML instead of initialising the CUDA driver, so processes forked later (``ddp_fork``,
+      ``ddp_notebook``, data loader workers) can still use CUDA;
+    * ``POSSIBLE_USER_WARNINGS=0`` (or ``off``) ignores every ``PossibleUserWarning``.
+    """
+    import os
+
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    from fabric_lite.utilities.warnings import _disable_possible_user_warnings_if_asked
+
+    _disable_possible_user_warnings_if_asked()
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)

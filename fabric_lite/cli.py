@@ -44,19 +44,26 @@ from fabric_lite.utilities.consolidate_checkpoint import add_consolidate_argumen
 
 def _not_for_the_cli(name: str, entry: StrategyEntry) -> str | None:
     """Why ``fabric-lite run --strategy name`` is refused (as Lightning's ``fabric run`` refuses it), or None."""
+    if re.search("xla|tpu", name):
+        return "fabric_lite does not run on XLA/TPU"
     if entry.parallel and entry.start_method != "popen":
         # torchrun starts the processes: one per device, each like a script re-run (``popen``)
         how = f"with {entry.start_method}" if entry.start_method else "by its own launcher (e.g. horovodrun)"
         return f"its processes are started {how}, not by torchrun; run the script with python instead"
-    if re.search("xla|tpu", name):
-        return "fabric_lite does not run on XLA/TPU"
-    if "offload" in name:
-        return "offloading needs settings a flag cannot give; configure the strategy in Fabric(strategy=...) instead"
     return None
 
 
-#: the strategies ``fabric-lite run --strategy`` takes (Lightning's ``fabric run`` takes the same registry names)
-CLI_STRATEGIES = ("auto", *(name for name, entry in STRATEGY_REGISTRY.items() if _not_for_the_cli(name, entry) is None))
+#: the strategies ``fabric-lite run --strategy`` takes: every name of the registry (its aliases too) whose processes
+#: torchrun can start, offloading ones included (their names say everything; Lightning's ``fabric run`` leaves them
+#: out, see :func:`_get_supported_strategies`)
+CLI_STRATEGIES = (
+    "auto",
+    *(
+        name
+        for name, entry in (*STRATEGY_REGISTRY.items(), *STRATEGY_REGISTRY.aliases.items())
+        if _not_for_the_cli(name, entry) is None
+    ),
+)
 CLI_PRECISIONS = (*PRECISIONS, *(key for key in _LEGACY_PRECISIONS if isinstance(key, str)))
 #: torchrun's default port, used by every node of a multi-node job unless --main-port says otherwise
 DEFAULT_MULTI_NODE_PORT = 29500
@@ -259,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="{" + ",".join(CLI_STRATEGIES) + "}",
         help="how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
         " script says, else 'auto' (ddp for several processes). Strategies that start their own processes"
-        " (ddp_spawn, ...) or offload (deepspeed_stage_3_offload, ...) are set in the script's Fabric(...).",
+        " (ddp_spawn, ...) are set in the script's Fabric(...).",
     )
     run.add_argument(
         "--devices",
@@ -284,8 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--main-address",
         metavar="ADDRESS",
-        help="address of node 0 that every node can reach (e.g. --main-address 10.0.0.1). Needed with"
-        " --num-nodes > 1; unused on one node.",
+        help="address of node 0 that every node can reach (e.g. --main-address 10.0.0.1). Needed on every node"
+        " but node 0 with --num-nodes > 1. Default: 127.0.0.1 (node 0 hosts the rendezvous).",
     )
     run.add_argument(
         "--main-port",
@@ -407,10 +414,12 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
             f"--node-rank {args.node_rank} is not a node of --num-nodes {args.num_nodes}: node ranks run from 0 to"
             f" {args.num_nodes - 1}. Give each machine its own --node-rank in that range."
         )
-    if args.num_nodes > 1 and not args.main_address:
+    if args.node_rank > 0 and not args.main_address:
+        # node 0 hosts the rendezvous, reachable on every interface, so it needs no address; another node would
+        # look for it on itself and wait until the timeout
         raise ValueError(
-            f"--num-nodes {args.num_nodes} needs --main-address: the address of the machine started with"
-            " --node-rank 0, reachable from every node (e.g. --main-address 10.0.0.1)."
+            f"--node-rank {args.node_rank} of --num-nodes {args.num_nodes} needs --main-address: the address of"
+            " the machine started with --node-rank 0, reachable from every node (e.g. --main-address 10.0.0.1)."
         )
     env = {
         CLI_USED_ENV_VAR: "1",
@@ -541,14 +550,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _get_supported_strategies() -> list[str]:
-    """The registry names ``fabric-lite run --strategy`` takes (Lightning's name for this list; ``"auto"``, the
-    default, aside).
+    """Lightning's list of the registry's names for ``fabric run --strategy``: the listed names (aliases aside) whose
+    processes torchrun can start, without the offloading ones, which Lightning counts as needing more settings.
+    ``fabric-lite run`` takes these and more (:data:`CLI_STRATEGIES`).
 
     Example::
 
         "ddp" in _get_supported_strategies(), "ddp_spawn" in _get_supported_strategies()  # (True, False)
     """
-    return [name for name in CLI_STRATEGIES if name != "auto"]
+    return [
+        name for name in STRATEGY_REGISTRY.available_strategies() if name in CLI_STRATEGIES and "offload" not in name
+    ]
 
 
 class _Command:

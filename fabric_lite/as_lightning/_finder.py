@@ -203,6 +203,7 @@ class _ClientPackageLoader(importlib.abc.Loader):
                 raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}") from None
 
         module.__dict__["__getattr__"] = __getattr__  # PEP 562: attributes it lacks
+        fabric_lite._as_lightning_fabric()  # what importing Lightning Fabric does to the process, on each execution
 
 
 class _StandInLightningLoader(importlib.abc.Loader):

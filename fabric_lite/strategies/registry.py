@@ -11,7 +11,10 @@ whether it runs one process per device, and how the extra processes are started:
 The ``deepspeed*`` names are Lightning Fabric's; their keyword arguments are ``DeepSpeedStrategy``'s.
 ``STRATEGY_REGISTRY`` has Lightning Fabric's registry API (``register``, also as a decorator, ``get``, ``remove``,
 ``available_strategies``, entries read as ``["strategy"]``/``["init_params"]``/``["description"]``), so a strategy
-registered as Lightning documents works in ``Fabric(strategy=NAME)``.
+registered as Lightning documents works in ``Fabric(strategy=NAME)``. Its entries are Lightning Fabric's names
+exactly (what ``available_strategies()`` lists and iteration gives); fabric_lite's own names (``single_device``,
+``horovod``, the ``find_unused_parameters`` spellings of every start method) are its *aliases*: looked up, tested with
+``in`` and built like entries, but not listed, so a listing is the same under both libraries.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -125,8 +129,24 @@ class _StrategyRegistry(dict[str, StrategyEntry]):
         Fabric(strategy="my_ddp", devices=2)  # MyDDPStrategy(bucket_cap_mb=50) on two processes
     """
 
+    def __init__(self, aliases: Mapping[str, StrategyEntry] | None = None) -> None:
+        super().__init__()
+        #: names that resolve like entries but are not listed (fabric_lite's own names, in ``STRATEGY_REGISTRY``);
+        #: a name registered later takes precedence over an alias of the same name
+        self.aliases: Mapping[str, StrategyEntry] = MappingProxyType(
+            {name: replace(entry, name=name) for name, entry in (aliases or {}).items()}
+        )
+
     def __setitem__(self, name: str, entry: StrategyEntry) -> None:
         super().__setitem__(name, entry if entry.name == name else replace(entry, name=name))
+
+    def __missing__(self, name: str) -> StrategyEntry:
+        if isinstance(name, str) and name in self.aliases:
+            return self.aliases[name]
+        raise KeyError(name)
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or (isinstance(name, str) and name in self.aliases)
 
     def register(
         self,
@@ -186,7 +206,7 @@ class _StrategyRegistry(dict[str, StrategyEntry]):
         self.pop(name)
 
     def available_strategies(self) -> list[str]:
-        """The registered names, in registration order."""
+        """The registered names, in registration order (the aliases aside)."""
         return list(self)
 
     def __str__(self) -> str:
@@ -221,21 +241,13 @@ def _deepspeed(description: str, **init_kwargs: Any) -> StrategyEntry:
     return StrategyEntry("DeepSpeedStrategy", True, "popen", description, init_kwargs)
 
 
+#: Lightning Fabric's names: what ``STRATEGY_REGISTRY`` lists
 _BUILT_IN: dict[str, StrategyEntry] = {
-    "single_device": StrategyEntry("SingleDeviceStrategy", False, None, "one process on one device"),
     "ddp": _launched("DDPStrategy", "popen", "DistributedDataParallel; the script is re-run once per extra local rank"),
     "ddp_spawn": _launched("DDPStrategy", "spawn", "DistributedDataParallel; launch(fn) spawns one process per device"),
     "ddp_fork": _launched("DDPStrategy", "fork", "DistributedDataParallel; launch(fn) forks one process per device"),
     "ddp_notebook": _launched("DDPStrategy", "fork", "alias of ddp_fork, for notebooks"),
     "ddp_find_unused_parameters_true": _find_unused("ddp", "popen", True),
-    # Lightning's other spellings of find_unused_parameters, one per start method
-    "ddp_find_unused_parameters_false": _find_unused("ddp", "popen", False),
-    "ddp_spawn_find_unused_parameters_true": _find_unused("ddp_spawn", "spawn", True),
-    "ddp_spawn_find_unused_parameters_false": _find_unused("ddp_spawn", "spawn", False),
-    "ddp_fork_find_unused_parameters_true": _find_unused("ddp_fork", "fork", True),
-    "ddp_fork_find_unused_parameters_false": _find_unused("ddp_fork", "fork", False),
-    "ddp_notebook_find_unused_parameters_true": _find_unused("ddp_notebook", "fork", True),
-    "ddp_notebook_find_unused_parameters_false": _find_unused("ddp_notebook", "fork", False),
     "dp": StrategyEntry(
         "DataParallelStrategy",
         False,
@@ -254,12 +266,6 @@ _BUILT_IN: dict[str, StrategyEntry] = {
         "popen",
         "fsdp with the sharded parameters, gradients and optimizer step kept on the CPU",
         cpu_offload=True,
-    ),
-    "horovod": StrategyEntry(
-        "HorovodStrategy",
-        True,
-        None,
-        "Horovod (optional dependency): horovodrun starts one process per device, fabric_lite starts none",
     ),
     "deepspeed": _deepspeed(
         "DeepSpeed (optional dependency), ZeRO stage 2; the script is re-run once per extra local rank"
@@ -296,6 +302,25 @@ _BUILT_IN: dict[str, StrategyEntry] = {
     "single_tpu": _xla("SingleDeviceXLAStrategy", False, "single_xla"),
 }
 
-STRATEGY_REGISTRY = _StrategyRegistry()
+#: fabric_lite's own names: ``STRATEGY_REGISTRY``'s aliases, built like its entries but not listed
+_FABRIC_LITE_NAMES: dict[str, StrategyEntry] = {
+    "single_device": StrategyEntry("SingleDeviceStrategy", False, None, "one process on one device"),
+    # Lightning's other spellings of find_unused_parameters, one per start method
+    "ddp_find_unused_parameters_false": _find_unused("ddp", "popen", False),
+    "ddp_spawn_find_unused_parameters_true": _find_unused("ddp_spawn", "spawn", True),
+    "ddp_spawn_find_unused_parameters_false": _find_unused("ddp_spawn", "spawn", False),
+    "ddp_fork_find_unused_parameters_true": _find_unused("ddp_fork", "fork", True),
+    "ddp_fork_find_unused_parameters_false": _find_unused("ddp_fork", "fork", False),
+    "ddp_notebook_find_unused_parameters_true": _find_unused("ddp_notebook", "fork", True),
+    "ddp_notebook_find_unused_parameters_false": _find_unused("ddp_notebook", "fork", False),
+    "horovod": StrategyEntry(
+        "HorovodStrategy",
+        True,
+        None,
+        "Horovod (optional dependency): horovodrun starts one process per device, fabric_lite starts none",
+    ),
+}
+
+STRATEGY_REGISTRY = _StrategyRegistry(aliases=_FABRIC_LITE_NAMES)
 for _name, _entry in _BUILT_IN.items():
     STRATEGY_REGISTRY[_name] = _entry

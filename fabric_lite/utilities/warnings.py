@@ -1,7 +1,9 @@
 """Warning categories (Lightning Fabric's ``utilities.warnings``).
 
-Unlike Lightning, importing this module changes no global warning filter and no ``warnings.formatwarning``:
-:class:`LightningDeprecationWarning` follows Python's default filters for ``DeprecationWarning``.
+Unlike Lightning, importing this module changes no ``warnings.formatwarning`` and no filter of its own:
+:class:`LightningDeprecationWarning` follows Python's default filters for ``DeprecationWarning``. The one filter it
+adds is the one a user asks for with Lightning's documented variable ``POSSIBLE_USER_WARNINGS=0`` (or ``off``): every
+:class:`PossibleUserWarning` ignored, as :func:`disable_possible_user_warnings` does.
 
 Example::
 
@@ -12,7 +14,9 @@ Example::
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
@@ -41,6 +45,13 @@ def disable_possible_user_warnings(module: str = "") -> None:
     warnings.filterwarnings("ignore", module=module, category=PossibleUserWarning)
 
 
+def _disable_possible_user_warnings_if_asked(environ: Mapping[str, str] | None = None) -> None:
+    """Ignore every :class:`PossibleUserWarning` where ``POSSIBLE_USER_WARNINGS`` (in ``environ``, default
+    ``os.environ``) is ``0`` or ``off``, Lightning's documented switch; otherwise do nothing."""
+    if (os.environ if environ is None else environ).get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):
+        disable_possible_user_warnings()
+
+
 def _is_path_in_lightning(path: Path) -> bool:
     """Whether ``path`` looks like a file of the Lightning package: its absolute form contains ``"lightning"``.
 
@@ -50,5 +61,7 @@ def _is_path_in_lightning(path: Path) -> bool:
     """
     return "lightning" in str(path.absolute())
 
+
+_disable_possible_user_warnings_if_asked()  # the user's explicit request: a program that never sets it sees no change
 
 __all__ = ["LightningDeprecationWarning", "PossibleUserWarning", "disable_possible_user_warnings"]

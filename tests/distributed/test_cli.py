@@ -230,18 +230,38 @@ def test_processes_per_node(argv: list[str], machine: Machine, nproc: int) -> No
     assert command(*argv, ABS_SCRIPT, machine=machine)[:2] == ["--nproc-per-node", str(nproc)]
 
 
-def test_strategies_that_start_their_own_processes_offload_or_need_xla_are_not_offered() -> None:
-    assert {"auto", "ddp", "single_device"} <= set(CLI_STRATEGIES)
+def test_strategies_that_start_their_own_processes_or_need_xla_are_not_offered() -> None:
+    assert {"auto", "ddp", "single_device", "ddp_find_unused_parameters_false"} <= set(CLI_STRATEGIES)
     assert not {"ddp_spawn", "ddp_fork", "ddp_notebook", "horovod"} & set(CLI_STRATEGIES)
-    # as in Lightning's `fabric run`: offloading is configured in the script, and there is no XLA/TPU
-    assert not {"fsdp_cpu_offload", "deepspeed_stage_3_offload", "xla", "single_xla", "single_tpu"} & set(
-        CLI_STRATEGIES
-    )
-    # Lightning's name for the list, without the default
-    assert _get_supported_strategies() == [name for name in CLI_STRATEGIES if name != "auto"]
-    assert {"ddp", "ddp_find_unused_parameters_true", "dp", "fsdp", "deepspeed_stage_3"} <= set(
-        _get_supported_strategies()
-    )
+    assert not {"xla", "xla_fsdp", "single_xla", "single_tpu"} & set(CLI_STRATEGIES)
+    # the offloading names say everything the strategy needs: torchrun starts them like the others
+    assert {"fsdp_cpu_offload", "deepspeed_stage_2_offload", "deepspeed_stage_3_offload_nvme"} <= set(CLI_STRATEGIES)
+    # Lightning's list (its name, its 8 names): the listed registry names but the offloading ones
+    assert _get_supported_strategies() == [
+        "ddp",
+        "ddp_find_unused_parameters_true",
+        "dp",
+        "fsdp",
+        "deepspeed",
+        "deepspeed_stage_1",
+        "deepspeed_stage_2",
+        "deepspeed_stage_3",
+    ]
+    assert set(_get_supported_strategies()) < set(CLI_STRATEGIES)
+
+
+def test_an_offloading_strategy_is_run() -> None:
+    args = build_parser().parse_args(["run", "--strategy", "deepspeed_stage_2_offload", ABS_SCRIPT])
+    assert args.strategy == "deepspeed_stage_2_offload"
+    argv = command("--accelerator", "cpu", "--devices", "2", "--strategy", "fsdp_cpu_offload", ABS_SCRIPT)
+    assert argv[:2] == ["--nproc-per-node", "2"]
+
+
+def test_node_zero_of_several_needs_no_main_address() -> None:
+    """Node 0 hosts the rendezvous (on every interface), so Lightning's default address works there."""
+    argv = command("--accelerator", "cpu", "--devices", "2", "--num-nodes", "3", ABS_SCRIPT)
+    assert argv[:4] == ["--nproc-per-node", "2", "--max-restarts", "0"]
+    assert argv[4:12] == ["--nnodes", "3", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", "29500"]
 
 
 @pytest.fixture
@@ -266,7 +286,10 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         (["missing_script.py"], ["SCRIPT 'missing_script.py' does not exist", "looked in"]),
         ([str(REPO / "tests")], ["is a folder"]),
         (["--num-nodes", "2", "--node-rank", "2", "--main-address", "a", ABS_SCRIPT], ["--node-rank 2", "0 to 1"]),
-        (["--num-nodes", "2", ABS_SCRIPT], ["--num-nodes 2 needs --main-address", "--node-rank 0"]),
+        (
+            ["--num-nodes", "2", "--node-rank", "1", ABS_SCRIPT],
+            ["--node-rank 1 of --num-nodes 2 needs --main-address", "--node-rank 0"],
+        ),
     ],
 )
 def test_invalid_flags_fail_before_anything_starts(
@@ -288,8 +311,8 @@ def test_invalid_flags_fail_before_anything_starts(
             ["Invalid value for '--strategy': 'ddp_spawn' (its processes are started with spawn", "python", "ddp,"],
         ),
         (
-            ["--strategy", "deepspeed_stage_3_offload", ABS_SCRIPT],
-            ["Invalid value for '--strategy': 'deepspeed_stage_3_offload' (offloading", "Fabric(strategy=...)"],
+            ["--strategy", "xla", ABS_SCRIPT],
+            ["Invalid value for '--strategy': 'xla' (fabric_lite does not run on XLA/TPU)", "ddp,"],
         ),
         (["--strategy", "no_such_strategy", ABS_SCRIPT], ["'no_such_strategy' is not one of", "single_device"]),
         (["--accelerator", "tpu", ABS_SCRIPT], ["Invalid value for '--accelerator': 'tpu' is not one of", "cpu"]),

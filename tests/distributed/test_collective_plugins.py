@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -95,6 +96,30 @@ def test_torch_collective_converts_reduce_ops(op: Any, expected: Any) -> None:
 def test_torch_collective_rejects_unknown_ops(op: Any, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         TorchCollective._convert_to_native_op(op)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("gather", {"tensor": torch.zeros(1), "gather_list": [torch.zeros(1)], "dst": 1}),
+        ("scatter", {"tensor": torch.zeros(1), "scatter_list": [torch.zeros(1)], "src": 1}),
+        ("gather_object", {"obj": 1, "object_gather_list": [None], "dst": 1}),
+        (
+            "scatter_object_list",
+            {"scatter_object_output_list": [None], "scatter_object_input_list": [2], "src": 1},
+        ),
+    ],
+)
+def test_torch_collective_passes_the_lists_to_torch_as_given(name: str, kwargs: dict[str, Any]) -> None:
+    """Whatever the rank: torch itself says that a non-destination rank must pass ``[]`` (as with Lightning's)."""
+    collective = TorchCollective()
+    collective._group = mock.sentinel.group  # no process group is needed: torch's calls are mocked, no rank asked
+    with mock.patch(f"torch.distributed.{name}", autospec=True) as call:
+        result = getattr(collective, name)(**kwargs)
+    call.assert_called_once_with(**kwargs, group=collective.group)
+    returned = {"gather": "gather_list", "gather_object": "object_gather_list"}.get(name)
+    if returned is not None:
+        assert result is kwargs[returned]
 
 
 def test_torch_collective_create_group_needs_the_default_group() -> None:

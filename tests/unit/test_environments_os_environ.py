@@ -222,3 +222,15 @@ def test_an_environment_reading_os_environ_pickles_and_reads_the_receivers(
     assert arrived._env is os.environ and arrived._env["MASTER_ADDR"] == "10.0.0.7"
     given = pickle.loads(pickle.dumps(cls(env={"MASTER_ADDR": "10.0.0.8"})))
     assert given._env == {"MASTER_ADDR": "10.0.0.8"}  # a mapping passed in travels as it is
+
+
+def test_lightning_environment_teardown_removes_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Lightning's: a later ``Fabric`` in the process does not take the launcher's ``WORLD_SIZE`` for its own."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    LightningEnvironment().teardown()
+    assert "WORLD_SIZE" not in os.environ
+    LightningEnvironment().teardown()  # nothing to remove: no error
+    given = LightningEnvironment({"WORLD_SIZE": "2"})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    given.teardown()  # an environment given its variables removes it from those, never from os.environ
+    assert os.environ["WORLD_SIZE"] == "2" and "WORLD_SIZE" not in given._env

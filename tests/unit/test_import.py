@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from tests.helpers.harness import base_env, run_python
 
@@ -91,3 +94,69 @@ def test_a_lazy_packages_submodule_is_an_attribute_on_first_use() -> None:
         "fabric_lite.strategies.single_xla fabric_lite.strategies.fsdp",
         "module 'fabric_lite.strategies' has no attribute 'no_such_module'",
     ], done.output
+
+
+LIGHTNING_IMPORT = r"""
+import importlib, json, os, sys, warnings
+import fabric_lite.as_lightning
+fabric_lite.as_lightning.install()
+import fabric_lite
+seen = {"after_fabric_lite": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")}
+import lightning.fabric
+from lightning.fabric.utilities.warnings import PossibleUserWarning
+seen["after_lightning_fabric"] = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK")
+warnings.resetwarnings()
+importlib.reload(lightning.fabric)  # executed again: set again
+seen["after_reload"] = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("default")
+    importlib.reload(lightning.fabric)  # reads POSSIBLE_USER_WARNINGS again, after the filters were reset
+    warnings.warn("maybe a mistake", PossibleUserWarning)
+seen["possible_user_warnings_shown"] = len(caught)
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize(
+    ("preset", "possible", "expected"),
+    [
+        pytest.param(None, None, {"after_lightning_fabric": "1", "after_reload": "1", "shown": 1}, id="unset"),
+        pytest.param("0", "off", {"after_lightning_fabric": "0", "after_reload": "1", "shown": 0}, id="user-values"),
+    ],
+)
+def test_lightning_fabric_under_the_hook_does_what_importing_lightning_does(
+    preset: str | None, possible: str | None, expected: dict[str, Any]
+) -> None:
+    """``import lightning.fabric`` (fabric_lite under the hook) sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` unless it is
+    set, and ``POSSIBLE_USER_WARNINGS=off`` silences ``PossibleUserWarning``, as Lightning's import does; importing
+    ``fabric_lite`` itself sets nothing."""
+    extra = {"PYTHONWARNINGS": "default"}
+    if preset is not None:
+        extra["PYTORCH_NVML_BASED_CUDA_CHECK"] = preset
+    if possible is not None:
+        extra["POSSIBLE_USER_WARNINGS"] = possible
+    env = base_env(extra)
+    if preset is None:
+        env.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+    if possible is None:
+        env.pop("POSSIBLE_USER_WARNINGS", None)
+    done = run_python(["-c", LIGHTNING_IMPORT], env=env, timeout=120)
+    assert done.returncode == 0, done.output
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["after_fabric_lite"] == preset
+    assert seen["after_lightning_fabric"] == expected["after_lightning_fabric"]
+    assert seen["after_reload"] == expected["after_reload"]
+    assert seen["possible_user_warnings_shown"] == expected["shown"]
+
+
+def test_possible_user_warnings_off_silences_them_in_fabric_lite() -> None:
+    code = (
+        "import warnings\nfrom fabric_lite import Fabric\n"
+        "from fabric_lite.utilities.warnings import PossibleUserWarning\n"
+        "warnings.warn('maybe a mistake', PossibleUserWarning)\nprint('done')"
+    )
+    shown = run_python(["-W", "default", "-c", code], env=base_env({}), timeout=60)
+    assert shown.returncode == 0 and "maybe a mistake" in shown.stderr, shown.output
+    silenced = run_python(["-W", "default", "-c", code], env=base_env({"POSSIBLE_USER_WARNINGS": "0"}), timeout=60)
+    assert silenced.returncode == 0 and "maybe a mistake" not in silenced.stderr, silenced.output

@@ -104,3 +104,53 @@ def test_an_entry_set_directly_gets_its_name() -> None:
     registry["mine"] = StrategyEntry("DDPStrategy", True, "popen", "mine", {"start_method": "popen"})
     assert registry["mine"]["strategy_name"] == "mine" and registry["mine"].load() is DDPStrategy
     assert type(registry.get("mine")) is DDPStrategy
+
+
+#: Lightning Fabric 2.6.6's registered names (its tests_fabric/strategies/test_registry.py lists the same)
+LIGHTNING_NAMES = {
+    *("ddp", "ddp_find_unused_parameters_true", "ddp_spawn", "ddp_fork", "ddp_notebook", "dp"),
+    *("fsdp", "fsdp_cpu_offload", "xla", "xla_fsdp", "single_xla", "single_tpu"),
+    *("deepspeed", "deepspeed_stage_1", "deepspeed_stage_1_offload", "deepspeed_stage_2", "deepspeed_stage_2_offload"),
+    *("deepspeed_stage_3", "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme"),
+}
+
+
+def test_the_listing_is_lightnings_and_fabric_lites_names_are_aliases() -> None:
+    assert set(STRATEGY_REGISTRY.available_strategies()) == set(STRATEGY_REGISTRY) == LIGHTNING_NAMES
+    assert (
+        set(STRATEGY_REGISTRY.aliases)
+        == {
+            "single_device",
+            "horovod",
+            *(
+                f"ddp{how}_find_unused_parameters_{value}"
+                for how in ("", "_spawn", "_fork", "_notebook")
+                for value in ("true", "false")
+            ),
+        }
+        - LIGHTNING_NAMES
+    )
+    for alias in STRATEGY_REGISTRY.aliases:
+        assert alias in STRATEGY_REGISTRY and STRATEGY_REGISTRY[alias]["strategy_name"] == alias
+    assert type(STRATEGY_REGISTRY.get("single_device")) is SingleDeviceStrategy
+    assert STRATEGY_REGISTRY["horovod"].class_name == "HorovodStrategy"  # horovodrun's processes, built on first use
+    spawn_false = STRATEGY_REGISTRY["ddp_spawn_find_unused_parameters_false"]
+    assert (spawn_false.start_method, spawn_false["init_params"]) == (
+        "spawn",
+        {"start_method": "spawn", "find_unused_parameters": False},
+    )
+    # an alias still works in Fabric(strategy=...)
+    assert type(Fabric(strategy="single_device", accelerator="cpu").strategy) is SingleDeviceStrategy
+    strategy = Fabric(strategy="ddp_fork_find_unused_parameters_true", accelerator="cpu", devices=2).strategy
+    assert (type(strategy), strategy.start_method) == (DDPStrategy, "fork")
+    # and a name registered later takes precedence; removing it brings the alias back
+    STRATEGY_REGISTRY.register("single_device", BucketedDDP, override=True, bucket=7)
+    try:
+        assert type(STRATEGY_REGISTRY.get("single_device")) is BucketedDDP
+        assert "single_device" in STRATEGY_REGISTRY.available_strategies()
+    finally:
+        STRATEGY_REGISTRY.remove("single_device")
+    assert STRATEGY_REGISTRY["single_device"].class_name == "SingleDeviceStrategy"
+    with pytest.raises(KeyError):
+        STRATEGY_REGISTRY.remove("horovod")  # an alias is not an entry
+    assert _StrategyRegistry().aliases == {} and "single_device" not in _StrategyRegistry()

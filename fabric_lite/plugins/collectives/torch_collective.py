@@ -107,15 +107,15 @@ class TorchCollective(Collective):
     @override
     def gather(self, tensor: Tensor, gather_list: list[Tensor], dst: int = 0) -> list[Tensor]:
         """Fill global rank ``dst``'s ``gather_list[i]`` with group rank ``i``'s ``tensor`` (the others pass
-        ``[]``); returns ``gather_list``."""
-        dist.gather(tensor, gather_list if dist.get_rank() == dst else None, dst, group=self.group)
+        ``[]``, as torch requires); returns ``gather_list``."""
+        dist.gather(tensor=tensor, gather_list=gather_list, dst=dst, group=self.group)
         return gather_list
 
     @override
     def scatter(self, tensor: Tensor, scatter_list: list[Tensor], src: int = 0) -> Tensor:
         """Fill group rank ``i``'s ``tensor`` with global rank ``src``'s ``scatter_list[i]`` (the others pass
-        ``[]``); returns ``tensor``."""
-        dist.scatter(tensor, scatter_list if dist.get_rank() == src else None, src, group=self.group)
+        ``[]``, as torch requires); returns ``tensor``."""
+        dist.scatter(tensor=tensor, scatter_list=scatter_list, src=src, group=self.group)
         return tensor
 
     @override
@@ -169,7 +169,7 @@ class TorchCollective(Collective):
 
             out = collective.gather_object(rank * 10, [None, None] if rank == 0 else [], dst=0)  # [0, 10] on rank 0
         """
-        dist.gather_object(obj, object_gather_list if dist.get_rank() == dst else None, dst, group=self.group)
+        dist.gather_object(obj=obj, object_gather_list=object_gather_list, dst=dst, group=self.group)
         return object_gather_list
 
     def scatter_object_list(
@@ -182,8 +182,12 @@ class TorchCollective(Collective):
 
             out = collective.scatter_object_list([None], ["a", "b"] if rank == 0 else [], src=0)  # ['b'] on rank 1
         """
-        inputs = scatter_object_input_list if dist.get_rank() == src else None
-        dist.scatter_object_list(scatter_object_output_list, inputs, src, group=self.group)
+        dist.scatter_object_list(
+            scatter_object_output_list=scatter_object_output_list,
+            scatter_object_input_list=scatter_object_input_list,
+            src=src,
+            group=self.group,
+        )
         return scatter_object_output_list
 
     @override

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from typing_extensions import override
@@ -19,7 +20,8 @@ class LightningEnvironment(ClusterEnvironment):
     * ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` (default: a free port, held by rank 0),
     * ``NODE_RANK`` (or ``GROUP_RANK``; default 0),
     * ``LOCAL_RANK`` and ``WORLD_SIZE``, set by the launcher for the processes it starts. A process that sees
-      ``LOCAL_RANK`` was started by a launcher and starts no processes itself.
+      ``LOCAL_RANK`` was started by a launcher and starts no processes itself. :meth:`teardown` removes
+      ``WORLD_SIZE``, as Lightning's does, so that a later ``Fabric`` in the process does not take it for its own.
 
     The name is Lightning Fabric's, so code that refers to it keeps working.
 
@@ -81,6 +83,12 @@ class LightningEnvironment(ClusterEnvironment):
         if "NODE_RANK" in self._env:
             return self._int("NODE_RANK")
         return self._int("GROUP_RANK", 0)
+
+    @override
+    def teardown(self) -> None:
+        """Remove ``WORLD_SIZE`` from the variables this environment reads (``os.environ`` when it was given none)."""
+        variables = os.environ if self._given_env is None else self._given_env
+        variables.pop("WORLD_SIZE", None)
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
