@@ -6,7 +6,12 @@ itself, so its tests are tables. Building objects from the plan is a separate st
 The device side (accelerator, devices, the machine) is :mod:`fabric_lite._plan_devices`; the arguments as given
 (precision names, ``num_nodes``, a command-line launcher's values) are :mod:`fabric_lite._plan_settings`.
 
-Every bad value is rejected here, in the constructor, before any process starts or waits on another.
+Every bad value is rejected here, in the constructor, before any process starts or waits on another. What the
+launcher's environment says about the processes (SLURM's tasks per node and nodes, torchrun's world size, the main
+address of a run over several nodes) is checked by :meth:`Plan.validate_settings` when the processes are set up, at
+``fabric.launch()``, as Lightning Fabric checks it (or at ``Fabric(...)`` where that sets the process up itself):
+still before any process starts another or waits on one, and in every process, so that every rank raises the same
+error.
 """
 
 from __future__ import annotations
@@ -77,6 +82,24 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.num_processes * self.num_nodes
+
+    def validate_settings(self, environment: ClusterEnvironment | None = None) -> None:
+        """Check the processes per node and the nodes against what the launcher's environment says
+        (``environment``, where the strategy has its own, else :attr:`cluster_environment`), through its
+        ``validate_settings``: SLURM's tasks per node and nodes, torchrun's world size, the main address and port of
+        a run over several nodes without a launcher, ...
+
+        ``fabric.launch()`` runs it in every process before that process starts another or waits on one, as
+        Lightning Fabric's launcher runs it, so a parallel strategy's ``Fabric(...)`` constructs whatever the
+        environment says. ``Fabric(...)`` runs it where it sets the process up itself: under ``fabric-lite run``
+        (which joins the processes at once) and for a one-process strategy (which needs no ``launch()``, and would
+        otherwise train alone in each of the launcher's processes).
+
+        Raises:
+            ValueError: a setting that disagrees with the environment, naming both values and the fix.
+        """
+        environment = environment if environment is not None else self.cluster_environment
+        environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
 
 
 def _detect_environment(env: Mapping[str, str], plugins: Sequence[Any]) -> ClusterEnvironment:
@@ -303,13 +326,21 @@ def resolve_plan(
             f" num_nodes={num_nodes}. Use strategy='ddp' to train on several nodes."
         )
     if not parallel and not multi_device and (len(device_indices) > 1 or num_nodes > 1):
-        raise ValueError(
-            f"strategy={label!r} runs one process on one device, but devices={devices!r} and num_nodes={num_nodes}"
-            f" ask for"
-            f" {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'), or devices=1."
-        )
+        if isinstance(strategy, Strategy) and num_nodes == 1:
+            # the instance was made for one device of its choosing, which it runs on (as in Lightning Fabric)
+            warnings.append(
+                f"Fabric(devices={devices!r}) selects {len(device_indices)} devices, but {label} runs one process on"
+                f" one device: only the device it was made with is used. Pass devices=1, or"
+                " strategy='ddp' to train on every device."
+            )
+            device_indices = device_indices[:1]
+        else:
+            raise ValueError(
+                f"strategy={label!r} runs one process on one device, but devices={devices!r} and"
+                f" num_nodes={num_nodes} ask for {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'),"
+                " or devices=1."
+            )
     if external:
-        environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
         start_method = None
         if parallel and isinstance(environment, LightningEnvironment) and not environment_plugins:
             missing = [name for name in ("WORLD_SIZE", "MASTER_PORT") if name not in env]
@@ -320,15 +351,6 @@ def resolve_plan(
                     " LOCAL_RANK to let fabric_lite start the processes, or use a launcher such as torchrun."
                 )
     elif parallel:
-        environment.validate_settings(num_devices=len(device_indices), num_nodes=num_nodes)
-        if num_nodes > 1 and isinstance(environment, LightningEnvironment):
-            missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in env]
-            if missing:
-                raise ValueError(
-                    f"Fabric(num_nodes={num_nodes}) without torchrun or SLURM needs {' and '.join(missing)}: start the"
-                    " script on every node with the same MASTER_ADDR (the first node's address) and MASTER_PORT, and"
-                    " NODE_RANK=0, 1, ... (or launch with torchrun or srun)."
-                )
         if start_method == "fork" and not machine.can_fork:
             raise ValueError(
                 f"You selected `Fabric(strategy={label!r})` but process forking is not supported on this platform."

@@ -435,7 +435,8 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
     try:
         # how many processes Fabric() with these settings runs per node: what torchrun must start
         nproc = resolve_plan(env={**env, "MASTER_ADDR": address, "MASTER_PORT": "0"}, machine=machine).num_processes
-        # and what Fabric() will say in every worker, with the environment torchrun gives it
+        # and what Fabric() will say in every worker, with the environment torchrun gives it (under the CLI it also
+        # checks the settings against torchrun's, as launch() does elsewhere)
         worker_env = {
             **env,
             "TORCHELASTIC_RUN_ID": "fabric-lite-check",
@@ -447,7 +448,7 @@ def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
             "MASTER_ADDR": address,
             "MASTER_PORT": str(args.main_port or 0),
         }
-        resolve_plan(env=worker_env, machine=machine)
+        resolve_plan(env=worker_env, machine=machine).validate_settings()
     except (ValueError, TypeError, RuntimeError) as err:
         raise type(err)(f"`{_flags(args)}` cannot work: {err}") from None
 

@@ -26,6 +26,7 @@ from fabric_lite._plan import Machine, resolve_debug, resolve_plan
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.loggers._folder import _agree_on_versions, _attach_rank
 from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
+from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.parallel import ParallelStrategy
 from fabric_lite.strategies.strategy import Strategy
@@ -167,9 +168,14 @@ class Fabric:
         if self.global_rank == 0:
             for message in plan.warnings:
                 warnings.warn(message, UserWarning, stacklevel=2)
-        if launched_by_cli(os.environ):
-            # `fabric-lite run` started this process and its peers: join them now (as Lightning does), so that the
-            # script needs no launch() call and every method works right after Fabric()
+        cli = launched_by_cli(os.environ)
+        if cli or not _trait(self._strategy, "is_parallel"):
+            # this process is set up here, not by launch(): `fabric-lite run` started it and its peers, or it runs
+            # alone (a one-process strategy needs no launch()); so what the launcher says is checked here, first
+            self._plan.validate_settings(self._cluster_environment())
+        if cli:
+            # join the peers now (as Lightning does), so that the script needs no launch() call and every method
+            # works right after Fabric()
             self._launched = True
             self._setup_environment()
 
@@ -315,6 +321,9 @@ class Fabric:
         body = None if function is _launch_only else function
         if self._launched and body is None:
             return None
+        # devices/num_nodes against what the launcher says (SLURM, torchrun, ...): in every process, before this one
+        # starts another or waits on one
+        self._plan.validate_settings(self._cluster_environment())
         self._launched = True
         to_run = partial(self._run_with_setup, body)
         launcher = self._strategy.launcher
@@ -327,12 +336,17 @@ class Fabric:
             self._strategy.setup_environment()
             self._environment_ready = True
             # e.g. SLURM's auto-requeue signal handler, now that the global rank is known
-            environment = getattr(self._strategy, "cluster_environment", None) or self._plan.cluster_environment
-            environment._on_setup(self.global_rank)
+            self._cluster_environment()._on_setup(self.global_rank)
             # now that the ranks are known: only rank 0 writes, and every rank uses the version folder rank 0 chose
             _attach_rank(self._loggers, self.global_rank)
             if self.world_size > 1:
                 _agree_on_versions(self._loggers, self.global_rank, partial(self._strategy.broadcast, src=0))
+
+    def _cluster_environment(self) -> ClusterEnvironment:
+        """The environment the processes come from: the strategy's (its own, or the plan's that the build step gave
+        it), or the plan's for a strategy that holds none (one device)."""
+        environment: ClusterEnvironment | None = getattr(self._strategy, "cluster_environment", None)
+        return environment if environment is not None else self._plan.cluster_environment
 
     def _run_with_setup(self, function: Callable[..., Any] | None, *args: Any, **kwargs: Any) -> Any:
         self._setup_environment()

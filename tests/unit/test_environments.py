@@ -178,7 +178,8 @@ def test_lightning_non_integer_world_size_fails_at_construction() -> None:
 @pytest.mark.parametrize(
     ("env", "num_devices", "num_nodes"),
     [
-        pytest.param({}, 4, 3, id="not-a-child"),
+        pytest.param({}, 4, 1, id="not-a-child"),
+        pytest.param({"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}, 4, 3, id="several-nodes-with-main-address"),
         pytest.param({"WORLD_SIZE": "2"}, 4, 1, id="WORLD_SIZE-without-LOCAL_RANK"),
         pytest.param({"LOCAL_RANK": "0"}, 4, 1, id="child-without-WORLD_SIZE"),
         pytest.param({"LOCAL_RANK": "0", "WORLD_SIZE": "4"}, 4, 1, id="child-4x1"),
@@ -187,6 +188,25 @@ def test_lightning_non_integer_world_size_fails_at_construction() -> None:
 )
 def test_lightning_validate_settings_accepts(env: dict[str, str], num_devices: int, num_nodes: int) -> None:
     assert LightningEnvironment(env=env).validate_settings(num_devices=num_devices, num_nodes=num_nodes) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "missing"),
+    [
+        pytest.param({}, "MASTER_ADDR and MASTER_PORT", id="neither"),
+        pytest.param({"MASTER_ADDR": "node0"}, "MASTER_PORT", id="no-port"),
+        pytest.param({"MASTER_PORT": "29500", "NODE_RANK": "1"}, "MASTER_ADDR", id="no-address"),
+    ],
+)
+def test_lightning_validate_settings_several_nodes_need_the_main_address_and_port(
+    env: dict[str, str], missing: str
+) -> None:
+    # without them every node would wait on its own address for the others until the timeout
+    with pytest.raises(ValueError) as excinfo:
+        LightningEnvironment(env=env).validate_settings(num_devices=2, num_nodes=3)
+    message = str(excinfo.value)
+    assert f"Fabric(num_nodes=3) without torchrun or SLURM needs {missing}:" in message, message
+    assert "NODE_RANK=0, 1, ..." in message
 
 
 @pytest.mark.parametrize(
@@ -1022,8 +1042,11 @@ def test_kubeflow_in_the_plan() -> None:
     assert type(resolve_plan(accelerator="cpu", env=KUBEFLOW, machine=Machine()).cluster_environment) is (
         LightningEnvironment
     )
+    # one process per pod, checked at launch (Fabric(...) constructs, as in Lightning)
+    one_node = resolve_plan(accelerator="cpu", plugins=[KubeflowEnvironment(env=KUBEFLOW)], env=KUBEFLOW,
+                            machine=Machine())  # fmt: skip
     with pytest.raises(ValueError, match="Set devices=1, num_nodes=4"):
-        resolve_plan(accelerator="cpu", plugins=[KubeflowEnvironment(env=KUBEFLOW)], env=KUBEFLOW, machine=Machine())
+        one_node.validate_settings()
 
 
 def test_lsf_hosts_from_lsb_hosts_without_a_rankfile() -> None:

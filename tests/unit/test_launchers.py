@@ -17,7 +17,7 @@ from torch import nn
 
 import fabric_lite.strategies.launchers.multiprocessing as spawn_module
 from fabric_lite import Fabric
-from fabric_lite.plugins.environments import LightningEnvironment
+from fabric_lite.plugins.environments import KubeflowEnvironment, LightningEnvironment
 from fabric_lite.strategies import DDPStrategy
 from fabric_lite.strategies.launchers.multiprocessing import (
     MultiProcessingLauncher,
@@ -176,6 +176,102 @@ def test_the_script_launcher_starts_its_processes_once() -> None:
     launcher.children = [object()]  # type: ignore[list-item]
     with pytest.raises(RuntimeError, match="The launcher can only create subprocesses once"):
         launcher.launch(print)
+
+
+# ------------------------------------------------------------------- settings against the launcher's environment
+_LAUNCH_VARIABLES = ("SLURM_", "TORCHELASTIC_", "LT_", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "RANK",
+                     "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "KUBERNETES_PORT")  # fmt: skip
+
+
+@pytest.fixture
+def launch_environment(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """This process's environment without any launcher's variables; returns a function that sets some."""
+    for name in list(os.environ):
+        if name.startswith(_LAUNCH_VARIABLES):
+            monkeypatch.delenv(name)
+
+    def set_variables(**variables: str) -> None:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return set_variables
+
+
+def _never(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a process was started although the settings disagree with the environment")
+
+
+def test_slurm_task_count_is_checked_at_launch_not_at_construction(launch_environment: Any) -> None:
+    # one task per node (srun --ntasks-per-node=1) but devices=2: Fabric(...) constructs, as Lightning's does
+    launch_environment(
+        SLURM_NTASKS="2", SLURM_NTASKS_PER_NODE="1", SLURM_NNODES="2", SLURM_JOB_NAME="train", SLURM_NODEID="0",
+        SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_JOB_ID="42", SLURM_NODELIST="n[0-1]",
+    )  # fmt: skip
+    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2, num_nodes=2)
+    assert type(fabric.strategy.cluster_environment).__name__ == "SLURMEnvironment"  # type: ignore[attr-defined]
+    for _ in range(2):  # refused again: a failed launch() launches nothing
+        with pytest.raises(ValueError) as excinfo:
+            fabric.launch()
+        message = str(excinfo.value)
+        for fragment in ("Fabric(devices=2) does not match SLURM's 1 tasks per node", "Set devices=1"):
+            assert fragment in message, message
+    assert not torch.distributed.is_initialized()  # raised before this process waited on another
+
+
+def test_several_nodes_without_a_main_address_are_refused_before_the_script_launcher_starts_a_process(
+    launch_environment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fabric = Fabric(accelerator="cpu", strategy="ddp", devices=2, num_nodes=2)  # constructs, as in Lightning
+    launcher = fabric.strategy.launcher
+    assert isinstance(launcher, SubprocessScriptLauncher)
+    monkeypatch.setattr("fabric_lite.strategies.launchers.subprocess_script.subprocess.Popen", _never)
+    with pytest.raises(ValueError, match=r"Fabric\(num_nodes=2\) without torchrun or SLURM needs MASTER_ADDR and"):
+        fabric.launch()
+    assert launcher.children == [] and not torch.distributed.is_initialized()
+
+
+def test_several_nodes_without_a_main_port_are_refused_before_the_spawn_launcher_starts_a_process(
+    launch_environment: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    launch_environment(MASTER_ADDR="10.0.0.1", NODE_RANK="1")
+    fabric = Fabric(accelerator="cpu", strategy="ddp_spawn", devices=2, num_nodes=3)
+    monkeypatch.setattr(spawn_module.mp, "start_processes", _never)
+    with pytest.raises(ValueError, match=r"Fabric\(num_nodes=3\) without torchrun or SLURM needs MASTER_PORT:"):
+        fabric.launch(print)
+
+
+def test_kubeflow_one_process_per_pod_is_checked_at_launch(launch_environment: Any) -> None:
+    launch_environment(
+        KUBERNETES_PORT="tcp://127.0.0.1:443", MASTER_ADDR="1.2.3.4", MASTER_PORT="500", WORLD_SIZE="20", RANK="1"
+    )
+    fabric = Fabric(accelerator="cpu", devices=2, plugins=[KubeflowEnvironment()])
+    assert isinstance(fabric.strategy, DDPStrategy) and fabric.local_rank == 0
+    with pytest.raises(ValueError, match=r"Fabric\(devices=2, num_nodes=1\) does not match the PyTorchJob.*Set"
+                       r" devices=1, num_nodes=20"):  # fmt: skip
+        fabric.launch()
+
+
+def test_a_one_process_strategy_is_checked_at_construction_it_needs_no_launch(launch_environment: Any) -> None:
+    # torchrun started 2 processes, but each would train alone on its one device: refused before setup, since such a
+    # script need not call launch()
+    launch_environment(
+        TORCHELASTIC_RUN_ID="run", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", RANK="1", LOCAL_RANK="1", GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"Fabric\(devices=1\) does not match torchrun's --nproc-per-node=2"):
+        Fabric(accelerator="cpu", devices=1)
+
+
+def test_under_the_cli_fabric_checks_at_construction_where_it_sets_the_process_up(launch_environment: Any) -> None:
+    # `fabric-lite run` (and Lightning's `fabric run`) started this process: Fabric() joins the others at once, so it
+    # checks first, before waiting on any of them
+    launch_environment(
+        LT_CLI_USED="1", LT_ACCELERATOR="cpu", LT_DEVICES="2", TORCHELASTIC_RUN_ID="run", WORLD_SIZE="3",
+        LOCAL_WORLD_SIZE="3", RANK="0", LOCAL_RANK="0", GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1",
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"Fabric\(devices=2\) does not match torchrun's --nproc-per-node=3"):
+        Fabric()
+    assert not torch.distributed.is_initialized()
 
 
 # ---------------------------------------------------------------------------------------------- threads

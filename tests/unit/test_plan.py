@@ -35,7 +35,7 @@ CUDA2_MPS = Machine(cuda_devices=2, mps_available=True)
 NOTEBOOK = Machine(interactive=True)
 
 
-# what a manual multi-node launch sets on every node (fabric_lite requires it for num_nodes > 1)
+# what a manual multi-node launch sets on every node (checked at launch for num_nodes > 1)
 MAIN = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
 
 
@@ -51,6 +51,20 @@ def raises(cls: type[Exception], *fragments: str, **kwargs: Any) -> str:
     """Resolve a plan that must fail with exactly ``cls`` and a message holding every fragment; return it."""
     with pytest.raises(Exception) as excinfo:
         plan(**kwargs)
+    assert excinfo.type is cls, f"expected {cls.__name__}, got {excinfo.type.__name__}: {excinfo.value}"
+    message = str(excinfo.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    return message
+
+
+def refused_at_launch(cls: type[Exception], *fragments: str, **kwargs: Any) -> str:
+    """Resolve a plan that must construct (as ``Fabric(...)`` does) and then fail the launch-time check against the
+    launcher's environment (``Plan.validate_settings``, run by ``fabric.launch()``) with exactly ``cls`` and a message
+    holding every fragment; return the message."""
+    resolved = plan(**kwargs)
+    with pytest.raises(Exception) as excinfo:
+        resolved.validate_settings()
     assert excinfo.type is cls, f"expected {cls.__name__}, got {excinfo.type.__name__}: {excinfo.value}"
     message = str(excinfo.value)
     for fragment in fragments:
@@ -495,15 +509,15 @@ def test_single_device_with_several_processes(devices: int, num_nodes: int, aske
     )
 
 
-def test_single_device_instance_with_two_devices() -> None:
-    raises(
-        ValueError,
-        "strategy='SingleDeviceStrategy'",
-        "devices=2",
-        "Use strategy='ddp'",
-        strategy=SingleDeviceStrategy(),
-        devices=2,
-    )
+def test_single_device_instance_with_two_devices_runs_on_its_device_and_says_so() -> None:
+    # as in Lightning, the instance runs on the device it was made with; the extra device is named in a warning
+    result = plan(strategy=SingleDeviceStrategy(), devices=2)
+    assert (result.strategy, result.parallel, result.devices, result.world_size) == ("instance", False, (0,), 1)
+    (message,) = result.warnings
+    for fragment in ("Fabric(devices=2) selects 2 devices", "SingleDeviceStrategy runs one process", "devices=1"):
+        assert fragment in message, message
+    # on several nodes it would still run once per node, each training alone
+    raises(ValueError, "strategy='SingleDeviceStrategy'", "num_nodes=2", strategy=SingleDeviceStrategy(), num_nodes=2)
 
 
 @pytest.mark.parametrize(
@@ -825,14 +839,14 @@ def test_torchelastic_single_process() -> None:
     ],
 )
 def test_torchelastic_mismatch(env: dict[str, str], kwargs: dict[str, Any], fragments: tuple[str, ...]) -> None:
-    raises(ValueError, *fragments, env=env, **kwargs)
+    refused_at_launch(ValueError, *fragments, env=env, **kwargs)
 
 
 def test_torchelastic_without_world_size_names_the_variable() -> None:
     env = torchelastic_env()
     del env["WORLD_SIZE"]
     # a RuntimeError, and the KeyError Lightning raises
-    raises(MissingEnvironmentVariableError, "WORLD_SIZE", "TorchElasticEnvironment", env=env, num_nodes=2)
+    refused_at_launch(MissingEnvironmentVariableError, "WORLD_SIZE", "TorchElasticEnvironment", env=env, num_nodes=2)
 
 
 @pytest.mark.parametrize("devices", [pytest.param([0], id="list-0"), pytest.param(-1, id="-1")])
@@ -939,7 +953,7 @@ def test_slurm(
     ],
 )
 def test_slurm_mismatch(env: dict[str, str], kwargs: dict[str, Any], fragments: tuple[str, ...]) -> None:
-    raises(ValueError, *fragments, env=env, **kwargs)
+    refused_at_launch(ValueError, *fragments, env=env, **kwargs)
 
 
 @pytest.mark.parametrize("job_name", ["bash", "interactive"])
@@ -1001,7 +1015,7 @@ def test_cluster_environment_plugin_is_used_as_is(
 
 
 def test_cluster_environment_plugin_is_validated() -> None:
-    raises(
+    refused_at_launch(
         ValueError,
         "Fabric(devices=3)",
         "--nproc-per-node=2",
@@ -1089,13 +1103,13 @@ def test_own_launcher_child(env: dict[str, str], kwargs: dict[str, Any], world_s
     ("env", "kwargs", "fragments"),
     [
         pytest.param(
-            {"LOCAL_RANK": "1", "WORLD_SIZE": "4"},
+            {"LOCAL_RANK": "1", "WORLD_SIZE": "4", **MAIN},
             {"devices": 2},
             ("WORLD_SIZE=4", "Fabric(devices=2, num_nodes=1)", "asks for 2 processes", "unset LOCAL_RANK"),
             id="WORLD_SIZE-4-vs-2",
         ),
         pytest.param(
-            {"LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+            {"LOCAL_RANK": "0", "WORLD_SIZE": "2", **MAIN},
             {"devices": 2, "num_nodes": 2},
             ("WORLD_SIZE=2", "Fabric(devices=2, num_nodes=2)", "asks for 4 processes"),
             id="WORLD_SIZE-2-vs-4",
@@ -1109,7 +1123,7 @@ def test_own_launcher_child(env: dict[str, str], kwargs: dict[str, Any], world_s
     ],
 )
 def test_own_launcher_child_mismatch(env: dict[str, str], kwargs: dict[str, Any], fragments: tuple[str, ...]) -> None:
-    raises(ValueError, *fragments, env=env, **kwargs)
+    refused_at_launch(ValueError, *fragments, env=env, **kwargs)
 
 
 def test_bad_world_size_names_the_variable() -> None:
@@ -1252,8 +1266,13 @@ def test_plan_and_machine_are_frozen() -> None:
 
 
 def test_manual_multi_node_needs_the_main_address_and_port() -> None:
-    with pytest.raises(ValueError, match=r"num_nodes=2.*MASTER_ADDR and MASTER_PORT"):
-        resolve_plan(accelerator="cpu", devices=2, num_nodes=2, env={}, machine=Machine())
+    refused_at_launch(
+        ValueError, "Fabric(num_nodes=2)", "MASTER_ADDR and MASTER_PORT", accelerator="cpu", devices=2, num_nodes=2,
+        env={},
+    )  # fmt: skip
+    refused_at_launch(
+        ValueError, "needs MASTER_PORT:", devices=2, num_nodes=3, strategy="ddp_spawn", env={"MASTER_ADDR": "n0"}
+    )
     plan = resolve_plan(
         accelerator="cpu",
         devices=2,

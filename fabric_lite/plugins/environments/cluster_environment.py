@@ -99,7 +99,10 @@ class ClusterEnvironment(ABC):
         return ""
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Raise ``ValueError`` naming both sides when ``devices``/``num_nodes`` disagree with the environment."""
+        """Raise ``ValueError`` naming both sides when ``devices``/``num_nodes`` disagree with the environment.
+
+        ``num_devices`` is the number of processes per node. ``fabric.launch()`` calls it in every process, before
+        the process starts another or waits on one (as Lightning Fabric's launcher does). Nothing by default."""
 
     def teardown(self) -> None:
         """Clean up whatever the environment set up. Nothing by default."""

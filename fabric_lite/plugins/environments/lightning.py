@@ -92,7 +92,23 @@ class LightningEnvironment(ClusterEnvironment):
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        if not self.creates_processes_externally or "WORLD_SIZE" not in self._env:
+        """A run over several nodes needs ``MASTER_ADDR`` and ``MASTER_PORT`` (without them each node would wait for
+        the others on its own address until the timeout); a process that fabric_lite's launcher started (it sees
+        ``LOCAL_RANK``) must ask for the ``WORLD_SIZE`` it was started with.
+
+        Raises:
+            ValueError: naming the missing variables, or both world sizes, and the fix.
+        """
+        if not self.creates_processes_externally:
+            missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in self._env]
+            if num_nodes > 1 and missing:
+                raise ValueError(
+                    f"Fabric(num_nodes={num_nodes}) without torchrun or SLURM needs {' and '.join(missing)}: start the"
+                    " script on every node with the same MASTER_ADDR (the first node's address) and MASTER_PORT, and"
+                    " NODE_RANK=0, 1, ... (or launch with torchrun or srun)."
+                )
+            return
+        if "WORLD_SIZE" not in self._env:
             return
         if num_devices * num_nodes != self._world_size:
             raise ValueError(

@@ -107,14 +107,19 @@ class LSFEnvironment(_LauncherEnvironment):
 
     @override
     def node_rank(self) -> int:
-        """The position of this machine's host name among the job's distinct compute hosts."""
+        """The position of this machine's host name among the job's distinct compute hosts (found once)."""
         if self._node_rank is None:
-            distinct = list(dict.fromkeys(self._hosts))
-            hostname = socket.gethostname()
-            if hostname not in distinct:
-                raise RuntimeError(
-                    f"This machine's host name {hostname!r} is not among the LSF job's compute hosts {distinct};"
-                    " cannot tell its node rank. Run the script with jsrun inside the job."
-                )
-            self._node_rank = distinct.index(hostname)
+            self._node_rank = self._get_node_rank()
         return self._node_rank
+
+    def _get_node_rank(self) -> int:
+        """Find this machine's host name among the job's distinct compute hosts, in order of appearance (Lightning
+        Fabric's name for it)."""
+        distinct = list(dict.fromkeys(self._hosts))
+        hostname = socket.gethostname()
+        if hostname not in distinct:
+            raise RuntimeError(
+                f"This machine's host name {hostname!r} is not among the LSF job's compute hosts {distinct};"
+                " cannot tell its node rank. Run the script with jsrun inside the job."
+            )
+        return distinct.index(hostname)

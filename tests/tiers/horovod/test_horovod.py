@@ -80,16 +80,18 @@ def test_plan_without_horovodrun_is_one_process(devices: Any) -> None:
 
 @pytest.mark.parametrize("devices", [2, 3])
 def test_plan_without_horovodrun_refuses_several_processes(devices: int) -> None:
+    planned = plan(devices=devices)  # Fabric(...) constructs; fabric.launch() checks against the environment
     with pytest.raises(ValueError) as excinfo:
-        plan(devices=devices)
+        planned.validate_settings()
     message = str(excinfo.value)
     assert f"asks for {devices} processes" in message and "not started by horovodrun" in message
     assert f"horovodrun -np {devices} -H localhost:{devices} python train.py" in message
 
 
 def test_plan_without_horovodrun_on_every_gpu_names_the_count() -> None:
+    planned = plan(accelerator="cuda", machine=Machine(cuda_devices=4))
     with pytest.raises(ValueError, match="horovodrun -np 4 -H localhost:4"):
-        plan(accelerator="cuda", machine=Machine(cuda_devices=4))
+        planned.validate_settings()
 
 
 def test_plan_under_horovodrun_takes_its_local_size() -> None:
@@ -108,8 +110,9 @@ def test_plan_under_horovodrun_with_matching_devices() -> None:
 
 @pytest.mark.parametrize("devices", [1, 3])
 def test_plan_under_horovodrun_with_other_devices(devices: int) -> None:
+    planned = plan(env=horovod_env(local_size=2), devices=devices)
     with pytest.raises(ValueError) as excinfo:
-        plan(env=horovod_env(local_size=2), devices=devices)
+        planned.validate_settings()
     message = str(excinfo.value)
     assert f"asks for {devices} process(es)" in message and "horovodrun started 2" in message
     assert "HOROVOD_LOCAL_SIZE=2" in message and "devices='auto'" in message
@@ -117,8 +120,9 @@ def test_plan_under_horovodrun_with_other_devices(devices: int) -> None:
 
 @pytest.mark.parametrize("env", [{}, horovod_env()], ids=["alone", "under-horovodrun"])
 def test_plan_refuses_num_nodes(env: dict[str, str]) -> None:
+    planned = plan(env={**env, "MASTER_ADDR": "a", "MASTER_PORT": "1"}, num_nodes=2)
     with pytest.raises(ValueError, match=r"num_nodes=2\): horovodrun decides the nodes.*Leave num_nodes=1"):
-        plan(env={**env, "MASTER_ADDR": "a", "MASTER_PORT": "1"}, num_nodes=2)
+        planned.validate_settings()
 
 
 def test_plan_under_horovodrun_on_gpus() -> None:

@@ -80,74 +80,6 @@ EXPECTED: dict[str, Difference] = {
         "xla",
         "expects strategy='fsdp' on a TPU mocked as available (tpu_available) to become XLAFSDPStrategy",
     ),
-    "tests_fabric/test_connector.py::test_fallback_from_ddp_spawn_to_ddp_on_cluster[env_vars1-LSFEnvironment]": Difference(  # noqa: E501
-        "private",
-        (
-            "patches Lightning's LSFEnvironment._get_node_rank and _read_hosts, helpers that fabric_lite's "
-            "LSFEnvironment does not have (it reads the rank file itself)"
-        ),
-    ),
-    "tests_fabric/test_connector.py::test_fallback_from_ddp_spawn_to_ddp_on_cluster[env_vars0-SLURMEnvironment]": Difference(  # noqa: E501
-        "documented",
-        (
-            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
-            "Fabric(...), Lightning at launch()"
-        ),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_ddp_cpu_slurm": Difference(
-        "documented",
-        (
-            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
-            "Fabric(...), Lightning at launch()"
-        ),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_ddp_slurm[DDPStrategy-some_name-SLURMEnvironment]": Difference(  # noqa: E501
-        "documented",
-        (
-            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
-            "Fabric(...), Lightning at launch()"
-        ),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_ddp_slurm[auto-some_name-SLURMEnvironment]": Difference(
-        "documented",
-        (
-            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
-            "Fabric(...), Lightning at launch()"
-        ),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_ddp_slurm[ddp-some_name-SLURMEnvironment]": Difference(
-        "documented",
-        (
-            "devices=2 in a SLURM task with SLURM_NTASKS_PER_NODE=1: fabric_lite refuses the mismatch at "
-            "Fabric(...), Lightning at launch()"
-        ),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_multi_node_gpu": Difference(
-        "documented",
-        (
-            "Fabric(num_nodes=2) without a launcher, MASTER_ADDR or MASTER_PORT is refused at construction (under"
-            " Lightning the nodes' processes would wait for each other until the timeout)"
-        ),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_devices_from_environment": Difference(
-        "documented",
-        ("num_nodes=3 (from LT_NUM_NODES) without a launcher, MASTER_ADDR or MASTER_PORT is refused at construction"),
-        section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_custom_accelerator": Difference(
-        "documented",
-        (
-            "a SingleDeviceStrategy instance with devices=2 is an error, and so is devices=2 in a SLURM task with"
-            " SLURM_NTASKS_PER_NODE=1, at Fabric(...); its custom accelerator (name(), parse_devices, ...) works"
-        ),
-        section="What differs, and why",
-    ),
     "tests_fabric/test_connector.py::test_fsdp_unsupported_on_cpu": Difference(
         "documented",
         "strategy='fsdp' runs on the CPU with gloo in fabric_lite; Lightning refuses it",
@@ -157,22 +89,6 @@ EXPECTED: dict[str, Difference] = {
         "documented",
         "BitsandbytesPrecision runs on the CPU too in fabric_lite; Lightning requires CUDA",
         section="What differs, and why",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_ddp_kubeflow": Difference(
-        "documented",
-        (
-            "KubeflowEnvironment with devices=2 and WORLD_SIZE=20: fabric_lite checks one process per pod "
-            "(devices=1, num_nodes=WORLD_SIZE)"
-        ),
-        section="Beyond the loop: where the other names differ",
-    ),
-    "tests_fabric/test_connector.py::test_strategy_choice_ddp_cpu_kubeflow": Difference(
-        "documented",
-        (
-            "KubeflowEnvironment with devices=2 and WORLD_SIZE=20: fabric_lite checks one process per pod "
-            "(devices=1, num_nodes=WORLD_SIZE)"
-        ),
-        section="Beyond the loop: where the other names differ",
     ),
     "tests_fabric/plugins/precision/test_transformer_engine.py": Difference(
         "documented",
