@@ -11,7 +11,13 @@ import torch
 from fabric_lite._plan import Plan
 from fabric_lite.accelerators import ACCELERATOR_REGISTRY, ACCELERATORS, Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
-from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric_lite.plugins.precision import (
+    DoublePrecision,
+    HalfPrecision,
+    MixedPrecision,
+    Precision,
+    TransformerEnginePrecision,
+)
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.strategy import Strategy
 
@@ -27,6 +33,9 @@ def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
         return HalfPrecision(name)  # type: ignore[arg-type]
     if name == "64-true":
         return DoublePrecision()
+    if name in ("transformer-engine", "transformer-engine-float16"):
+        dtype = torch.float16 if name == "transformer-engine-float16" else torch.bfloat16
+        return TransformerEnginePrecision(weights_dtype=dtype)
     return Precision()
 
 

@@ -14,8 +14,18 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.accelerators.accelerator import accelerator_name
 from fabric_lite.strategies.strategy import Strategy
 
-#: canonical precision names
-PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+#: canonical precision names (the transformer-engine ones: FP8 through NVIDIA's Transformer Engine, with bfloat16 or
+#: float16 weights)
+PRECISIONS = (
+    "32-true",
+    "64-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "transformer-engine",
+    "transformer-engine-float16",
+)
 _LEGACY_PRECISIONS: dict[Any, str] = {
     32: "32-true",
     "32": "32-true",

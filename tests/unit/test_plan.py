@@ -590,7 +590,22 @@ def test_canonical_precision_on_cuda(precision: str) -> None:
 
 
 def test_precision_names() -> None:
-    assert PRECISIONS == ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+    assert PRECISIONS == (
+        "32-true",
+        "64-true",
+        "16-mixed",
+        "bf16-mixed",
+        "16-true",
+        "bf16-true",
+        "transformer-engine",
+        "transformer-engine-float16",
+    )
+
+
+@pytest.mark.parametrize("precision", ["transformer-engine", "transformer-engine-float16"])
+def test_transformer_engine_precision_names_on_the_cpu(precision: str) -> None:
+    # Lightning does not refuse them on the CPU at Fabric(...): the plugin needs transformer_engine, not a device
+    assert plan(precision=precision).precision == precision
 
 
 @pytest.mark.parametrize(
@@ -658,14 +673,15 @@ def test_precision_16_mixed_stays_on_mps() -> None:
         pytest.param(16.0, id="float-16"),
         pytest.param(True, id="True"),
         pytest.param("", id="empty"),
-        pytest.param("transformer-engine", id="lightning-transformer-engine"),
+        pytest.param("transformer_engine", id="underscore-transformer-engine"),
     ],
 )
 def test_precision_invalid(precision: Any) -> None:
     raises(
         ValueError,
         f"Precision {precision!r} is invalid",
-        "Allowed precision values: 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true, 32, '32',",
+        "Allowed precision values: 32-true, 64-true, 16-mixed, bf16-mixed, 16-true, bf16-true, transformer-engine,"
+        " transformer-engine-float16, 32, '32',",
         "'bf16'",
         precision=precision,
     )

@@ -18,8 +18,7 @@ from torch.optim import Optimizer
 
 from fabric_lite.plugins.precision.utils import _cast_floating, _convert_module, _DtypeContextManager
 
-# Lightning Fabric's private type names for precision arguments (clients annotate with them); fabric_lite accepts
-# every value but the transformer-engine ones (see the README's precision table)
+# Lightning Fabric's private type names for precision arguments (clients annotate with them)
 _PRECISION_INPUT_INT = Literal[64, 32, 16]
 _PRECISION_INPUT_STR_ALIAS = Literal["64", "32", "16", "bf16"]
 _PRECISION_INPUT_STR = Literal[

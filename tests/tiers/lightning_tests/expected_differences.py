@@ -90,15 +90,6 @@ EXPECTED: dict[str, Difference] = {
         "BitsandbytesPrecision runs on the CPU too in fabric_lite; Lightning requires CUDA",
         section="What differs, and why",
     ),
-    "tests_fabric/plugins/precision/test_transformer_engine.py": Difference(
-        "documented",
-        (
-            "TransformerEnginePrecision is importable but constructing it raises (fabric_lite has no Transformer"
-            " Engine integration, and precision='transformer-engine' is not one of its precisions); the tests mock"
-            " transformer_engine as installed and expect the plugin to build FP8 recipes and replace layers"
-        ),
-        section="What fabric_lite does not have",
-    ),
     # --- Fabric and its wrappers, device/dtype mixin ---
     "tests_fabric/test_fabric.py::test_backward_required": Difference(
         "private",
