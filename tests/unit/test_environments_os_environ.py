@@ -157,7 +157,9 @@ def test_torchelastic_in_lightnings_words(clean_environ: None, monkeypatch: pyte
 @pytest.mark.parametrize(
     ("cls", "env"),
     [
-        pytest.param(SLURMEnvironment, {"SLURM_NTASKS": "20", "SLURM_PROCID": "1"}, id="SLURM"),
+        pytest.param(
+            SLURMEnvironment, {"SLURM_NTASKS": "20", "SLURM_NTASKS_PER_NODE": "4", "SLURM_PROCID": "1"}, id="SLURM"
+        ),
         pytest.param(TorchElasticEnvironment, {"WORLD_SIZE": "20", "RANK": "1"}, id="TorchElastic"),
         pytest.param(KubeflowEnvironment, {"WORLD_SIZE": "20", "RANK": "1"}, id="Kubeflow"),
     ],
@@ -234,3 +236,19 @@ def test_lightning_environment_teardown_removes_world_size(monkeypatch: pytest.M
     monkeypatch.setenv("WORLD_SIZE", "2")
     given.teardown()  # an environment given its variables removes it from those, never from os.environ
     assert os.environ["WORLD_SIZE"] == "2" and "WORLD_SIZE" not in given._env
+
+
+def test_slurm_ntasks_without_a_count_per_node_is_refused_at_construction(
+    clean_environ: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's check: ``--ntasks=2`` and no variable that says how many tasks run on each node."""
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    SLURMEnvironment()
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    with pytest.raises(RuntimeError, match=r"You set `--ntasks=2` in your SLURM.*HINT: Use `--ntasks-per-node=2`"):
+        SLURMEnvironment()
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        monkeypatch.setenv(name, "2")  # what sbatch, salloc and srun (-n 2 too) set
+        SLURMEnvironment()
+        monkeypatch.delenv(name)
+    SLURMEnvironment(env={"SLURM_NTASKS": "2"})  # variables given explicitly are read lazily, as ever

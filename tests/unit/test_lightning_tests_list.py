@@ -55,3 +55,13 @@ def test_the_most_specific_entry_wins() -> None:
     assert ed.difference_of("t/a.py::f[3]", expected) == expected["t/a.py::f"]
     assert ed.difference_of("t/a.py::g", expected) == expected["t/a.py"]
     assert ed.difference_of("t/a.py::ff", {"t/a.py::f": expected["t/a.py::f"]}) is None
+
+
+def test_a_machine_dependent_skip_is_left_out_of_the_comparison_and_a_failure_is_not() -> None:
+    test = next(iter(ed.MACHINE_DEPENDENT))
+    assert test in REFERENCE and ed.difference_of(test) is None
+    skipped = ed.compare([test, "t/a.py::x"], {test: "skipped", "t/a.py::x": "passed"}, expected={})
+    assert (skipped.not_compared, skipped.unexpected, skipped.total) == ([test], {}, 1)
+    assert "NOT COMPARED" in ed.report([test], {test: "skipped"})
+    failed = ed.compare([test], {test: "failed"}, expected={})
+    assert (failed.not_compared, failed.unexpected) == ([], {test: "failed"})

@@ -92,6 +92,25 @@ def _warn_if_srun_not_used(env: Mapping[str, str]) -> None:
     )
 
 
+_TASKS_PER_NODE_VARIABLES = ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+
+
+def _check_tasks_per_node_known(env: Mapping[str, str]) -> None:
+    """Lightning's check of ``--ntasks`` without a count per node: several tasks, and none of the variables that say
+    how many run on each node (``sbatch``, ``salloc`` and ``srun`` set ``SLURM_TASKS_PER_NODE``; ``srun -n 2`` the
+    step's too, which fabric_lite reads), so the processes of a node cannot be counted."""
+    try:
+        ntasks = int(env.get("SLURM_NTASKS", "1"))
+    except ValueError:
+        return  # read, with its own error, where the world size is needed
+    if ntasks > 1 and not any(name in env for name in _TASKS_PER_NODE_VARIABLES):
+        raise RuntimeError(
+            f"You set `--ntasks={ntasks}` in your SLURM bash script, but SLURM set no number of tasks per node"
+            f" (none of {', '.join(_TASKS_PER_NODE_VARIABLES)}), so the processes of each node cannot be counted."
+            f" HINT: Use `--ntasks-per-node={ntasks}` instead, or start the tasks with srun."
+        )
+
+
 def _in_srun_step(env: Mapping[str, str]) -> bool:
     """Whether this process belongs to a job step that ``srun`` started (the batch script and salloc do not)."""
     return "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
@@ -210,7 +229,8 @@ class SLURMEnvironment(_LauncherEnvironment):
         self.requeue_signal = requeue_signal
         self._previous_handler: Any = None
         self._handler_installed = False
-        if env is None:
+        if env is None:  # the process's own variables, as Lightning reads them at construction
+            _check_tasks_per_node_known(self._env)
             _warn_if_srun_not_used(self._env)
 
     @staticmethod
