@@ -22,11 +22,14 @@ from fabric_lite.strategies.registry import STRATEGY_REGISTRY
 from fabric_lite.strategies.strategy import Strategy
 
 
-def _precision(plan: Plan, plugins: Sequence[Any]) -> Precision:
+def _precision(plan: Plan, plugins: Sequence[Any], kind: type[Strategy]) -> Precision:
     for plugin in plugins:
         if isinstance(plugin, Precision):
             return plugin
     name = plan.precision
+    own = kind._named_precision(name)
+    if own is not None:
+        return own
     if name in ("16-mixed", "bf16-mixed"):
         return MixedPrecision(name, device=plan.accelerator)  # type: ignore[arg-type]
     if name in ("16-true", "bf16-true"):
@@ -75,7 +78,8 @@ def build_strategy(
         accelerator_obj = ACCELERATOR_REGISTRY.get(accelerator)
     else:
         accelerator_obj = ACCELERATORS[plan.accelerator]()
-    precision = _precision(plan, plugins)
+    kind = type(strategy) if isinstance(strategy, Strategy) else STRATEGY_REGISTRY[plan.strategy].load()
+    precision = _precision(plan, plugins, kind)
     _check_bitsandbytes(precision, plan, strategy)
     devices = _devices(plan)
     if isinstance(strategy, Strategy):

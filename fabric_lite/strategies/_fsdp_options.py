@@ -336,8 +336,9 @@ class FSDP1Options:
     Accepted, with no effect, because FSDP2 has no such switch: ``limit_all_gathers`` (FSDP2 needs no rate limiter:
     it frees a unit's gathered parameters through stream events, which bounds what FSDP1's limiter bounded),
     ``use_orig_params`` (FSDP2 always keeps the original parameters, one ``DTensor`` each under its own name: FSDP1's
-    ``True``) and ``backward_prefetch`` (FSDP2 always prefetches the next unit's all-gather at the start of a unit's
-    backward, FSDP1's ``BACKWARD_PRE``; it has neither ``BACKWARD_POST`` nor an off switch).
+    ``True``; ``FSDPStrategy`` refuses ``fabric.setup(model, optimizer)`` with ``False``, as Lightning does) and
+    ``backward_prefetch`` (FSDP2 always prefetches the next unit's all-gather at the start of a unit's backward,
+    FSDP1's ``BACKWARD_PRE``; it has neither ``BACKWARD_POST`` nor an off switch).
     """
 
     process_group: Any = None

@@ -7,6 +7,8 @@
 * :func:`broadcast_from_rank_zero`: ``sync_module_states``, rank 0's values on every rank.
 * :func:`meta_owners`, :func:`check_initialisable`, :func:`materialize`: turn parameters created on the meta
   device into real, sharded ones, initialised exactly as an eager construction would have initialised them.
+* :func:`optimizer_parameter_names`, :func:`rebind_optimizer`: point an optimizer created before the module was
+  sharded at the sharded parameters that replaced its own (``fabric.setup(model, optimizer)``).
 
 ``torch.distributed.fsdp`` is imported inside the functions, never at module level.
 """
@@ -14,13 +16,16 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from torch import Tensor, nn
 from torch.nn import Module
+from torch.optim import Optimizer
+
+from fabric_lite.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
     from torch.distributed.fsdp.wrap import _Policy
@@ -201,8 +206,14 @@ def meta_owners(root: Module) -> list[MetaOwner]:
 
 
 def check_initialisable(root: Module, owners: list[MetaOwner], param_init_fn: ParamInitFn | None) -> None:
-    """Raise, before anything is sharded, when the meta-device module cannot be materialised faithfully: a module
-    with no way to be initialised, or real tensors beside meta ones (allocating the meta ones would wipe them)."""
+    """Check, before anything is sharded, that the meta-device module can be materialised: refuse real tensors
+    beside meta ones (allocating the meta ones would wipe them), and warn, in Lightning's words, about modules with no
+    way to be initialised (no ``reset_parameters()`` and no ``param_init_fn``): :func:`materialize` allocates their
+    tensors and leaves them uninitialised, for a checkpoint to fill (``fabric.load`` right after setup).
+
+    Raises:
+        RuntimeError: the module holds real tensors beside the meta ones.
+    """
     real = [n for n, t in [*root.named_parameters(), *root.named_buffers()] if not t.is_meta]
     if real:
         shown = ", ".join(real[:5]) + (", ..." if len(real) > 5 else "")
@@ -211,17 +222,26 @@ def check_initialisable(root: Module, owners: list[MetaOwner], param_init_fn: Pa
             " meta tensors at setup would overwrite the real ones: create the whole model under"
             " fabric.init_module(empty_init=True), or none of it."
         )
-    if param_init_fn is not None:
-        return
-    missing = [o for o in owners if not callable(getattr(o.module, "reset_parameters", None))]
+    missing = [o for o in owners if _initialiser(o.module, param_init_fn) is None]
     if missing:
-        shown = ", ".join(f"{o.name} ({type(o.module).__name__})" for o in missing[:5])
-        raise RuntimeError(
-            f"The module was created on the meta device (fabric.init_module(empty_init=True)), but {len(missing)}"
-            f" submodule(s) holding parameters or buffers have no reset_parameters() to initialise them: {shown}."
-            " Define reset_parameters() on them (initialising only their own tensors), pass"
-            " FSDPStrategy(param_init_fn=fn) with fn(module) doing it, or create the model without empty_init=True."
+        kinds = ", ".join(dict.fromkeys(type(o.module).__name__ for o in missing))
+        shown = ", ".join(o.name for o in missing[:5]) + (", ..." if len(missing) > 5 else "")
+        rank_zero_warn(
+            "Parameter initialization incomplete. The following modules have parameters or buffers with"
+            " uninitialized memory because they don't define a `reset_parameters()` method for re-initialization:"
+            f" {kinds} ({shown}). Load a checkpoint into them after setup, define reset_parameters() on them"
+            " (initialising only their own tensors), or create the model without empty_init=True.",
+            category=UserWarning,
         )
+
+
+def _initialiser(module: Module, param_init_fn: ParamInitFn | None) -> Callable[[], None] | None:
+    """What initialises the tensors ``module`` itself holds: ``param_init_fn(module)``, else its
+    ``reset_parameters()``; ``None`` when there is neither."""
+    if param_init_fn is not None:
+        return lambda: param_init_fn(module)
+    reset = getattr(module, "reset_parameters", None)
+    return reset if callable(reset) else None
 
 
 def materialize(
@@ -236,7 +256,8 @@ def materialize(
     same) and initialise them, one module at a time.
 
     For each owner, in construction order, its own parameters and buffers are created whole on the CPU, initialised
-    by ``param_init_fn(module)`` (or ``module.reset_parameters()``) from the global CPU random generator, and this
+    by ``param_init_fn(module)`` (or ``module.reset_parameters()``; a module with neither keeps the uninitialised
+    memory ``to_empty`` gave it) from the global CPU random generator, and this
     rank's shard of each parameter is copied into place. So the values are those an eager construction with the
     same seed gives (initialisation consumes the generator in the same order), while no more than one module's
     full-size tensors exist at a time. A parameter shared by two modules keeps the values of its first owner, and
@@ -250,6 +271,9 @@ def materialize(
     done: set[int] = set()
     for owner in owners:
         module = owner.module
+        initialise = _initialiser(module, param_init_fn)
+        if initialise is None:  # left uninitialised, as check_initialisable warned
+            continue
         real = {n: module._parameters[n] for n in owner.params}
         real_buffers = {n: module._buffers[n] for n in owner.buffers}
         try:
@@ -260,10 +284,7 @@ def materialize(
                 assert b is not None
                 module._buffers[n] = torch.empty(b.shape, dtype=b.dtype)
             with torch.no_grad():
-                if param_init_fn is not None:
-                    param_init_fn(module)
-                else:
-                    module.reset_parameters()  # type: ignore[operator]
+                initialise()
                 if sync is not None:
                     sync([t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None])
                 for n, p in real.items():
@@ -289,3 +310,56 @@ def materialize(
             for name, buffer in module._buffers.items():
                 if buffer is not None:
                     module._buffers[name] = buffer.to(buffer_device)
+
+
+def optimizer_parameter_names(module: Module, optimizers: list[Optimizer], strategy: str) -> dict[int, str]:
+    """The name in ``module`` of every parameter the ``optimizers`` hold (by ``id``), taken before sharding replaces
+    the parameters, so that :func:`rebind_optimizer` can find their replacements.
+
+    Raises:
+        ValueError: an optimizer holds state (it has stepped, or creates its state at construction, as ``Adagrad``
+            does: that state belongs to the replaced tensors), or a parameter that is not one of ``module``'s.
+    """
+    names = {id(p): name for name, p in module.named_parameters()}
+    for optimizer in optimizers:
+        holding = sum(1 for state in optimizer.state.values() if state)
+        if holding:
+            raise ValueError(
+                f"The {type(optimizer).__name__} optimizer passed to fabric.setup() with {strategy} already holds"
+                f" state for {holding} parameter(s) (it has stepped, or creates its state when it is"
+                " constructed); setting the module up replaces the parameters, and that state belongs to the old"
+                " ones. Create the optimizer without stepping it before fabric.setup(model, optimizer), or set up"
+                " the module first: model = fabric.setup_module(model); optimizer ="
+                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+            )
+        foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in names)
+        if foreign:
+            raise ValueError(
+                f"The {type(optimizer).__name__} optimizer holds {foreign} parameter(s) that are not parameters of"
+                f" the {type(module).__name__} being set up with it. Pass each optimizer with the module whose"
+                " parameters it updates."
+            )
+    return names
+
+
+def rebind_optimizer(optimizer: Optimizer, names: Mapping[int, str], parameters: Mapping[str, Tensor]) -> None:
+    """Replace, in place, every parameter of ``optimizer``'s groups by the parameter of the same name (``names``, from
+    :func:`optimizer_parameter_names`) among ``parameters``, the set-up module's. The lists are changed in place, so
+    an optimizer that keeps a reference to one (``LBFGS``) sees the new parameters too.
+
+    Raises:
+        ValueError: a name is not among ``parameters`` (the set-up module renamed or dropped the parameter).
+    """
+    for group in optimizer.param_groups:
+        params = group["params"]
+        for index, param in enumerate(params):
+            name = names[id(param)]
+            if name not in parameters:
+                raise ValueError(
+                    f"The {type(optimizer).__name__} optimizer updates the parameter {name!r}, which the set-up module"
+                    " no longer has under that name (its parameters were replaced when it was set up), so the"
+                    " optimizer cannot be pointed at its replacement. Set up the module first, then create the"
+                    " optimizer: model = fabric.setup_module(model); optimizer ="
+                    " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+                )
+            params[index] = parameters[name]

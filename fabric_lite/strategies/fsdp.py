@@ -17,13 +17,13 @@ from typing_extensions import override
 
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
-from fabric_lite.plugins.precision import FSDPPrecision, MixedPrecision, Precision
-from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
+from fabric_lite.plugins.precision import FSDPPrecision, Precision
+from fabric_lite.plugins.precision.fsdp import FSDP_PRECISIONS, mixed_precision_policy
 from fabric_lite.strategies import _fsdp_options, _fsdp_setup, _model_parallel_ops
 from fabric_lite.strategies._fsdp_lightning import _check_sharded, _FSDPBackwardSyncControl
 from fabric_lite.strategies._fsdp_lightning import _get_full_state_dict_context as _get_full_state_dict_context
 from fabric_lite.strategies._fsdp_lightning import _is_sharded_checkpoint as _is_sharded_checkpoint
-from fabric_lite.strategies._fsdp_options import ShardingStrategyName
+from fabric_lite.strategies._fsdp_options import FSDP1_ARGUMENTS, ShardingStrategyName
 from fabric_lite.strategies._fsdp_setup import AutoWrapPolicy, ParamInitFn
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.strategies.strategy import _set_gradient_sync, _Sharded
@@ -44,8 +44,9 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     Each rank holds 1/N of every sharded parameter, of its gradient and of the optimizer state. A unit's
     parameters are all-gathered just before it computes and freed after (``reshard_after_forward``), and its
     gradients are reduce-scattered in backward. Units come from ``auto_wrap_policy``; the whole model is always the
-    outermost unit. The optimizer must be created *after* the module is set up, from the module's (now sharded)
-    parameters::
+    outermost unit. Create the optimizer after the module is set up, from the module's (now sharded) parameters, or
+    set both up together with ``fabric.setup(model, optimizer)``, which points an optimizer that has not stepped
+    yet at the sharded parameters::
 
         fabric = Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)
         fabric.launch()
@@ -56,7 +57,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
     ``fabric.init_module(empty_init=True)`` creates the parameters on the meta device; ``setup_module`` shards them
     and initialises them one module at a time, on the CPU, with ``reset_parameters()`` (or ``param_init_fn``) in
-    construction order, so a model gets the same values as an eager construction with the same seed. Without
+    construction order, so a model gets the same values as an eager construction with the same seed (a module with
+    neither is left uninitialised, with a warning, for a checkpoint loaded after setup to fill). Without
     ``empty_init`` the model is built on the CPU and each rank moves only its shards to the device.
 
     ``fabric.save`` writes a sharded checkpoint folder (every rank its shards, through
@@ -78,7 +80,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             compute. ``None``/``False``: no offloading.
         mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``. By default it follows
             ``Fabric(precision=...)``: ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards and compute (and
-            all-gather) in bfloat16/float16, with gradients reduced in float32; ``"bf16-true"``/``"16-true"`` do
+            all-gather, and reduce gradients) in bfloat16/float16, as Lightning's; ``"bf16-true"``/``"16-true"`` do
             everything in the half type. FSDP1's ``MixedPrecision`` is accepted for Lightning compatibility and
             mapped to a policy with its ``param_dtype`` and ``reduce_dtype``; its ``buffer_dtype``,
             ``keep_low_precision_grads`` and ``_module_classes_to_ignore`` have no FSDP2 equivalent and are dropped
@@ -122,8 +124,9 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             pair, made into the mesh), ``sync_module_states`` (start from rank 0's values), ``forward_prefetch``
             (each unit prefetches the next one's all-gather), ``ignored_modules``/``ignored_states`` (left
             unsharded), and, with no effect since FSDP2 has no such switch, ``limit_all_gathers``,
-            ``use_orig_params`` (FSDP2 keeps the original parameters always) and ``backward_prefetch`` (FSDP2
-            always prefetches as ``BACKWARD_PRE``). Anything else is passed to
+            ``use_orig_params`` (FSDP2 keeps the original parameters always; ``False``, FSDP1's flat parameters,
+            refuses ``fabric.setup(model, optimizer)`` as Lightning does) and ``backward_prefetch`` (FSDP2 always
+            prefetches as ``BACKWARD_PRE``). Anything else is passed to
             ``torch.distributed.fsdp.fully_shard`` (e.g. ``shard_placement_fn``).
 
     Raises:
@@ -169,6 +172,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
                 f"FSDPStrategy needs torch.distributed.fsdp.fully_shard (torch >= 2.6); this is torch"
                 f" {torch.__version__}. Upgrade torch, or use strategy='ddp'."
             ) from err
+        self.precision = precision  # checked: FSDPPrecision only
         self._set_start_method(start_method)
         if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
             raise TypeError(
@@ -176,6 +180,10 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             )
         if param_init_fn is not None and not callable(param_init_fn):
             raise TypeError(f"FSDPStrategy(param_init_fn={param_init_fn!r}): expected a function fn(module).")
+        #: FSDP1's arguments as given, Lightning's ``_fsdp_kwargs`` (``use_orig_params`` is ``True`` unless given)
+        self._fsdp_kwargs = {"use_orig_params": True, **{k: v for k, v in kwargs.items() if k in FSDP1_ARGUMENTS}}
+        if device_mesh is not None:
+            self._fsdp_kwargs["device_mesh"] = device_mesh
         self._fsdp1, kwargs = _fsdp_options.fsdp1_options(kwargs)
         accepted = [name for name in inspect.signature(fully_shard).parameters if name not in _OWN_ARGUMENTS]
         unknown = sorted(set(kwargs) - set(accepted))
@@ -199,12 +207,52 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         self._cpu_offload: CPUOffloadPolicy | bool = _fsdp_options.cpu_offload_setting(cpu_offload)
         self._param_init_fn = param_init_fn
         self.state_dict_type = state_dict_type
-        self._fsdp_kwargs = kwargs
+        #: the other keyword arguments, passed to ``fully_shard``
+        self._fully_shard_extra = kwargs
         #: the mesh as given: a (replicate, shard) tuple is built into a ``DeviceMesh`` by ``setup_environment``
         self._mesh_argument = device_mesh
         self._backward_sync_control = _FSDPBackwardSyncControl(self._sync_target, _set_gradient_sync)
 
     # ------------------------------------------------------------------ configuration
+    @classmethod
+    @override
+    def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
+        """Refuse, in ``Fabric(...)``, a precision that :class:`FSDPPrecision` does not run (``"64-true"``)."""
+        if precision not in FSDP_PRECISIONS:
+            raise ValueError(
+                f"precision={precision!r} is not supported with strategy={label!r}: FSDPPrecision runs one of"
+                f" {', '.join(map(repr, FSDP_PRECISIONS))}."
+            )
+
+    @classmethod
+    @override
+    def _named_precision(cls, name: str) -> Precision | None:
+        """``Fabric(strategy="fsdp", precision=name)`` runs ``FSDPPrecision(name)``, as in Lightning."""
+        return FSDPPrecision(name) if name in FSDP_PRECISIONS else None  # type: ignore[arg-type]
+
+    @property
+    @override
+    def precision(self) -> FSDPPrecision:
+        """The :class:`FSDPPrecision` plugin (``"32-true"`` unless ``Fabric(precision=...)`` says otherwise); its
+        precision names map onto FSDP2's ``MixedPrecisionPolicy``.
+
+        Raises:
+            TypeError: setting a plugin of another class, as in Lightning (``Fabric(strategy="fsdp",
+                precision=...)`` makes an ``FSDPPrecision``).
+        """
+        plugin = self._precision
+        return plugin if isinstance(plugin, FSDPPrecision) else FSDPPrecision("32-true")
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        if precision is not None and not isinstance(precision, FSDPPrecision):
+            raise TypeError(
+                f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {type(precision).__name__}"
+                f"(precision={getattr(precision, 'precision', None)!r}). Pass Fabric(strategy='fsdp', precision=...)"
+                f" with one of {', '.join(map(repr, FSDP_PRECISIONS))}, or plugins=[FSDPPrecision(...)]."
+            )
+        self._precision = precision
+
     @property
     @override
     def state_dict_type(self) -> str:
@@ -236,9 +284,10 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     @property
     def mixed_precision_config(self) -> MixedPrecisionPolicy | FSDP1MixedPrecision:
         """Lightning's name: the ``mixed_precision`` argument as given (FSDP1's ``MixedPrecision`` stays one), or
-        else the policy that matches the precision. What ``fully_shard`` gets is :attr:`mixed_precision`."""
+        else the precision plugin's :attr:`FSDPPrecision.mixed_precision_config`. What ``fully_shard`` gets is
+        :attr:`mixed_precision`."""
         given = self._mixed_precision_argument
-        return given if given is not None else self.mixed_precision
+        return given if given is not None else self.precision.mixed_precision_config
 
     @property
     def cpu_offload(self) -> CPUOffload | CPUOffloadPolicy | bool:
@@ -298,7 +347,11 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             self.precision._set_device_type(self.root_device.type)
 
     def _fully_shard_kwargs(self, ignored: set[torch.nn.Parameter]) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"mesh": self.device_mesh, "mp_policy": self.mixed_precision, **self._fsdp_kwargs}
+        kwargs: dict[str, Any] = {
+            "mesh": self.device_mesh,
+            "mp_policy": self.mixed_precision,
+            **self._fully_shard_extra,
+        }
         if ignored:
             kwargs["ignored_params"] = ignored | set(kwargs.get("ignored_params") or ())
         if self._reshard_after_forward is not None:
@@ -318,8 +371,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         whole module. A module created on the meta device is then materialised (see the class docstring).
 
         Raises:
-            RuntimeError: the module is on the meta device and cannot be initialised (no ``reset_parameters`` and
-                no ``param_init_fn``), or holds meta and real tensors at once.
+            RuntimeError: the module holds meta-device and real tensors at once.
         """
         from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -360,18 +412,44 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         self._modules.add(module)
         return module
 
+    @override
+    def setup_module_and_optimizers(
+        self, module: Module, optimizers: list[Optimizer]
+    ) -> tuple[Module, list[Optimizer]]:
+        """Shard the module (:meth:`setup_module`), then point each optimizer at the sharded parameters that replaced
+        its own, by name (``fabric.setup(model, optimizer)``); the optimizer must not have stepped yet.
+
+        Raises:
+            ValueError: ``use_orig_params=False`` was given (FSDP1's flat parameters, which no optimizer created
+                before could update; Lightning refuses it the same way), or an optimizer already holds state.
+        """
+        if self._fsdp_kwargs.get("use_orig_params") is False:
+            raise ValueError(
+                f"You set `{type(self).__name__}(use_orig_params=False)` but this is not supported when setting the"
+                " model and optimizer up together: FSDP1's flat parameters cannot be updated by an optimizer created"
+                " before them. Leave use_orig_params out (FSDP2 keeps the original parameters), or set the module up"
+                " first: model = fabric.setup_module(model); optimizer ="
+                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+            )
+        return super().setup_module_and_optimizers(module, optimizers)
+
+    @override
+    def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
+        """``module``: ``fully_shard`` shards it in place (:meth:`setup_module` returns it)."""
+        return module
+
     def _use_sharded_grad_scaler(self) -> None:
         """With ``"16-mixed"``, every rank must agree on skipping a step: a shard's inf/NaN is only seen by the rank
-        that holds it. torch's ``ShardedGradScaler`` all-reduces that finding; it replaces a plain ``GradScaler``,
-        with the same settings and state."""
+        that holds it. torch's ``ShardedGradScaler`` all-reduces that finding; it replaces a plain ``GradScaler``
+        given to :class:`FSDPPrecision`, with the same settings and state."""
         precision = self.precision
-        if not isinstance(precision, MixedPrecision) or type(precision.scaler) is not torch.amp.GradScaler:
+        plain = precision.scaler
+        if type(plain) is not torch.amp.GradScaler:
             return
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        plain = precision.scaler
         sharded = ShardedGradScaler(
-            device=precision.device,
+            device=precision._device_type,
             init_scale=plain.get_scale(),
             growth_factor=plain.get_growth_factor(),
             backoff_factor=plain.get_backoff_factor(),

@@ -77,7 +77,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     * **Meta-device init.** A model created under ``fabric.init_module(empty_init=True)`` is materialised after
       ``parallelize_fn``, one module at a time, with each module's ``reset_parameters()``: each rank copies its own
       shard of the full initial value, so the values equal an eager construction's with the same seed, whatever
-      the mesh.
+      the mesh. A module holding tensors without ``reset_parameters()`` is left uninitialised, with Lightning's
+      warning (load a checkpoint into it after setup).
     * **Collectives** run over the whole world; ``all_reduce``, ``all_gather``, ``broadcast`` and ``barrier`` take
       ``group=`` a sub-mesh's group (``strategy.device_mesh["data_parallel"].get_group()``).
     * **Gradients.** ``clip_gradients`` takes the total norm over every gradient, DTensors of any mesh and plain
@@ -87,7 +88,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
       group (a tensor-parallel model without sequence parallelism keeps its norms plain): ``setup_optimizers`` sets
       ``foreach=None`` to ``False`` for such a group and refuses ``foreach=True`` or ``fused=True`` there.
     * **Precision**: ``"32-true"``, ``"bf16-mixed"`` (autocast; pass :attr:`mixed_precision_policy` to
-      ``fully_shard`` so that FSDP2 also all-gathers in bfloat16 and reduces in float32), ``"bf16-true"``,
+      ``fully_shard`` so that FSDP2 also all-gathers and reduces gradients in bfloat16), ``"bf16-true"``,
       ``"16-true"``.
     * **Checkpoints.** ``fabric.save`` writes a ``torch.distributed.checkpoint`` folder (every rank its shards,
       written beside the target and swapped in) or, with ``save_distributed_checkpoint=False``, one file gathered
@@ -251,7 +252,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, to pass to ``fully_shard`` in
-        ``parallelize_fn`` (``bf16-mixed``: all-gather and compute in bfloat16, reduce in float32)."""
+        ``parallelize_fn`` (``bf16-mixed``: all-gather, compute and reduce gradients in bfloat16, over float32
+        shards; build your own ``MixedPrecisionPolicy(reduce_dtype=torch.float32, ...)`` to reduce in float32)."""
         return mixed_precision_policy(self.precision.precision)
 
     @property
@@ -280,8 +282,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         Raises:
             TypeError: the module holds FSDP1 (``FullyShardedDataParallel``) modules, or ``parallelize_fn`` did not
                 return a module.
-            RuntimeError: the module is on the meta device and cannot be initialised (no ``reset_parameters``), or
-                holds meta and real tensors at once.
+            RuntimeError: the module holds meta-device and real tensors at once.
         """
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -298,9 +299,9 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         parallel = self._parallelize_fn(module, self.device_mesh)
         if not isinstance(parallel, Module):
             raise TypeError(
-                f"parallelize_fn must return the parallelised module (an nn.Module), but"
-                f" {getattr(self._parallelize_fn, '__name__', self._parallelize_fn)!r} returned"
-                f" {type(parallel).__name__}: end it with `return module`."
+                f"The `parallelize_fn` must return a `nn.Module` instance, but got: {type(parallel).__name__}."
+                f" {getattr(self._parallelize_fn, '__name__', self._parallelize_fn)!r} must return the parallelised"
+                " module: end it with `return module`."
             )
         if owners:
             _fsdp_setup.materialize(parallel, owners, self.root_device, None)
@@ -309,20 +310,17 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         return parallel
 
     @override
-    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Check that ``optimizer`` updates the parameters of modules set up by this strategy, and turn ``foreach``
-        off (where it is ``None``) for every parameter group that mixes DTensor and plain tensor parameters, which
-        torch's foreach kernels cannot combine (on the CPU, ``None`` means off anyway; on CUDA it would pick them).
+    def _prepare_optimizer(self, optimizer: Optimizer) -> None:
+        """Turn ``foreach`` off (where it is ``None``) for every parameter group that mixes DTensor and plain tensor
+        parameters, which torch's foreach kernels cannot combine (on the CPU, ``None`` means off anyway; on CUDA it
+        would pick them). Runs for :meth:`setup_optimizer` and ``fabric.setup(model, optimizer)``.
 
         Raises:
-            ValueError: it holds other tensors, typically because it was created before ``setup_module``; or a
-                group that mixes DTensor and plain tensor parameters asks for ``foreach=True`` or ``fused=True``
-                (pass ``False``, or parallelise every parameter, e.g. with ``sequence_parallel=True``).
+            ValueError: a group that mixes DTensor and plain tensor parameters asks for ``foreach=True`` or
+                ``fused=True`` (pass ``False``, or parallelise every parameter, e.g. with ``sequence_parallel=True``).
         """
-        super().setup_optimizer(optimizer)
         names = {id(p): name for module in self._modules for name, p in module.named_parameters()}
         _model_parallel_ops.settle_foreach(optimizer, names)
-        return optimizer
 
     # ------------------------------------------------------------------ training
     @override

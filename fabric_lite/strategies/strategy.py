@@ -20,6 +20,7 @@ from fabric_lite.plugins.io.async_io import AsyncCheckpointIO
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies import _fsdp_setup
 from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
@@ -219,6 +220,12 @@ class Strategy(ABC):
     def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
         """Refuse, in ``Fabric(...)`` before any process starts, an accelerator or a precision this strategy cannot
         run; ``label`` is how the user named the strategy. Nothing by default."""
+
+    @classmethod
+    def _named_precision(cls, name: str) -> Precision | None:
+        """The precision plugin ``Fabric(precision=name)`` makes for this strategy where it runs a plugin of its own
+        kind (FSDP's ``FSDPPrecision``, as in Lightning); ``None``: the generic plugin of that name."""
+        return None
 
     @classmethod
     def _create(cls, devices: list[torch.device], **kwargs: Any) -> Strategy:
@@ -549,8 +556,9 @@ class _Sharded(Strategy):
     the same way, under the name of Lightning Fabric's interface of sharding strategies
     (:meth:`module_sharded_context`).
 
-    * Setting a module up replaces its parameters (sharded tensors): a module and an optimizer created before it
-      cannot be set up together, and an optimizer must update the parameters of a module set up here.
+    * Setting a module up replaces its parameters (sharded tensors): an optimizer created before, set up together
+      with the module, is pointed at the new parameters by name; an optimizer set up alone must update the
+      parameters of a module set up here.
     * ``init_module(empty_init=True)`` creates the parameters on the meta device; setting up allocates and
       initialises each rank's shards, so nothing is moved to the device before.
     * A compiled model is compiled again one ``fully_shard`` unit at a time.
@@ -635,14 +643,29 @@ class _Sharded(Strategy):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer]
     ) -> tuple[Module, list[Optimizer]]:
-        """Not possible: setting the module up replaces its parameters, so an optimizer created before would update
-        tensors the model no longer uses."""
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot set up a module together with an optimizer created before it: setting the"
-            " module up replaces its parameters, so the optimizer would hold stale ones. Set up the module first,"
-            " then create the optimizer from its parameters: model = fabric.setup_module(model); optimizer ="
-            " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
-        )
+        """Set the module up, then point each optimizer at the parameters that replaced the ones it was created
+        with, by name (``fabric.setup(model, optimizer)``, as Lightning's users call it). An optimizer without state
+        only holds references to its parameters, so it is then the optimizer it would have been if it had been
+        created after :meth:`setup_module`.
+
+        Raises:
+            ValueError: an optimizer already holds state (it has stepped: the state belongs to the replaced
+                tensors), or holds a parameter that is not one of the module's, or one the set-up module no longer
+                has under its name.
+        """
+        optimizers = [optimizers] if isinstance(optimizers, Optimizer) else list(optimizers)
+        names = _fsdp_setup.optimizer_parameter_names(module, optimizers, type(self).__name__)
+        set_up = self.setup_module(module)
+        parameters = dict(self._parameters_after_setup(module, set_up).named_parameters())
+        for optimizer in optimizers:
+            _fsdp_setup.rebind_optimizer(optimizer, names, parameters)
+            self._prepare_optimizer(optimizer)
+        return set_up, optimizers
+
+    def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
+        """The module whose parameters replace those of ``module``, which :meth:`setup_module` turned into
+        ``set_up``: by default ``set_up`` itself."""
+        return set_up
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -660,9 +683,14 @@ class _Sharded(Strategy):
                 f" the parameters of a module set up with {type(self).__name__}: it was created before"
                 " fabric.setup_module(model), which replaces the parameters. Create the optimizer after setting up"
                 " the module: model = fabric.setup_module(model); optimizer ="
-                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
+                " fabric.setup_optimizers(torch.optim.AdamW(model.parameters())), or pass both to"
+                " fabric.setup(model, optimizer)."
             )
+        self._prepare_optimizer(optimizer)
         return optimizer
+
+    def _prepare_optimizer(self, optimizer: Optimizer) -> None:
+        """What the strategy adjusts on an optimizer over its modules' parameters; nothing by default."""
 
     @override
     def module_to_device(self, module: Module) -> None:

@@ -222,8 +222,8 @@ def test_strategy_names_build_fsdp_with_the_script_launcher(name: str, offload: 
     [
         ("32-true", None, None),
         ("64-true", None, None),
-        ("bf16-mixed", torch.bfloat16, torch.float32),
-        ("16-mixed", torch.float16, torch.float32),
+        ("bf16-mixed", torch.bfloat16, torch.bfloat16),  # Lightning's FSDPPrecision: gradients reduced in bfloat16
+        ("16-mixed", torch.float16, torch.float16),
         ("bf16-true", torch.bfloat16, torch.bfloat16),
         ("16-true", torch.float16, torch.float16),
     ],
@@ -236,13 +236,37 @@ def test_mixed_precision_policy_follows_precision(precision: str, param_dtype: A
 def test_strategy_takes_its_policy_from_the_precision_plugin_unless_given_one() -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from fabric_lite.plugins.precision import HalfPrecision, MixedPrecision
+    from fabric_lite.plugins import FSDPPrecision
 
-    assert FSDPStrategy(precision=HalfPrecision("bf16-true")).mixed_precision.param_dtype == torch.bfloat16
-    assert FSDPStrategy(precision=MixedPrecision("bf16-mixed", "cpu")).mixed_precision.reduce_dtype == torch.float32
+    assert FSDPStrategy(precision=FSDPPrecision("bf16-true")).mixed_precision.param_dtype == torch.bfloat16
+    assert FSDPStrategy(precision=FSDPPrecision("bf16-mixed")).mixed_precision.reduce_dtype == torch.bfloat16
     assert FSDPStrategy().mixed_precision.param_dtype is None
     given = MixedPrecisionPolicy(param_dtype=torch.float16)
-    assert FSDPStrategy(precision=HalfPrecision("bf16-true"), mixed_precision=given).mixed_precision is given
+    assert FSDPStrategy(precision=FSDPPrecision("bf16-true"), mixed_precision=given).mixed_precision is given
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-true", "bf16-true"])
+def test_fabric_runs_fsdp_precision_by_name(precision: str) -> None:
+    from fabric_lite.plugins import FSDPPrecision
+
+    fabric = Fabric(accelerator="cpu", devices=2, strategy="fsdp", precision=precision)  # type: ignore[arg-type]
+    assert type(fabric.strategy.precision) is FSDPPrecision and fabric.strategy.precision.precision == precision
+    user_instance = Fabric(accelerator="cpu", devices=2, strategy=FSDPStrategy(), precision=precision)  # type: ignore[arg-type]
+    assert type(user_instance.strategy.precision) is FSDPPrecision
+
+
+def test_other_precision_plugins_are_refused_in_lightnings_words() -> None:
+    from fabric_lite.plugins import DoublePrecision, HalfPrecision, MixedPrecision
+
+    with pytest.raises(TypeError, match=r"can only work with the `FSDPPrecision` plugin, found HalfPrecision"):
+        FSDPStrategy(precision=HalfPrecision("bf16-true"))
+    strategy = FSDPStrategy()
+    with pytest.raises(TypeError, match=r"found MixedPrecision\(precision='bf16-mixed'\)"):
+        strategy.precision = MixedPrecision("bf16-mixed", "cpu")
+    with pytest.raises(ValueError, match=r"precision='64-true' is not supported with strategy='fsdp': FSDPPrecision"):
+        Fabric(accelerator="cpu", devices=2, strategy="fsdp", plugins=[DoublePrecision()])  # refused by the plan
+    with pytest.raises(ValueError, match=r"precision='64-true' is not supported with strategy='fsdp': FSDPPrecision"):
+        Fabric(accelerator="cpu", devices=2, strategy="fsdp", precision="64-true")
 
 
 def test_wrap_targets_children_first() -> None:
@@ -317,6 +341,14 @@ def test_ten_steps_match_ddp(two_ranks: list[dict[str, Any]]) -> None:
 
 
 @pytest.mark.timeout(200)
+def test_setup_with_an_optimizer_trains_as_an_optimizer_created_after_setup(two_ranks: list[dict[str, Any]]) -> None:
+    for run in per_rank(two_ranks, "joint_setup"):
+        assert run["steps"] == run["ref_steps"]  # losses and clipped norms, exactly
+        assert run["param_difference"] == 0.0
+        assert run["optimizer_holds_the_model"]
+
+
+@pytest.mark.timeout(200)
 def test_each_rank_holds_half_of_the_parameters(two_ranks: list[dict[str, Any]]) -> None:
     runs = per_rank(two_ranks, "sharding")
     total = runs[0]["total"]
@@ -346,15 +378,20 @@ def test_meta_device_init_equals_eager_init_with_the_same_seed(two_ranks: list[d
 
 @pytest.mark.timeout(200)
 def test_misuse_raises_clearly(two_ranks: list[dict[str, Any]], folder: Path) -> None:
-    for run in per_rank(two_ranks, "misuse"):
-        joint = run["joint_setup"]
-        assert joint["type"] == "NotImplementedError" and "fabric.setup_module(model)" in joint["message"]
+    runs = per_rank(two_ranks, "misuse")
+    for run in runs:
+        joint = run["stepped_joint_setup"]
+        assert joint["type"] == "ValueError" and "already holds state for" in joint["message"]
+        assert "fabric.setup_module(model)" in joint["message"]
         first = run["optimizer_first"]
         assert first["type"] == "ValueError"
         assert "created before fabric.setup_module(model)" in first["message"]
         assert "setup_optimizers(torch.optim.AdamW(model.parameters()))" in first["message"]
-        meta = run["meta_without_reset"]
-        assert meta["type"] == "RuntimeError" and "(NoReset)" in meta["message"] and "param_init_fn" in meta["message"]
+        meta = run["meta_without_reset"]  # Lightning's warning; the module is materialised, its Linear initialised
+        assert any("re-initialization: NoReset (<root>)" in message for message in meta["warnings"]) == (
+            run is runs[0]
+        ), meta["warnings"]  # on rank 0 only
+        assert meta["on_meta"] == [] and meta["lin_finite"]
         plain_folder = str(folder / "not_a_checkpoint")
         assert run["load_plain_folder"]["type"] == "NotACheckpointError"  # a CheckpointError and a ValueError
         assert plain_folder in run["load_plain_folder"]["message"]

@@ -307,9 +307,18 @@ def test_tensor_parallel_ranks_see_the_same_batches(two_by_two: list[dict[str, A
     assert [runs[r]["sampler"] for r in range(4)] == [{"num_replicas": 2, "rank": r // 2} for r in range(4)]
 
 
+def test_setup_with_an_optimizer_trains_as_an_optimizer_created_after_setup(
+    two_by_two: list[dict[str, Any]],
+) -> None:
+    for rank, run in enumerate(per_rank([run["misuse"] for run in two_by_two], "joint_setup")):
+        assert run["joint"]["losses"] == run["separate"]["losses"], rank
+        assert run["joint"]["local"] == run["separate"]["local"], rank  # every shard, after two steps
+
+
 def test_misuse_and_group_collectives(two_by_two: list[dict[str, Any]]) -> None:
     for rank, run in enumerate(per_rank([run["misuse"] for run in two_by_two], "early_optimizer")):
-        assert run["setup"]["type"] == "NotImplementedError" and "setup_module" in run["setup"]["message"], rank
+        stepped = run["setup_stepped"]
+        assert stepped["type"] == "ValueError" and "already holds state" in stepped["message"], rank
         early = run["setup_optimizers"]
         assert early["type"] == "ValueError" and "created before fabric.setup_module" in early["message"], rank
     for rank, misuse in enumerate(run["misuse"] for run in two_by_two):
@@ -357,8 +366,8 @@ except TypeError as err:
     script.write_text(code)
     done = run_python([str(script)], timeout=LAUNCH_TIMEOUT)
     assert done.returncode == 0, done.output
-    assert "ERROR parallelize_fn must return the parallelised module" in done.stdout
-    assert "'parallelize' returned NoneType" in done.stdout
+    assert "ERROR The `parallelize_fn` must return a `nn.Module` instance, but got: NoneType" in done.stdout
+    assert "'parallelize' must return the parallelised module" in done.stdout
 
 
 @pytest.mark.timeout(240)

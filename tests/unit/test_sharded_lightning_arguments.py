@@ -108,7 +108,9 @@ def test_fsdp1_arguments_are_kept_as_fsdp2_uses_them() -> None:
     options = strategy._fsdp1
     assert options.sync_module_states and options.forward_prefetch and options.process_group is None
     assert options.ignored_params() == {layer.weight, layer.bias, weight}
-    assert strategy._fsdp_kwargs == {}  # nothing of FSDP1's reaches fully_shard as is
+    assert strategy._fully_shard_extra == {}  # nothing of FSDP1's reaches fully_shard as is
+    assert strategy._fsdp_kwargs["use_orig_params"] is False  # Lightning's view: FSDP1's arguments as given
+    assert FSDPStrategy()._fsdp_kwargs == {"use_orig_params": True}  # Lightning's default
     FSDPStrategy(backward_prefetch=BackwardPrefetch.BACKWARD_POST, shard_placement_fn=None)
 
 
@@ -211,7 +213,8 @@ def test_settings_read_as_lightning_shows_them() -> None:
     assert strategy.mixed_precision_config is config  # as given; fully_shard gets the policy
     assert isinstance(strategy.mixed_precision, MixedPrecisionPolicy)
     plain = FSDPStrategy(precision=FSDPPrecision("bf16-mixed"))
-    assert plain.mixed_precision_config == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert plain.mixed_precision_config == FSDP1MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16)
+    assert plain.mixed_precision == MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
 
 
 def test_backward_sync_controls_have_lightnings_names() -> None:
@@ -294,6 +297,81 @@ def test_strict_full_state_dict_loads_name_what_differs(tmp_path: Path) -> None:
     assert torch.equal(module.weight, torch.ones(2, 2)) and torch.equal(module.bias, bias)
 
 
+# ---------------------------------------------------------------------------------------------- setup(model, optimizer)
+def test_joint_setup_points_the_optimizer_at_the_sharded_parameters(one_rank_group: Any) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    model = Net()
+    optimizer = torch.optim.SGD([{"params": model.inp.parameters()}, {"params": model.blocks.parameters()}], lr=0.1)
+    strategy = FSDPStrategy(parallel_devices=[torch.device("cpu")])
+    strategy._device_mesh = init_device_mesh("cpu", (1,))
+    module, [same] = strategy.setup_module_and_optimizers(model, [optimizer])
+    assert module is model and same is optimizer
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    assert all(isinstance(p, DTensor) for p in held)
+    sharded = dict(model.named_parameters())
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(sharded["inp.weight"]), id(sharded["inp.bias"])]
+    assert len(optimizer.param_groups[1]["params"]) == len(list(model.blocks.parameters()))
+    assert strategy.setup_optimizer(optimizer) is optimizer  # the ownership check agrees
+
+
+def test_joint_setup_with_use_orig_params_false_is_refused_in_lightnings_words() -> None:
+    model = nn.Linear(2, 2)
+    weight = model.weight
+    with pytest.raises(ValueError, match=r"`FSDPStrategy\(use_orig_params=False\)` but this is not supported"):
+        FSDPStrategy(use_orig_params=False).setup_module_and_optimizers(model, [torch.optim.SGD([weight], lr=0.1)])
+    assert model.weight is weight  # refused before anything was sharded
+
+
+class _Replaced(nn.Module):
+    """Stands for a sharded module: ``replace()`` swaps every parameter for a new one of the same name, as
+    ``fully_shard`` and ``parallelize_module`` do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.b = nn.Linear(2, 2)
+
+    def replace(self) -> None:
+        for module in (self.a, self.b):
+            for name, param in list(module.named_parameters(recurse=False)):
+                setattr(module, name, nn.Parameter(param.detach() + 1))
+
+
+def test_rebinding_replaces_each_parameter_by_name_in_place() -> None:
+    from fabric_lite.strategies._fsdp_setup import optimizer_parameter_names, rebind_optimizer
+
+    module = _Replaced()
+    optimizer = torch.optim.LBFGS(module.parameters())  # keeps a reference to its group's list
+    names = optimizer_parameter_names(module, [optimizer], "FSDPStrategy")
+    module.replace()
+    rebind_optimizer(optimizer, names, dict(module.named_parameters()))
+    assert [id(p) for p in optimizer.param_groups[0]["params"]] == [id(p) for p in module.parameters()]
+    assert optimizer._params is optimizer.param_groups[0]["params"]  # LBFGS sees the new parameters too
+
+
+def test_rebinding_refuses_what_it_cannot_rebind() -> None:
+    from fabric_lite.strategies._fsdp_setup import optimizer_parameter_names, rebind_optimizer
+
+    module = _Replaced()
+    stepped = torch.optim.Adam(module.parameters())
+    module.a(torch.ones(1, 2)).sum().backward()
+    stepped.step()
+    with pytest.raises(ValueError, match=r"Adam optimizer passed to fabric.setup\(\) with FSDPStrategy already holds"):
+        optimizer_parameter_names(module, [stepped], "FSDPStrategy")
+    eager = torch.optim.Adagrad(module.parameters())  # creates its state when constructed
+    with pytest.raises(ValueError, match="holds state for 4 parameter"):
+        optimizer_parameter_names(module, [eager], "ModelParallelStrategy")
+    foreign = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1)
+    with pytest.raises(ValueError, match=r"holds 1 parameter\(s\) that are not parameters of the _Replaced"):
+        optimizer_parameter_names(module, [foreign], "FSDPStrategy")
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    names = optimizer_parameter_names(module, [optimizer], "FSDPStrategy")
+    with pytest.raises(ValueError, match=r"updates the parameter 'a\.weight', which the set-up module no longer has"):
+        rebind_optimizer(optimizer, names, {"renamed": torch.ones(1)})
+
+
 # ---------------------------------------------------------------------------------------------- FSDPPrecision
 def test_fsdp_precision_scaler_is_settable_and_used() -> None:
     precision = FSDPPrecision("16-mixed")
@@ -321,6 +399,39 @@ def test_fsdp_precision_refuses_a_scaler_it_would_not_use() -> None:
     assert precision.scaler is None
     with pytest.raises(ValueError, match=r"FSDPPrecision\(precision='64-true'\) is not supported in FSDP. `precision`"):
         FSDPPrecision("64-true")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [
+        ("32-true", torch.float32),
+        ("16-mixed", torch.float16),
+        ("bf16-mixed", torch.bfloat16),
+        ("16-true", torch.float16),
+        ("bf16-true", torch.bfloat16),
+    ],
+)
+def test_fsdp_precision_config_is_lightnings_and_fully_shard_follows_it(precision: str, dtype: torch.dtype) -> None:
+    import warnings
+
+    from fabric_lite.utilities.throughput import _plugin_to_compute_dtype
+
+    plugin = FSDPPrecision(precision)  # type: ignore[arg-type]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = plugin.mixed_precision_config
+    assert config == FSDP1MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+    assert [str(w.message).split(":")[0] for w in caught] == (
+        [f"FSDP with `{precision}` enables computation in lower precision"]
+        if precision.endswith("-true") and dtype is not torch.float32
+        else []
+    )
+    policy = FSDPStrategy(precision=plugin).mixed_precision  # what fully_shard gets: gathered and reduced in dtype
+    expected = (None, None) if dtype is torch.float32 else (dtype, dtype)
+    assert (policy.param_dtype, policy.reduce_dtype) == expected
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _plugin_to_compute_dtype(plugin) == dtype  # the throughput monitor counts FLOPs of the compute dtype
 
 
 # ---------------------------------------------------------------------------------------------- ModelParallelStrategy

@@ -15,20 +15,23 @@ from typing_extensions import override
 from fabric_lite.plugins.precision.amp import MixedPrecision
 from fabric_lite.plugins.precision.half import HalfPrecision
 from fabric_lite.plugins.precision.precision import Precision
+from fabric_lite.utilities.rank_zero import rank_zero_warn
 
 if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
     from torch.distributed.fsdp import MixedPrecisionPolicy
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-_FSDP_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+#: the precisions FSDPPrecision runs (``FSDPStrategy`` runs no other)
+FSDP_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
 
 
 class FSDPPrecision(Precision):
     """The precision of an ``FSDPStrategy`` run, by name: ``Fabric(strategy="fsdp", plugins=[FSDPPrecision(p)])``
     behaves as ``Fabric(strategy="fsdp", precision=p)``.
 
-    ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards, compute under autocast and all-gather in the half type,
-    with gradients reduced in float32 (see :attr:`mixed_precision_config`); ``"16-mixed"`` steps through a
+    ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards, compute under autocast and all-gather and reduce gradients
+    in the half type, as Lightning's does (see :attr:`mixed_precision_config`); ``"16-mixed"`` steps through a
     ``ShardedGradScaler``, so every rank skips the same steps. ``"bf16-true"``/``"16-true"`` do everything in the
     half type; ``"32-true"`` changes nothing. The autocast device follows the strategy's device.
 
@@ -43,7 +46,7 @@ class FSDPPrecision(Precision):
     Example::
 
         fabric = Fabric(strategy="fsdp", devices=2, plugins=[FSDPPrecision("bf16-mixed")])
-        fabric.strategy.mixed_precision  # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=float32)
+        fabric.strategy.mixed_precision  # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=bfloat16)
     """
 
     def __init__(
@@ -51,10 +54,10 @@ class FSDPPrecision(Precision):
         precision: Literal["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"],
         scaler: ShardedGradScaler | None = None,
     ) -> None:
-        if precision not in _FSDP_PRECISIONS:
+        if precision not in FSDP_PRECISIONS:
             raise ValueError(
                 f"FSDPPrecision(precision={precision!r}) is not supported in FSDP. `precision` must be one of"
-                f" {_FSDP_PRECISIONS}."
+                f" {FSDP_PRECISIONS}."
             )
         if scaler is not None and precision != "16-mixed":
             raise ValueError(
@@ -108,14 +111,31 @@ class FSDPPrecision(Precision):
         self._impl.scaler = scaler  # type: ignore[attr-defined]
 
     @property
-    def mixed_precision_config(self) -> MixedPrecisionPolicy:
-        """The ``torch.distributed.fsdp.MixedPrecisionPolicy`` (FSDP2) that matches :attr:`precision`.
+    def mixed_precision_config(self) -> FSDP1MixedPrecision:
+        """The dtypes of :attr:`precision`, as Lightning's plugin gives them: FSDP1's
+        ``torch.distributed.fsdp.MixedPrecision`` with ``param_dtype``, ``reduce_dtype`` and ``buffer_dtype`` all
+        the half type for ``"16-*"``/``"bf16-*"``, all float32 for ``"32-true"``.
+
+        ``FSDPStrategy`` applies them through FSDP2's ``MixedPrecisionPolicy`` (:func:`mixed_precision_policy`):
+        units are all-gathered and gradients reduced in ``param_dtype``/``reduce_dtype``. FSDP2 has no
+        ``buffer_dtype``: buffers keep their dtype (the half type with ``"16-true"``/``"bf16-true"``, which convert
+        the module). Reading it with ``"16-true"``/``"bf16-true"`` warns, as Lightning's does, that everything
+        computes in the half type.
 
         Example::
 
-            FSDPPrecision("bf16-mixed").mixed_precision_config.param_dtype  # torch.bfloat16
+            FSDPPrecision("bf16-mixed").mixed_precision_config.reduce_dtype  # torch.bfloat16
         """
-        return mixed_precision_policy(self.precision)
+        from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
+
+        dtype = _dtype_of(self.precision)
+        if dtype is not torch.float32 and self.precision.endswith("-true"):
+            rank_zero_warn(
+                f"FSDP with `{self.precision}` enables computation in lower precision: the module is converted to"
+                f" {dtype} before it is sharded, so parameters, gradients and optimizer state are {dtype} (no float32"
+                " copy is kept). Use '16-mixed' or 'bf16-mixed' to keep float32 parameters."
+            )
+        return FSDP1MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
     # every hook is the matching fabric_lite precision family's
     @override
@@ -191,25 +211,33 @@ class FSDPPrecision(Precision):
         return self._impl.changes_forward()
 
 
+def _dtype_of(precision: str) -> torch.dtype:
+    """The floating-point type a precision name computes in: the half type of ``"16-*"``/``"bf16-*"``, else
+    float32."""
+    return {"16": torch.float16, "bf16": torch.bfloat16}.get(precision.partition("-")[0], torch.float32)
+
+
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
-    """The ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``.
+    """The ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``: the dtypes of
+    :attr:`FSDPPrecision.mixed_precision_config` (Lightning's), on FSDP2.
 
     * ``"bf16-mixed"`` / ``"16-mixed"``: the sharded parameters (and the optimizer) stay float32; each unit is
-      all-gathered in bfloat16/float16 and computes in it; gradients are reduce-scattered in float32.
-    * ``"bf16-true"`` / ``"16-true"``: everything in bfloat16/float16, gradients reduced in it too.
+      all-gathered in bfloat16/float16 and computes in it (under autocast); gradients are reduce-scattered in it and
+      accumulated into the float32 shards' gradients.
+    * ``"bf16-true"`` / ``"16-true"``: everything in bfloat16/float16.
     * anything else (``"32-true"``, ``"64-true"``): no casting.
+
+    Pass ``FSDPStrategy(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+    reduce_dtype=torch.float32))`` to reduce gradients in float32 instead.
 
     Example::
 
         mixed_precision_policy("bf16-mixed")
-        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)
+        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, ...)
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    half = {"bf16": torch.bfloat16, "16": torch.float16}
-    kind, _, mode = precision.partition("-")
-    if kind in half and mode == "mixed":
-        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=torch.float32)
-    if kind in half and mode == "true":
-        return MixedPrecisionPolicy(param_dtype=half[kind], reduce_dtype=half[kind])
-    return MixedPrecisionPolicy()
+    dtype = _dtype_of(precision)
+    if dtype is torch.float32:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)

@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.nn.parallel import DistributedDataParallel
 
 from fabric_lite import Fabric
-from fabric_lite.plugins.precision import MixedPrecision
+from fabric_lite.plugins.precision import FSDPPrecision
 from fabric_lite.strategies import FSDPStrategy
 from tests.helpers.jobs._runner import dump_all_ranks
 from tests.helpers.jobs.checks import record
@@ -77,7 +78,8 @@ class InitNet(nn.Module):
 
 
 class NoReset(nn.Module):
-    """Holds a parameter but has no reset_parameters: it cannot be initialised from the meta device."""
+    """Holds a parameter but has no reset_parameters: from the meta device it is left uninitialised, with a warning
+    (its ``lin`` is initialised)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -201,6 +203,24 @@ def train_and_save(fabric: Any, folder: str) -> dict[str, Any]:
             "param_difference": max_difference(full_model_state(fmodel), reference.module.state_dict()),
         }
 
+    def joint_setup() -> dict[str, Any]:
+        """fabric.setup(model, optimizer), the optimizer created before sharding: the same steps as setup_module with
+        the optimizer created afterwards."""
+        torch.manual_seed(3)
+        model = Net()
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        fmodel, foptimizer = fabric.setup(model, optimizer)
+        ref_model, ref_optimizer = setup_model(fabric, seed=3)
+        steps = [train_step(fabric, fmodel, foptimizer, step) for step in range(3)]
+        ref_steps = [train_step(fabric, ref_model, ref_optimizer, step) for step in range(3)]
+        return {
+            "steps": steps,
+            "ref_steps": ref_steps,
+            "param_difference": max_difference(full_model_state(fmodel), full_model_state(ref_model)),
+            "optimizer_holds_the_model": [id(p) for p in foptimizer.param_groups[0]["params"]]
+            == [id(p) for p in fmodel.parameters()],
+        }
+
     def sharding() -> dict[str, Any]:
         from torch.distributed.tensor import DTensor
 
@@ -251,9 +271,12 @@ def train_and_save(fabric: Any, folder: str) -> dict[str, Any]:
         }
 
     def misuse() -> dict[str, Any]:
-        def optimizer_first_joint() -> None:
+        def stepped_optimizer_joint() -> None:
             model = Net()
-            fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            model(torch.ones(2, 6)).sum().backward()
+            optimizer.step()
+            fabric.setup(model, optimizer)
 
         def optimizer_first() -> None:
             model = Net()
@@ -261,10 +284,17 @@ def train_and_save(fabric: Any, folder: str) -> dict[str, Any]:
             fabric.setup_module(model)
             fabric.setup_optimizers(optimizer)
 
-        def meta_without_reset() -> None:
+        def meta_without_reset() -> dict[str, Any]:
             with fabric.init_module(empty_init=True):
                 model = NoReset()
-            fabric.setup_module(model)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fmodel = fabric.setup_module(model)
+            return {
+                "warnings": [str(w.message) for w in caught],
+                "on_meta": [n for n, t in [*fmodel.named_parameters(), *fmodel.named_buffers()] if t.is_meta],
+                "lin_finite": bool(torch.isfinite(fmodel.module.lin.weight.full_tensor()).all()),
+            }
 
         not_a_checkpoint = root / "not_a_checkpoint"
         if rank == 0:
@@ -273,9 +303,9 @@ def train_and_save(fabric: Any, folder: str) -> dict[str, Any]:
         fabric.barrier()
         fmodel = shared["fmodel"]
         result = {
-            "joint_setup": error_of(optimizer_first_joint),
+            "stepped_joint_setup": error_of(stepped_optimizer_joint),
             "optimizer_first": error_of(optimizer_first),
-            "meta_without_reset": error_of(meta_without_reset),
+            "meta_without_reset": meta_without_reset(),
             "load_plain_folder": error_of(lambda: fabric.load(not_a_checkpoint, {"model": fmodel})),
             "save_over_plain_folder": error_of(lambda: fabric.save(not_a_checkpoint, {"model": fmodel})),
             "load_missing": error_of(lambda: fabric.load(root / "missing", {"model": fmodel})),
@@ -341,6 +371,7 @@ def train_and_save(fabric: Any, folder: str) -> dict[str, Any]:
     return record(
         {
             "parity": parity,
+            "joint_setup": joint_setup,
             "sharding": sharding,
             "no_sync": no_sync,
             "meta_init": meta_init,
@@ -757,8 +788,8 @@ def main() -> None:
     precision = spec.get("precision", "32-true")
     # float16 on the CPU needs the plugin (Fabric maps "16-mixed" to bf16 there); a small initial scale, so that
     # no step overflows and the losses can be held against float32
-    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
-    plugins = [MixedPrecision("16-mixed", "cpu", scaler=scaler)] if precision == "16-mixed" else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)  # made a ShardedGradScaler by FSDPStrategy
+    plugins = [FSDPPrecision("16-mixed", scaler=scaler)] if precision == "16-mixed" else None  # type: ignore[arg-type]
     fabric = Fabric(
         accelerator="cpu",
         devices=nprocs,

@@ -401,18 +401,46 @@ def load(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
 
 
 def misuse(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
-    """Each misuse, recorded: an optimizer created before setup_module, setup with an optimizer, a precision
+    """Each misuse, recorded: an optimizer created before setup_module, setup with a stepped optimizer, a precision
     error is checked at construction by the test; here the ones that need a launched strategy, and a save that fails
     over a previous checkpoint (beside ``folder``)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     def early_optimizer() -> dict[str, Any]:
-        model, other = Llama(), Llama()
+        model = Llama()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        stepped = Llama()
+        adam = torch.optim.AdamW(stepped.parameters(), lr=LR)
+        loss_of(stepped(Tokens().data[:2, :-1]), Tokens().data[:2]).backward()
+        adam.step()
         return {
-            "setup": error_of(lambda: fabric.setup(other, torch.optim.SGD(other.parameters(), lr=0.1))),
+            "setup_stepped": error_of(lambda: fabric.setup(stepped, adam)),
             "setup_optimizers": error_of(lambda: (fabric.setup_module(model), fabric.setup_optimizers(optimizer))),
         }
+
+    def joint_setup() -> dict[str, Any]:
+        """fabric.setup(model, optimizer), the optimizer created before (over meta-device parameters): the same two
+        steps as setup_module with the optimizer created afterwards."""
+        batch = Tokens().data[:GLOBAL_BATCH]
+
+        def two_steps(joint: bool) -> dict[str, Any]:
+            torch.manual_seed(5)
+            with fabric.init_module(empty_init=True):
+                model = Llama()
+            if joint:
+                model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=LR, foreach=False))
+            else:
+                model = fabric.setup_module(model)
+                optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=LR, foreach=False))
+            losses = []
+            for _ in range(2):
+                optimizer.zero_grad()
+                loss = step_loss(fabric, model, batch, options.get("loss_parallel", False))
+                optimizer.step()
+                losses.append((loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item())
+            return {"losses": losses, "local": local_digests(model.module)}
+
+        return {"joint": two_steps(joint=True), "separate": two_steps(joint=False)}
 
     def fsdp1() -> dict[str, Any]:
         wrapped = nn.Sequential(FullyShardedDataParallel.__new__(FullyShardedDataParallel))
@@ -468,6 +496,7 @@ def misuse(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
     return record(
         {
             "early_optimizer": early_optimizer,
+            "joint_setup": joint_setup,
             "fsdp1": fsdp1,
             "no_sync": no_sync,
             "bad_group_src": bad_group_src,

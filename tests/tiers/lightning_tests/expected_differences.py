@@ -212,15 +212,6 @@ EXPECTED: dict[str, Difference] = {
         " FLOPs; the CUDA half is held by tests/unit/test_utilities_lightning.py::test_get_available_flops",
     ),
     # --- FSDP, ModelParallel, FSDP precision ---
-    "tests_fabric/plugins/precision/test_fsdp.py::test_fsdp_precision_config": Difference(
-        "documented",
-        (
-            "FSDPPrecision.mixed_precision_config is FSDP2's MixedPrecisionPolicy: no buffer_dtype, gradients "
-            "reduced in float32 with the mixed precisions, nothing cast with 32-true, and no warning about a "
-            "full-precision copy (there is none); Lightning's is FSDP1's MixedPrecision"
-        ),
-        section="Beyond the loop: where the other names differ",
-    ),
     "tests_fabric/strategies/test_fsdp.py::test_activation_checkpointing": Difference(
         "private",
         (
@@ -228,14 +219,6 @@ EXPECTED: dict[str, Difference] = {
             "FullyShardedDataParallel and checkpoint_wrapper; fabric_lite applies torch's composable checkpoint "
             "to the modules the policy picks (ModuleWrapPolicy included) before fully_shard"
         ),
-    ),
-    "tests_fabric/strategies/test_fsdp.py::test_forbidden_precision_raises": Difference(
-        "documented",
-        (
-            "FSDPStrategy takes any of fabric_lite's precision plugins (HalfPrecision, MixedPrecision, "
-            "FSDPPrecision), each mapped to a MixedPrecisionPolicy; Lightning's refuses all but FSDPPrecision"
-        ),
-        section="What differs, and why",
     ),
     "tests_fabric/strategies/test_fsdp.py::test_get_full_state_dict_context_offload": Difference(
         "private",
@@ -248,8 +231,9 @@ EXPECTED: dict[str, Difference] = {
         "documented",
         (
             "HYBRID_SHARD needs no auto_wrap_policy, process_group or device_mesh with FSDP2 (a 2-D mesh of nodes"
-            " x devices by default; Lightning's FSDP1 raises RuntimeError); the test then reads Lightning's "
-            "_fsdp_kwargs and passes Mock groups and meshes"
+            " x devices by default; Lightning's FSDP1 raises RuntimeError); the test then passes Mock objects as "
+            "process groups and device meshes, which FSDPStrategy(...) checks, and patches Lightning's "
+            "fsdp._TORCH_GREATER_EQUAL_2_2 (fabric_lite needs torch >= 2.6)"
         ),
         section="What differs, and why",
     ),
@@ -310,19 +294,11 @@ EXPECTED: dict[str, Difference] = {
     "tests_fabric/strategies/test_fsdp.py::test_set_timeout": Difference(
         "private",
         (
-            "mocks torch.distributed.init_process_group and calls Lightning's private _get_process_group_backend;"
-            " fabric_lite's FSDPStrategy builds its device mesh in setup_environment, which needs the real "
-            "process group"
+            "mocks torch.distributed.init_process_group, so no process group exists when FSDPStrategy's "
+            "setup_environment builds the device mesh (every rank builds it there, together), and then pins "
+            "Lightning's exact env:// init_process_group call, which fabric_lite makes with its own store= (see "
+            "test_ddp.py::test_set_timeout)"
         ),
-    ),
-    "tests_fabric/strategies/test_fsdp.py::test_setup_use_orig_params": Difference(
-        "documented",
-        (
-            "setup(model, optimizer) is refused with FSDP2 (fully_shard replaces the parameters; create the "
-            "optimizer after setup_module) and use_orig_params has no effect; the test reads Lightning's "
-            "_fsdp_kwargs"
-        ),
-        section="What differs, and why",
     ),
     "tests_fabric/strategies/test_model_parallel.py::test_load_checkpoint_no_state": Difference(
         "documented",
@@ -353,14 +329,6 @@ EXPECTED: dict[str, Difference] = {
             "test_fsdp.py::test_load_unknown_checkpoint_type"
         ),
     ),
-    "tests_fabric/strategies/test_model_parallel.py::test_meta_device_materialization": Difference(
-        "documented",
-        (
-            "a meta-device module holding tensors without reset_parameters() is an error naming it (Lightning "
-            "warns and leaves its tensors uninitialised)"
-        ),
-        section="What differs, and why",
-    ),
     "tests_fabric/strategies/test_model_parallel.py::test_no_backward_sync": Difference(
         "documented",
         (
@@ -373,8 +341,10 @@ EXPECTED: dict[str, Difference] = {
     "tests_fabric/strategies/test_model_parallel.py::test_parallelize_fn_call": Difference(
         "documented",
         (
-            "setup(model, optimizer) is refused with ModelParallelStrategy (the parameters are replaced; create "
-            "the optimizer after setup_module)"
+            "its parallelize_fn returns a Mock holding no parameters while the optimizer holds the model's two: "
+            "fabric_lite points a jointly set-up optimizer at the returned module's parameters by name and refuses "
+            "one whose parameters that module does not have (Lightning returns it unchanged, over parameters the "
+            "model no longer uses); the test also unpacks Lightning's 3-tuple (module, optimizers, scheduler)"
         ),
         section="What differs, and why",
     ),
@@ -397,8 +367,8 @@ EXPECTED: dict[str, Difference] = {
     "tests_fabric/strategies/test_model_parallel.py::test_set_timeout": Difference(
         "private",
         (
-            "mocks torch.distributed.init_process_group and calls Lightning's private _get_process_group_backend,"
-            " which fabric_lite's strategies do not have"
+            "pins Lightning's exact env:// init_process_group call: fabric_lite makes it with its own store= (see "
+            "test_ddp.py::test_set_timeout)"
         ),
     ),
     "tests_fabric/strategies/test_model_parallel.py::test_torch_greater_equal_2_4": Difference(
