@@ -7,6 +7,7 @@ import signal
 import socket
 import sys
 import threading
+import types
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fabric_lite.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
+from fabric_lite.plugins.environments import mpi as mpi_module
 from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun, first_host
 from tests.helpers.harness import base_env, lightning_python, run_python
 
@@ -1296,3 +1298,25 @@ def test_slurm_requeue_handler_only_from_the_main_thread(fake_scontrol: Path) ->
     worker.start()
     worker.join()
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+class _FakeCommWorld:
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def Get_size(self) -> int:
+        return self.size
+
+
+@pytest.mark.parametrize(("size", "detected"), [(1, False), (2, True)])
+def test_mpi_detect_asks_an_mpi4py_the_program_imported(
+    mpi4py_imports: _ImportRecorder, monkeypatch: pytest.MonkeyPatch, size: int, detected: bool
+) -> None:
+    """Where the program imported mpi4py.MPI itself (MPI is initialised), COMM_WORLD decides, as in Lightning, with
+    no launcher variable; nothing more is imported."""
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", types.SimpleNamespace(COMM_WORLD=_FakeCommWorld(size)))
+    monkeypatch.setattr(mpi_module, "_MPI4PY_AVAILABLE", True)
+    assert MPIEnvironment.detect({}) is detected
+    monkeypatch.setattr(mpi_module, "_MPI4PY_AVAILABLE", False)  # as Lightning's tests patch it
+    assert MPIEnvironment.detect({}) is False
+    assert mpi4py_imports.names == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -106,12 +107,17 @@ class MPIEnvironment(_LauncherEnvironment):
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
-        """Whether an MPI launcher started this process among others.
+        """Whether an MPI launcher started this process among others: ``COMM_WORLD`` holds more than one process,
+        as in Lightning Fabric.
 
-        Only when a launcher's variable is set is mpi4py imported (which initialises MPI), so a plain run pays
-        nothing; then ``COMM_WORLD`` must hold more than one process, as in Lightning Fabric.
+        mpi4py is asked only where that costs nothing or is needed: when the program imported it already (MPI is
+        initialised), or when an MPI launcher's variable is set. Lightning imports it wherever it is installed, which
+        initialises MPI in every plain run.
         """
         env = os.environ if env is None else env
+        imported = sys.modules.get("mpi4py.MPI") or getattr(sys.modules.get("mpi4py"), "MPI", None)
+        if imported is not None:  # MPI initialised by the program: ask it, whatever launched this process
+            return bool(_MPI4PY_AVAILABLE) and int(imported.COMM_WORLD.Get_size()) > 1
         if not any(name in env for name in _LAUNCHER_VARIABLES):
             return False
         sizes = [env[name] for name in _SIZE_VARIABLES if name in env]

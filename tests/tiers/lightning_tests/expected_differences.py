@@ -199,12 +199,6 @@ EXPECTED: dict[str, Difference] = {
         section="Private names that clients import",
     ),
     # --- cluster environments, seeds, ranks, loggers, throughput, spikes, warnings, imports ---
-    "tests_fabric/plugins/environments/test_mpi.py::test_detect": Difference(
-        "documented",
-        "expects detection from mpi4py's COMM_WORLD alone (mocked); fabric_lite asks mpi4py only when an MPI"
-        " launcher's variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE, ...) are set, which the test does not set",
-        section="Beyond the loop: where the other names differ",
-    ),
     # its other parametrizations (no variable, or rank 0) pass
     "tests_fabric/utilities/test_throughput.py::test_get_available_flops": Difference(
         "xla",
