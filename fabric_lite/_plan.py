@@ -49,6 +49,7 @@ from fabric_lite.plugins.environments.slurm import _note_not_started_by_srun
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY, StartMethod
+from fabric_lite.strategies.single_device import SingleDeviceStrategy
 from fabric_lite.strategies.strategy import Strategy
 
 
@@ -326,7 +327,7 @@ def resolve_plan(
             f" num_nodes={num_nodes}. Use strategy='ddp' to train on several nodes."
         )
     if not parallel and not multi_device and (len(device_indices) > 1 or num_nodes > 1):
-        if isinstance(strategy, Strategy) and num_nodes == 1:
+        if isinstance(strategy, SingleDeviceStrategy) and num_nodes == 1:
             # the instance was made for one device of its choosing, which it runs on (as in Lightning Fabric)
             warnings.append(
                 f"Fabric(devices={devices!r}) selects {len(device_indices)} devices, but {label} runs one process on"

@@ -41,9 +41,10 @@ from fabric_lite.utilities.data import (
 )
 from fabric_lite.utilities.device_dtype_mixin import _update_properties
 from fabric_lite.utilities.distributed import _InfiniteBarrier
-from fabric_lite.utilities.rank_zero import rank_zero_deprecation
+from fabric_lite.utilities.rank_zero import rank_zero_deprecation, rank_zero_warn
 from fabric_lite.utilities.seed import seed_everything
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast
+from fabric_lite.utilities.warnings import PossibleUserWarning
 from fabric_lite.wrappers import (
     _FabricDataLoader,
     _FabricModule,
@@ -410,7 +411,9 @@ class Fabric:
             model, optimizer = fabric.setup(model, optimizer)  # use these from now on
             model.module  # your Linear, without the DistributedDataParallel around it
         """
-        fabric_module, wrapped = self._setup_module("setup", module, optimizers, move_to_device, _reapply_compile)
+        fabric_module, wrapped, scheduler = self._setup_module(
+            "setup", module, optimizers, move_to_device, _reapply_compile, scheduler
+        )
         fabric_optimizers = [_FabricOptimizer(opt, self._strategy, self._callbacks) for opt in wrapped]
         self._attach_lightning_module(uncompiled(fabric_module._original_module), fabric_optimizers)
         self.call("on_after_setup", fabric=self, module=fabric_module)
@@ -429,13 +432,19 @@ class Fabric:
             model = fabric.setup_module(MyModel())
             optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
         """
-        fabric_module, _ = self._setup_module("setup_module", module, (), move_to_device, _reapply_compile)
+        fabric_module, _, _ = self._setup_module("setup_module", module, (), move_to_device, _reapply_compile)
         self._attach_lightning_module(uncompiled(fabric_module._original_module), None)
         return fabric_module
 
     def _setup_module(
-        self, method: str, module: nn.Module, optimizers: Sequence[Optimizer], move_to_device: bool, reapply: bool
-    ) -> tuple[_FabricModule, list[Optimizer]]:
+        self,
+        method: str,
+        module: nn.Module,
+        optimizers: Sequence[Optimizer],
+        move_to_device: bool,
+        reapply: bool,
+        scheduler: Any = None,
+    ) -> tuple[_FabricModule, list[Optimizer], Any]:
         """What :meth:`setup` and :meth:`setup_module` (``method``) share: the module (uncompiled, converted to the
         precision, moved, wrapped by the strategy with ``optimizers`` if any, and compiled again) and the strategy's
         optimizers."""
@@ -451,7 +460,7 @@ class Fabric:
         if move_to_device:
             self._strategy.module_to_device(module)
         if optimizers:
-            module, wrapped = self._strategy.setup_module_and_optimizers(module, list(optimizers))
+            module, wrapped, scheduler = self._strategy.setup_module_and_optimizers(module, list(optimizers), scheduler)
         else:
             module, wrapped = self._strategy.setup_module(module), []
         if compiler is not None:
@@ -461,7 +470,7 @@ class Fabric:
         moved = self.device if move_to_device else next(fabric_module.parameters(), torch.empty(0)).device
         _update_properties(fabric_module, device=moved)
         self._models_setup += 1
-        return fabric_module, wrapped
+        return fabric_module, wrapped, scheduler
 
     def _attach_lightning_module(self, module: nn.Module, optimizers: list[_FabricOptimizer] | None) -> None:
         """What Lightning Fabric does for a ``LightningModule`` (recognised, as there, by its ``_fabric`` attribute):
@@ -703,7 +712,24 @@ class Fabric:
                 "You need to set up the model first before you can call `fabric.no_backward_sync()`:"
                 f" `model = fabric.setup(model, ...)`. Got {type(module).__name__}."
             )
-        return self._strategy.no_backward_sync(module._strategy_module, enabled)
+        from fabric_lite.strategies.single_device import SingleDeviceStrategy
+        from fabric_lite.strategies.xla import XLAStrategy
+
+        strategy = self._strategy
+        if isinstance(strategy, (SingleDeviceStrategy, XLAStrategy)):
+            return nullcontext()  # nothing to synchronise (XLA synchronises in optimizer.step)
+        own = getattr(type(strategy), "no_backward_sync", None)
+        if own is not None and own is not Strategy.no_backward_sync:  # a strategy's own, fabric_lite's hook
+            return strategy.no_backward_sync(module._strategy_module, enabled)
+        control = getattr(strategy, "_backward_sync_control", None)
+        if control is None:
+            rank_zero_warn(
+                f"The `{strategy.__class__.__name__}` does not support skipping the gradient synchronization."
+                " Remove `.no_backward_sync()` from your code or choose a different strategy.",
+                category=PossibleUserWarning,
+            )
+            return nullcontext()
+        return control.no_backward_sync(module._strategy_module, enabled)  # type: ignore[no-any-return]
 
     def sharded_model(self) -> AbstractContextManager[Any]:
         """Deprecated (as in Lightning): use :meth:`init_module`.

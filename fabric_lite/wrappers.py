@@ -57,8 +57,10 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         precision = strategy.precision
         # in __dict__ too, for the hot path: nn.Module keeps submodules in `_modules`, reached through __getattr__
         object.__setattr__(self, "_call", forward_module)
-        # decided once here, not on every call: the forward hooks of full precision do nothing
-        object.__setattr__(self, "_precision", precision if precision.changes_forward() else None)
+        # decided once here, not on every call: the forward hooks of full precision do nothing (an object that is no
+        # Precision, a plugin of duck type or a test's mock, has its hooks called whatever they do)
+        plain = isinstance(precision, Precision) and not precision.changes_forward()
+        object.__setattr__(self, "_precision", None if plain else precision)
         # a LightningModule's step methods run through the strategy's forward as in Lightning (for DDP's hooks)
         object.__setattr__(self, "_forward_methods", set(_LIGHTNING_MODULE_STEP_METHODS))
         object.__setattr__(self, "_fabric_module_initialized", True)

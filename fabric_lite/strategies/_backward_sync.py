@@ -31,6 +31,18 @@ class _BackwardSyncControl(ABC):
         the first backward outside it synchronises what they accumulated."""
 
 
+class _SyncBlocker(_BackwardSyncControl):
+    """A control that runs ``block()`` (a context) where synchronisation is to be skipped, for a strategy whose
+    synchronisation is not a module's (Horovod's optimizers), or ``None`` where there is none to skip
+    (``DataParallel``, one process: the context does nothing and says nothing)."""
+
+    def __init__(self, block: Callable[[], AbstractContextManager[Any]] | None) -> None:
+        self._block = block
+
+    def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
+        return self._block() if enabled and self._block is not None else nullcontext()
+
+
 class _NestedSyncSwitch(_BackwardSyncControl):
     """Gradient synchronisation switched off per target (a module, a DeepSpeed engine) for nested blocks:
     ``switch(target, False)`` when the outermost block for it starts, ``switch(target, True)`` when that block ends,

@@ -353,8 +353,8 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @override
     def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
         """``deepspeed.initialize(model, optimizer)``: the ``DeepSpeedEngine`` and DeepSpeed's optimizer (ZeRO's
         wrapper of yours, or yours itself at stage 0 in float32).
 
@@ -368,7 +368,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                 " Put the parameters in several param groups of one optimizer, or use another strategy."
             )
         engine, ds_optimizer = self._initialize_engine(module, optimizers[0])
-        return engine, [ds_optimizer]
+        return engine, [ds_optimizer], scheduler  # the scheduler stays yours to step
 
     @override
     def setup_module(self, module: Module) -> Module:

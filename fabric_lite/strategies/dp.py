@@ -12,6 +12,7 @@ from typing_extensions import override
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._backward_sync import _SyncBlocker
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
 from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
@@ -67,6 +68,9 @@ class DataParallelStrategy(Strategy):
     ) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
+        # one process: DataParallel's replicas' gradients are summed onto the module by its backward, and there is
+        # no synchronisation across processes to skip (no_backward_sync is a no-op, without Lightning's warning)
+        self._backward_sync_control = _SyncBlocker(None)
 
     @property
     def parallel_devices(self) -> list[torch.device] | None:

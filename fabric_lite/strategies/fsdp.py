@@ -414,8 +414,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
     @override
     def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
         """Shard the module (:meth:`setup_module`), then point each optimizer at the sharded parameters that replaced
         its own, by name (``fabric.setup(model, optimizer)``); the optimizer must not have stepped yet.
 
@@ -431,7 +431,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
                 " first: model = fabric.setup_module(model); optimizer ="
                 " fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))."
             )
-        return super().setup_module_and_optimizers(module, optimizers)
+        return super().setup_module_and_optimizers(module, optimizers, scheduler)
 
     @override
     def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Generator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironm
 from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.strategies._backward_sync import _SyncBlocker
 from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
 from fabric_lite.utilities._collectives import ops
@@ -111,6 +112,7 @@ class HorovodStrategy(Strategy):
         self._optimizers: list[Any] = []
         self._synchronized: set[int] = set()
         self._sync_blocked = 0
+        self._backward_sync_control = _SyncBlocker(self._block_sync)
 
     # ------------------------------------------------------------------ configuration (filled in by Fabric)
     @property
@@ -226,12 +228,12 @@ class HorovodStrategy(Strategy):
 
     @override
     def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
         """Broadcast the module from rank 0 and wrap each optimizer in ``hvd.DistributedOptimizer`` (with the
         module's parameter names, so Horovod's messages and timeline name them)."""
         module = self.setup_module(module)
-        return module, [self._wrap_optimizer(optimizer, module) for optimizer in optimizers]
+        return module, [self._wrap_optimizer(optimizer, module) for optimizer in optimizers], scheduler
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
@@ -308,15 +310,11 @@ class HorovodStrategy(Strategy):
                 return super().optimizer_step(optimizer, **kwargs)
         return super().optimizer_step(optimizer, **kwargs)
 
-    @override
-    def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """Accumulate gradients locally: backward inside the context all-reduces nothing; the next
-        ``fabric.backward`` outside averages the accumulated gradients (Horovod's ``backward_passes_per_step``,
-        decided per step instead of fixed up front)."""
-        return self._block_sync() if enabled else nullcontext()
-
     @contextmanager
     def _block_sync(self) -> Generator[None, None, None]:
+        """``fabric.no_backward_sync`` (through :attr:`_backward_sync_control`): accumulate gradients locally;
+        backward inside the context all-reduces nothing, and the next ``fabric.backward`` outside averages the
+        accumulated gradients (Horovod's ``backward_passes_per_step``, decided per step instead of fixed up front)."""
         passes = [optimizer.backward_passes_per_step for optimizer in self._optimizers]
         self._sync_blocked += 1
         try:

@@ -253,10 +253,12 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ modules and optimizers
     def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
-        """Set up a module and its optimizers together; by default one after the other."""
-        return self.setup_module(module), [self.setup_optimizer(opt) for opt in optimizers]
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
+        """Set up a module and its optimizers together (by default one after the other), and the learning-rate
+        ``scheduler`` of ``fabric.setup(..., scheduler=...)``, if any, which is returned as it is unless the
+        strategy needs its own (Lightning's contract: the three, in the order given)."""
+        return self.setup_module(module), [self.setup_optimizer(opt) for opt in optimizers], scheduler
 
     def setup_module(self, module: Module) -> Module:
         """Wrap the module if the strategy needs to (e.g. in ``DistributedDataParallel``)."""
@@ -641,8 +643,8 @@ class _Sharded(Strategy):
 
     @override
     def setup_module_and_optimizers(
-        self, module: Module, optimizers: list[Optimizer]
-    ) -> tuple[Module, list[Optimizer]]:
+        self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
+    ) -> tuple[Module, list[Optimizer], Any]:
         """Set the module up, then point each optimizer at the parameters that replaced the ones it was created
         with, by name (``fabric.setup(model, optimizer)``, as Lightning's users call it). An optimizer without state
         only holds references to its parameters, so it is then the optimizer it would have been if it had been
@@ -660,7 +662,7 @@ class _Sharded(Strategy):
         for optimizer in optimizers:
             _fsdp_setup.rebind_optimizer(optimizer, names, parameters)
             self._prepare_optimizer(optimizer)
-        return set_up, optimizers
+        return set_up, optimizers, scheduler
 
     def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
         """The module whose parameters replace those of ``module``, which :meth:`setup_module` turned into

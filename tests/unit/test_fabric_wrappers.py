@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+from contextlib import nullcontext
 from typing import Any, ClassVar
 from unittest.mock import Mock
 
@@ -322,3 +323,64 @@ def test_backward_on_one_device_needs_no_set_up_model() -> None:
 def _linear_and(optimizer_class: type[torch.optim.Optimizer]) -> tuple[nn.Module, torch.optim.Optimizer]:
     model = nn.Linear(2, 1)
     return model, optimizer_class(model.parameters(), lr=0.1)
+
+
+# ---------------------------------------------------------------- a strategy written against Lightning's interface
+class _LightningStyleStrategy(SingleDeviceStrategy):
+    """Overrides ``setup_module_and_optimizers`` with Lightning's contract: (module, optimizers, scheduler)."""
+
+    calls: ClassVar[list[Any]] = []
+
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list[Any], scheduler: Any = None) -> Any:
+        type(self).calls.append(scheduler)
+        return module, optimizers, scheduler
+
+
+def test_setup_goes_through_lightnings_three_tuple_and_returns_the_scheduler() -> None:
+    fabric = Fabric(accelerator="cpu", strategy=_LightningStyleStrategy(torch.device("cpu")))
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    set_up, fabric_optimizer, returned = fabric.setup(model, optimizer, scheduler=scheduler)
+    assert _LightningStyleStrategy.calls == [scheduler] and returned is scheduler
+    assert isinstance(set_up, _FabricModule) and fabric_optimizer.optimizer is optimizer
+    plain = SingleDeviceStrategy(torch.device("cpu"))
+    module, [same], none = plain.setup_module_and_optimizers(model, [optimizer])
+    assert (module, same, none) == (model, optimizer, None)
+
+
+def test_no_backward_sync_goes_through_the_strategys_control_and_warns_without_one() -> None:
+    from fabric_lite.strategies import ParallelStrategy
+    from fabric_lite.utilities.warnings import PossibleUserWarning
+
+    fabric = Fabric(accelerator="cpu", devices=1)
+    model = fabric.setup(nn.Linear(2, 2))
+    with fabric.no_backward_sync(model):  # one device: nothing to skip, nothing said
+        pass
+    fabric._strategy = Mock(spec=ParallelStrategy, _backward_sync_control=None)
+    expected = "`ParallelStrategy` does not support skipping the gradient"
+    with pytest.warns(PossibleUserWarning, match=expected), fabric.no_backward_sync(model):
+        pass
+    control = Mock()
+    control.no_backward_sync.return_value = nullcontext()
+    fabric._strategy = Mock(_backward_sync_control=control)
+    with fabric.no_backward_sync(model, enabled=False):
+        pass
+    control.no_backward_sync.assert_called_once_with(model._strategy_module, False)
+
+
+def test_a_precision_of_duck_type_has_its_forward_hooks_called() -> None:
+    """Full precision's hooks are skipped on the hot path (they do nothing); an object that is not a Precision (a
+    plugin of duck type, a mock wrapping one) is called as it is, whatever its class says."""
+    from fabric_lite.plugins.precision import Precision
+
+    strategy = Mock()
+    strategy.precision = Mock(wraps=Precision())
+    module = nn.Linear(2, 2)
+    wrapped = _FabricModule(module, strategy)
+    wrapped(torch.ones(1, 2))
+    wrapped(torch.ones(1, 2))
+    assert strategy.precision.forward_context.call_count == 2
+    assert strategy.precision.convert_input.call_count == 2 and strategy.precision.convert_output.call_count == 2
+    plain = Mock(precision=Precision())
+    assert _FabricModule(module, plain)._precision is None  # the real full precision: skipped

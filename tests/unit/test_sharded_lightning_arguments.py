@@ -306,7 +306,7 @@ def test_joint_setup_points_the_optimizer_at_the_sharded_parameters(one_rank_gro
     optimizer = torch.optim.SGD([{"params": model.inp.parameters()}, {"params": model.blocks.parameters()}], lr=0.1)
     strategy = FSDPStrategy(parallel_devices=[torch.device("cpu")])
     strategy._device_mesh = init_device_mesh("cpu", (1,))
-    module, [same] = strategy.setup_module_and_optimizers(model, [optimizer])
+    module, [same], _ = strategy.setup_module_and_optimizers(model, [optimizer])
     assert module is model and same is optimizer
     held = [p for group in optimizer.param_groups for p in group["params"]]
     assert all(isinstance(p, DTensor) for p in held)
