@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-
-from fabric_lite.as_lightning import is_installed
+import sys
 
 
 def get_logger(module: str) -> logging.Logger:
@@ -19,6 +18,8 @@ def get_logger(module: str) -> logging.Logger:
         log = get_logger(__name__)  # in fabric_lite/plugins/environments/slurm.py
         log.name  # 'fabric_lite.plugins.environments.slurm' ('lightning.fabric.plugins...' under the hook)
     """
-    if is_installed() and (module == "fabric_lite" or module.startswith("fabric_lite.")):
+    # the hook can be on only where its module was imported (no import from here: as_lightning imports fabric_lite)
+    hook = sys.modules.get("fabric_lite.as_lightning")
+    if hook is not None and hook.is_installed() and (module == "fabric_lite" or module.startswith("fabric_lite.")):
         module = "lightning.fabric" + module[len("fabric_lite") :]
     return logging.getLogger(module)

@@ -539,8 +539,8 @@ def diagnose(last: Mapping[int, Record], statuses: Mapping[int, str]) -> str:
         top = max(x.seq for x in waiting.values())
         waiter = min(r for r, x in waiting.items() if x.seq == top)
         behind = [r for r, x in live.items() if x.seq < top]
-        # a rank that died inside its collective still says which one it called
-        same = {r: x for r, x in last.items() if x.seq == top and (r in live or x.state == WAITING)}
+        # a rank that died inside its collective, or ended after it failed there, still says which one it called
+        same = {r: x for r, x in last.items() if x.seq == top and (r in live or x.state in (WAITING, FAILED))}
         different = len({(x.op, x.where) for x in same.values()}) > 1
         if different:
             calls = ", ".join(f"rank {r} {x.op} at {x.where}" for r, x in sorted(same.items()))

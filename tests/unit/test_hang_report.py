@@ -207,6 +207,22 @@ def test_a_rank_that_died_inside_a_different_collective_still_names_it(monkeypat
     assert lines_by_rank(text)[1][1] == "gone"
 
 
+def test_a_rank_that_ended_after_a_different_collective_failed_still_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose mismatched collective failed (gloo saw the mismatch) and which then exited: the mismatch is the
+    cause, its exit only what followed."""
+    monkeypatch.setattr(_hang_report, "_alive", lambda view: view.rank == 0)
+    views = {
+        0: view(0, 11, record(7, "barrier", "train.py:61 in step", WAITING, 95)),
+        1: view(1, 12, record(7, "broadcast(src=0) float32[]", "train.py:62 in step", FAILED, 95, 99)),
+    }
+    text = report(views)
+    assert text.splitlines()[-1].startswith(
+        "  diagnosis: ranks called different collectives at #7 (rank 0 barrier at train.py:61, rank 1 broadcast at"
+        " train.py:62)"
+    )
+    assert lines_by_rank(text)[1][1] == "gone"
+
+
 def test_a_rank_that_skipped_a_collective(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_hang_report, "_alive", lambda view: True)
     views = {
