@@ -235,27 +235,10 @@ def test_busy_rank_zero_is_stopped_after_a_child_fails() -> None:
 def test_killing_the_launcher_leaves_no_orphans(strategy: str) -> None:
     """SIGKILL to the launcher (rank 0 under ddp): the kernel kills its children (parent-death signal). Under
     forkserver the ranks are the fork server's children, and the server ends with the launcher."""
-    argv = [sys.executable, SCRIPT, "--strategy", strategy, "--devices", "3"]
-    argv += ["--fail-rank", "1", "--fail-mode", "sleep", "--fail-step", "0"]
-    proc = subprocess.Popen(
-        argv,
-        env=base_env(),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    # the collective timeout outlasts the test: the job ends only by the SIGKILL, never before all three say READY
+    args = ["--strategy", strategy, "--devices", "3", "--timeout", "600"]
+    proc = _start_and_wait_ready([*args, "--fail-rank", "1", "--fail-mode", "sleep", "--fail-step", "0"], 3)
     try:
-        ready = 0
-        deadline = time.monotonic() + 60
-        assert proc.stdout is not None
-        while ready < 3 and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            ready += line.startswith("READY")
-        assert ready == 3, "the three ranks did not start"
         members = _session_members(proc.pid)
         assert len(members) >= 3
         os.kill(proc.pid, signal.SIGKILL)
@@ -368,14 +351,17 @@ def _start_and_wait_ready(args: list[str], ranks: int) -> subprocess.Popen[str]:
         start_new_session=True,
     )
     ready = 0
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # the slowest start of three processes on a loaded machine
     assert proc.stdout is not None
     while ready < ranks and time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
         ready += line.startswith("READY")
-    assert ready == ranks, "the ranks did not start"
+    if ready != ranks:
+        _kill_session(proc.pid)
+        stdout, stderr = proc.communicate(timeout=30)
+        raise AssertionError(f"{ready} of {ranks} ranks said READY.\nstdout:\n{stdout}\nstderr:\n{stderr}")
     return proc
 
 
