@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fabric_lite import Fabric
-from fabric_lite.utilities import _trail
+from fabric_lite.runtime.diagnostics import trail as _trail
 from fabric_lite.utilities._collectives import broadcasts, checked, gather, ops, predicted
 
 #: the collectives' modules that call torch.distributed

@@ -475,7 +475,7 @@ def _run_torchrun(torchrun_args: list[str], run_dir: str | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from fabric_lite.utilities import _hang_report
+    from fabric_lite.runtime.diagnostics import hang_report as _hang_report
 
     try:
         run(parse_args(torchrun_args))  # type: ignore[no-untyped-call]
@@ -537,11 +537,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from fabric_lite.utilities.distributed import _suggested_max_num_threads
 
     os.environ.setdefault("OMP_NUM_THREADS", str(_suggested_max_num_threads(command.nproc_per_node)))
-    from fabric_lite.utilities import _trail
+    from fabric_lite.runtime.diagnostics import trail as _trail
+    from fabric_lite.runtime.run import RunContext
 
-    # the ranks' trails of collectives, for the hang report (see fabric_lite.utilities._hang_report)
+    # the ranks' trails of collectives, for the hang report (see fabric_lite.runtime.diagnostics.hang_report); the
+    # workers, new programs started by torchrun's agent, read the run from their environment
     run_dir = _trail.make_run_dir()
-    os.environ[_trail.ENV_RUN_DIR], os.environ[_trail.ENV_LAUNCHER] = run_dir, "cli"
+    os.environ.update(RunContext(launcher="cli", run_dir=run_dir).environment())
     try:
         return _run_torchrun(command.torchrun_args, run_dir)
     finally:

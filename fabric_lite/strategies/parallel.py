@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
-import sys
-import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -23,37 +19,21 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.runtime import rendezvous
+from fabric_lite.runtime.diagnostics import CollectiveTimeoutError as CollectiveTimeoutError  # its public home
+from fabric_lite.runtime.diagnostics import RankDiagnostics, arm_nccl_flight_recorder
+from fabric_lite.runtime.diagnostics import trail as _trail
+from fabric_lite.runtime.run import RunContext
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
-from fabric_lite.utilities import _collectives, _trail
+from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._collectives.checked import call_key
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
 log = get_logger(__name__)
-
-_JOINED_KEY = "fabric_lite/joined"
 _T = TypeVar("_T")
 
-
-class CollectiveTimeoutError(RuntimeError):
-    """A collective (or the rendezvous) waited longer than the process-group timeout for the other ranks."""
-
-
-def is_timeout(err: BaseException) -> bool:
-    """Whether a backend error says that the operation timed out (gloo and NCCL word it differently)."""
-    text = str(err)
-    return "Timed out" in text or "timed out" in text or "Timeout" in text or "timeout" in text
-
-
-def _read_counter(store: Any, key: str) -> int | str:
-    try:
-        return int(store.add(key, 0))
-    except Exception:  # diagnosis only
-        return "an unknown number"
-
-
-_WORKER_DRAIN_SECONDS = 0.05
 #: torch's own default: 30 minutes for gloo (NCCL's watchdog default is 10 minutes)
 default_pg_timeout = timedelta(minutes=30)
 
@@ -114,25 +94,19 @@ class ParallelStrategy(Strategy):
         self._start_method: str | None = None  # set by the subclasses that start processes (_set_start_method)
         self._timeout = timeout if timeout is not None else default_pg_timeout
         self._num_nodes = 1
-        self._local_rank: int | None = None  # set by the spawn launcher in each worker
         self._global_rank = 0
         self._world_size = 1
-        # how this process reaches the rendezvous store; set by launchers, otherwise derived from the environment
-        self._store: Any = None
-        self._timeouts = 0
-        self._store_is_external = False
+        # the run a launcher of fabric_lite made (attach_run); otherwise read from the environment at setup
+        self._run: RunContext | None = None
+        self._store: Any = None  # the rendezvous store of the process group, while it lives
         self._owns_process_group = False
         # fixed while a process group lives, and asked for on every collective (set up in _setup_distributed)
         self._devices_fixed: tuple[torch.device, torch.device] | None = None  # (root device, comm device)
         # process group -> the state of its checked collectives (history, plans, check group), for as long as the
         # group lives: the key holds the group, so a group made later cannot take a held one's place
         self._checked_groups: dict[Any, _collectives.CheckedGroup] = {}
-        # this rank's trail of collectives (fabric_lite.utilities._trail), for the hang report; made with the group.
-        # The run folder and who supervises the ranks ("script", "spawn", "cli") are set by fabric_lite's launchers
-        self._trail: _trail.Trail | None = None
-        self._report_on_term: Any = None  # a _hang_report.ReportOnTerm, under torchrun and `fabric-lite run`
-        self._run_dir: str | None = None
-        self._launcher_kind: str | None = None
+        # the trail of collectives and the hang report, made with the process group
+        self._diagnostics: RankDiagnostics | None = None
 
     # ------------------------------------------------------------------ configuration (filled in by Fabric)
     @property
@@ -168,6 +142,23 @@ class ParallelStrategy(Strategy):
     def num_processes(self) -> int:
         """Processes per node."""
         return len(self._parallel_devices) if self._parallel_devices is not None else 0
+
+    @property
+    def run_context(self) -> RunContext:
+        """The run this process belongs to (:class:`~fabric_lite.runtime.run.RunContext`): the one a launcher of
+        fabric_lite attached, else what the environment says (empty under torchrun, srun, mpirun)."""
+        return self._run if self._run is not None else RunContext.from_environment()
+
+    def attach_run(self, context: RunContext | None) -> None:
+        """Take the run a launcher made: its folder, its rendezvous store, who supervises the ranks and, for a worker
+        of the ``multiprocessing`` launcher, this process's local rank. ``None`` detaches it after the job.
+
+        Raises:
+            TypeError: ``context`` is not a ``RunContext``.
+        """
+        if context is not None and not isinstance(context, RunContext):
+            raise TypeError(f"attach_run({context!r}): expected a fabric_lite.runtime.run.RunContext or None.")
+        self._run = context
 
     @override
     def _complete(
@@ -243,6 +234,8 @@ class ParallelStrategy(Strategy):
 
         _set_pg_timeout(timeout)
         self._timeout = timeout
+        if self._diagnostics is not None:
+            self._diagnostics.timeout = timeout
 
     # ------------------------------------------------------------------ ranks
     @property
@@ -257,7 +250,10 @@ class ParallelStrategy(Strategy):
     @property
     @override
     def local_rank(self) -> int:
-        return self._local_rank if self._local_rank is not None else self.cluster_environment.local_rank()
+        run = self._run
+        if run is not None and run.local_rank is not None:  # a worker of the multiprocessing launcher
+            return run.local_rank
+        return self.cluster_environment.local_rank()
 
     @property
     @override
@@ -301,179 +297,72 @@ class ParallelStrategy(Strategy):
                     f" {dist.get_world_size()}, but Fabric expects rank {self.global_rank} of {self.world_size}."
                     " Destroy it first (torch.distributed.destroy_process_group()) or match the settings."
                 )
-            self._open_trail()
+            self._open_diagnostics(store=None)
             return
-        kwargs: dict[str, Any] = {
-            "backend": self.process_group_backend,
-            "rank": self.global_rank,
-            "world_size": self.world_size,
-            "timeout": self._timeout,
-        }
-        if self.root_device.type == "cuda":
-            kwargs["device_id"] = self.root_device
         environment = self.cluster_environment
-        store = self._store
+        store = self.run_context.store
         if store is None:
-            store = self._create_store(
-                is_master=environment.hosts_store(self.global_rank) and not self._store_is_external
-            )
+            store = self._create_store(is_master=environment.hosts_store(self.global_rank))
+        self._store = store
         prefix = environment.store_prefix()
         store = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
-        kwargs["store"] = store
         if self.process_group_backend == "nccl" and self.world_size > 1 and _trail.trail_enabled():
-            # torch's flight recorder of NCCL calls, dumped by its watchdog on a timeout into the run folder, where the
-            # hang report reads each rank's last entry (the device's side, beside the trail's host side)
-            from fabric_lite.utilities._hang_report import FLIGHT_RECORDER_PREFIX
-
-            run_dir = self._resolve_run_dir()
-            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-            os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-            os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", os.path.join(run_dir, FLIGHT_RECORDER_PREFIX))
-            os.makedirs(run_dir, exist_ok=True)
-        # kept for diagnosis: which ranks joined, which ranks a timed-out collective waited for
-        self._diagnosis_store = store
-        store.add(_JOINED_KEY, 1)
-        log.debug("initialising the process group: rank %d of %d", self.global_rank, self.world_size)
-        try:
-            dist.init_process_group(**kwargs)
-        except RuntimeError as err:
-            if not is_timeout(err):
-                raise
-            joined = _read_counter(store, _JOINED_KEY)
-            raise CollectiveTimeoutError(
-                f"The process group did not form within {self._timeout}: {joined} of {self.world_size} ranks joined"
-                f" the rendezvous at {environment.main_address}:{environment.main_port}. The missing ranks never"
-                " started, crashed before joining, or were given another address or port."
-            ) from err
+            arm_nccl_flight_recorder(self._run_dir())
+        rendezvous.form_process_group(
+            backend=self.process_group_backend,
+            rank=self.global_rank,
+            world_size=self.world_size,
+            store=store,
+            timeout=self._timeout,
+            device=self.root_device,
+            where=f"{environment.main_address}:{environment.main_port}",
+        )
         self._owns_process_group = True
         atexit.register(self._destroy_process_group)
         if self.process_group_backend == "nccl":
             # the collectives' checks (and barriers) travel on the host: the GPU's stream never waits for them
             world = _collectives.CheckedGroup(None, check_group=dist.new_group(backend="gloo"))
             self._checked_groups[world.group] = world
-        self._open_trail()
+        # which ranks a timed-out collective waited for: asked of the rendezvous store
+        self._open_diagnostics(store)
 
-    def _open_trail(self) -> None:
-        """Start this rank's trail of collectives in the job's run folder (see ``fabric_lite.utilities._trail``): set
-        by fabric_lite's launchers, else derived from the rendezvous settings, which every local rank shares."""
-        self._close_trail(remove=True)
-        if self.world_size < 2 or not _trail.trail_enabled():  # one rank cannot wait for another
-            return
-        run_dir = self._resolve_run_dir()
-        try:
-            self._trail = _trail.Trail(run_dir, self.global_rank, self.world_size)
-        except OSError as err:  # a diagnosis aid: never a reason to fail the job
-            log.warning("fabric_lite: no trail of collectives for the hang report (%s)", err)
-            return
-        self._trail.register_stacks()
+    def _open_diagnostics(self, store: Any) -> None:
+        """Start this rank's diagnosis aids (its trail of collectives, see :mod:`fabric_lite.runtime.diagnostics`)
+        for the new process group, in the run's folder: the one a launcher of fabric_lite made, else one that every
+        local rank derives from the rendezvous settings (afresh for every group: a process may form several)."""
+        self._close_diagnostics(remove=True)
+        diagnostics = RankDiagnostics(self.run_context, self.global_rank, self.world_size, store, self._timeout)
+        diagnostics.open(self._run_dir())
+        self._diagnostics = diagnostics
         # a process group made by the user is never destroyed by us: the files go at exit all the same
-        atexit.register(self._close_trail)
-        if self._launcher_kind not in _trail.SUPERVISING_LAUNCHERS:
-            # torchrun's agent ends the survivors of a death with SIGTERM, often before their collective fails
-            from fabric_lite.utilities._hang_report import ReportOnTerm
+        atexit.register(self._close_diagnostics)
 
-            watch = ReportOnTerm(
-                run_dir,
-                self.global_rank,
-                lambda: self._collect_report(f"rank {self.global_rank} was stopped (SIGTERM) after another rank ended"),
-                # no launcher of ours removes the run folder: the last rank out does, as at a clean exit
-                on_exit=self._trail.close if self._launcher_kind is None else None,
-            )
-            self._report_on_term = watch if watch.install() else None
+    def _run_dir(self) -> str:
+        """The run folder: the launcher's, else the one every local rank derives from the rendezvous settings."""
+        return self.run_context.run_dir or _trail.derived_run_dir(os.environ)
 
-    def _resolve_run_dir(self) -> str:
-        """The job's run folder: set by fabric_lite's launchers, else derived from the rendezvous settings (afresh
-        for every process group: a process may form several, one after the other)."""
-        self._launcher_kind = self._launcher_kind or os.environ.get(_trail.ENV_LAUNCHER)
-        return self._run_dir or os.environ.get(_trail.ENV_RUN_DIR) or _trail.derived_run_dir(os.environ)
+    def _close_diagnostics(self, remove: bool | None = None) -> None:
+        """Close this rank's trail; ``remove`` its files (by default unless the launcher removes the run folder)."""
+        atexit.unregister(self._close_diagnostics)
+        diagnostics, self._diagnostics = self._diagnostics, None
+        if diagnostics is not None:
+            diagnostics.close(remove=remove)
 
-    def _close_trail(self, remove: bool | None = None) -> None:
-        """Close this rank's trail; ``remove`` its files (by default unless one of fabric_lite's launchers, which
-        removes the whole run folder after the job, started this process)."""
-        atexit.unregister(self._close_trail)
-        if remove is None:
-            remove = self._launcher_kind not in (*_trail.SUPERVISING_LAUNCHERS, "cli")
-        watch, self._report_on_term = self._report_on_term, None
-        if watch is not None:
-            watch.uninstall()
-        trail, self._trail = self._trail, None
-        if trail is not None:
-            trail.close(remove=remove)
+    def _raise_if_timed_out(self, name: str, err: BaseException) -> None:
+        """Raise :class:`CollectiveTimeoutError` if ``err`` says that collective ``name`` timed out (with the missing
+        ranks and the hang report, see :meth:`RankDiagnostics.raise_if_timed_out`); return otherwise."""
+        self._diagnosis().raise_if_timed_out(name, err, debug=self.debug_collectives)
 
-    def _raise_if_timed_out(self, name: str, err: BaseException, seq: int | None = None) -> None:
-        """Raise the error for a collective that timed out, naming it and, where the store can tell, the missing
-        ranks, followed by the hang report (where every rank of this node was, and its stack); return if ``err`` is
-        not a timeout (the caller re-raises it). ``seq``: the collective's number in this rank's trail.
-
-        Every rank whose collective timed out records it in the rendezvous store; after a short wait, the ranks
-        that did not are the ones that never took part (stuck elsewhere, dead, or calling another collective).
-        Only runs after a failure: nothing of this is on the normal path.
-        """
-        if not is_timeout(err):
-            return
-        self._timeouts += 1
-        store = getattr(self, "_diagnosis_store", None)
-        found: list[list[int]] = []
-        if store is not None:
-            key = f"fabric_lite/timed_out/{self._timeouts}"
-            pause = min(1.0, self._timeout.total_seconds())
-
-            def diagnose() -> None:
-                try:
-                    store.set(f"{key}/{self.global_rank}", name)
-                    time.sleep(pause)
-                    found.append([r for r in range(self.world_size) if not store.check([f"{key}/{r}"])])
-                except Exception:  # the store may be gone too; the diagnosis is a bonus
-                    pass
-
-            # in a thread with a bounded wait: cut off from the store's host (a network split), a store call can
-            # block for as long as the kernel keeps the TCP connection, many minutes, with no timeout of its own
-            thread = threading.Thread(target=diagnose, name="fabric_lite-timeout-diagnosis", daemon=True)
-            thread.start()
-            thread.join(pause + 2.0)
-        missing = found[0] if found else None
-        who = f"rank(s) {missing} never took part in it" if missing else "not every rank took part in it"
-        hint = (
-            ""
-            if self.debug_collectives
-            else " To see what every rank calls, run again with FABRIC_LITE_DEBUG=1 (or Fabric(debug=True)): ranks"
-            " calling different collectives then raise at once with a per-rank table."
-        )
-        number = f" #{seq}" if seq is not None else ""
-        block = self._hang_report(f"{name}{number} timed out after {self._timeout} on rank {self.global_rank}")
-        if block is None and self._trail is not None:
-            block = "(where every rank was: in the report of another rank of this node)"
-        raise CollectiveTimeoutError(
-            f"{name} on {self.world_size} ranks timed out after {self._timeout}: {who} (stuck elsewhere, dead, or"
-            f" calling a different collective). Every rank must call the same collectives in the same order.{hint}"
-            f" (backend: {str(err).splitlines()[0] if str(err) else type(err).__name__})"
-            + (f"\n{block}" if block else "")
-        ) from err
+    def _diagnosis(self) -> RankDiagnostics:
+        """This rank's diagnosis aids; without a process group of ours, ones without a trail or a store."""
+        if self._diagnostics is not None:
+            return self._diagnostics
+        return RankDiagnostics(self.run_context, self.global_rank, self.world_size, None, self._timeout)
 
     def _create_store(self, is_master: bool) -> Any:
-        environment = self.cluster_environment
-        port = environment.main_port
-        if not is_master and port == 0:
-            raise RuntimeError(
-                f"Rank {self.global_rank} cannot reach the main process: MASTER_PORT is not set. Start every node"
-                " with the same MASTER_ADDR and MASTER_PORT."
-            )
-        try:
-            return dist.TCPStore(  # type: ignore[attr-defined]
-                environment.main_address,
-                port,
-                world_size=self.world_size,
-                is_master=is_master,
-                timeout=self._timeout,
-                wait_for_workers=False,
-            )
-        except (RuntimeError, OSError) as err:
-            role = "host" if is_master else "reach"
-            raise RuntimeError(
-                f"Rank {self.global_rank} could not {role} the rendezvous store at"
-                f" {environment.main_address}:{port} ({err}). If the port is in use, pick a free MASTER_PORT"
-                " (or unset it to let fabric_lite choose one)."
-            ) from err
+        """The rendezvous store at the environment's address and port, hosted here or reached."""
+        environment, rank, world_size = self.cluster_environment, self.global_rank, self.world_size
+        return rendezvous.create_store(environment, rank, world_size, self._timeout, is_master=is_master)
 
     def _destroy_process_group(self) -> None:
         io = self._async_io()
@@ -483,17 +372,13 @@ class ParallelStrategy(Strategy):
         self._checked_groups.clear()
         # fabric_lite's launchers remove the whole run folder after the job (after reading it if a rank failed);
         # under another launcher each rank removes its own files, and those of ranks that died
-        self._close_trail()
+        self._close_diagnostics()
         if self._owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-            # gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient
-            # all-reduce) after the caller has moved on, and releasing one takes the GIL. A worker thread still
-            # waiting for the GIL when the interpreter finalises is torn down inside a destructor and the whole
-            # process aborts ("terminate called without an active exception": 5 of 60 two-rank DDP runs here).
-            # Sleeping releases the GIL so that those threads finish first (0 of 60 runs with this pause).
-            time.sleep(_WORKER_DRAIN_SECONDS)
+            rendezvous.destroy_process_group()
         self._owns_process_group = False
         self._store = None
+        if self._run is not None and self._run.store is not None:  # a later group makes a store of its own
+            self._run = self._run.with_store(None)
         atexit.unregister(self._destroy_process_group)
 
     @override
@@ -522,8 +407,8 @@ class ParallelStrategy(Strategy):
         checked = self._checked_groups.get(pg)
         if checked is None:
             checked = self._checked_groups[pg] = _collectives.CheckedGroup(pg)
-            if self._trail is not None and pg is not dist.group.WORLD:  # the world group is the trail's group 0
-                self._trail.register_group(checked, f"ranks {dist.get_process_group_ranks(pg)}")
+            if self._diagnostics is not None and pg is not dist.group.WORLD:  # the world is the trail's group 0
+                self._diagnostics.register_group(checked, f"ranks {dist.get_process_group_ranks(pg)}")
         checked.predicting = not self.debug_collectives  # in debug mode every collective takes the fixed check
         return checked
 
@@ -531,78 +416,8 @@ class ParallelStrategy(Strategy):
         self, checked: _collectives.CheckedGroup, name: str, run: Callable[[], _T], describe: tuple[Any, ...]
     ) -> _T:
         """``run()``, a collective on ``checked``'s group, recorded in this rank's trail (``trail.describe(*describe)``
-        says what it is); if it raises, :meth:`_collective_failed` handles the error, under ``name``, before it
-        propagates."""
-        trail = self._trail
-        slot = trail.enter(checked, trail.describe(*describe), 2) if trail is not None else -1
-        try:
-            result = run()
-        except BaseException as err:
-            self._collective_failed(slot, name, err)
-            raise
-        if trail is not None:
-            trail.exit(slot)
-        return result
-
-    def _collective_failed(self, slot: int, name: str, err: BaseException) -> None:
-        """A collective raised ``err``: mark its record in the trail failed, raise :class:`CollectiveTimeoutError`
-        (with the hang report) if it timed out, and report where every rank is when a peer went away under a
-        launcher that does not watch the ranks itself (torchrun, ``fabric-lite run``). Returns otherwise (the caller
-        re-raises ``err``)."""
-        trail = self._trail
-        seq = trail.seq_at(slot) if trail is not None and slot >= 0 else None
-        try:  # the report shows this rank waiting, as it was: the record is marked failed after it
-            self._raise_if_timed_out(name, err, seq=seq)
-            if trail is not None and self._launcher_kind not in _trail.SUPERVISING_LAUNCHERS:
-                # fabric_lite's own launchers see a death themselves, and report it; under the others, this rank does
-                self._report_lost_peer(name, seq, err)
-        finally:
-            if trail is not None and slot >= 0:
-                trail.exit(slot, _trail.FAILED)
-
-    def _report_lost_peer(self, name: str, seq: int | None, err: BaseException) -> None:
-        from fabric_lite.strategies.launchers.launcher import is_secondary
-
-        if not (isinstance(err, Exception) and is_secondary(err)):
-            return
-        what = f"{name}{f' #{seq}' if seq is not None else ''} failed on rank {self.global_rank}: a peer went away"
-        self._hang_report(what, print_block=True)
-        if self._report_on_term is not None:
-            # the agent stops this rank in a moment: wait for that rather than race it with writing the error file
-            time.sleep(2.0)
-
-    def _hang_report(self, reason: str, *, print_block: bool = False) -> str | None:
-        """The hang report (``fabric_lite.utilities._hang_report``) from this rank, for its error, or ``None`` when
-        another process of this node reports.
-
-        With ``print_block``, and always under torchrun's agent (``ReportOnTerm`` watches for its SIGTERM), the block
-        is printed here, under the watcher's lock, and the return is ``SEE_ABOVE``: the agent may stop this rank the
-        moment the lock is free, before an exception that carried the block would be printed.
-        """
-        watch = self._report_on_term
-        with watch.lock if watch is not None else contextlib.nullcontext():
-            block = self._collect_report(reason)
-            if not block or not (print_block or watch is not None):
-                return block
-            sys.stderr.write(block + "\n")
-            sys.stderr.flush()
-        from fabric_lite.utilities._hang_report import SEE_ABOVE
-
-        return SEE_ABOVE
-
-    def _collect_report(self, reason: str) -> str | None:
-        trail = self._trail
-        if trail is None:
-            return None
-        from fabric_lite.utilities import _hang_report
-
-        try:
-            return _hang_report.collect(
-                trail.run_dir, reason=reason, world_size=self.world_size, own_rank=self.global_rank
-            )
-        except Exception as err:  # a diagnosis aid: never in the way of the real error
-            log.warning("fabric_lite: could not build the hang report (%s)", err)
-            return None
+        says what it is); a timeout raises :class:`CollectiveTimeoutError` with the hang report."""
+        return self._diagnosis().traced(checked, name, run, describe, self.debug_collectives)
 
     @override
     @_takes_collections
@@ -624,7 +439,8 @@ class ParallelStrategy(Strategy):
             return tensor
         call = _collectives.reduce_call(op)
         # the key that the checked core looks the call up by describes it in the trail too
-        key = call_key(call, tensors) if self._trail is not None else None
+        diagnostics = self._diagnostics
+        key = call_key(call, tensors) if diagnostics is not None and diagnostics.trail is not None else None
         self._traced(
             checked,
             "all_reduce",
@@ -725,17 +541,16 @@ class ParallelStrategy(Strategy):
     @override
     def backward(self, tensor: Tensor, module: Module | None, *args: Any, **kwargs: Any) -> None:
         # a synchronised DDP backward runs the gradient all-reduce (in C++): it is a collective of the trail too
-        trail = self._trail
+        diagnostics = self._diagnosis()
         slot = -1
-        if trail is not None and getattr(module, "require_backward_grad_sync", False) and dist.is_initialized():
-            slot = trail.enter(self._checked(None), trail.describe("backward (DDP gradient all-reduce)"), 1)
+        if getattr(module, "require_backward_grad_sync", False) and dist.is_initialized():
+            slot = diagnostics.enter(self._checked(None), "backward (DDP gradient all-reduce)")
         try:
             super().backward(tensor, module, *args, **kwargs)
         except BaseException as err:
-            self._collective_failed(slot, "the gradient all-reduce in backward", err)
+            diagnostics.failed(slot, "the gradient all-reduce in backward", err, self.debug_collectives)
             raise
-        if trail is not None and slot >= 0:
-            trail.exit(slot)
+        diagnostics.exit(slot)
 
     # ------------------------------------------------------------------ checkpoints
     @override

@@ -314,13 +314,10 @@ class Strategy(ABC):
         if precision._plain_backward:
             tensor.backward(*args, **kwargs)  # type: ignore[no-untyped-call]  # no-op hooks: skip them
             return
-        precision._in_fabric_backward += 1  # lets the module wrapper tell fabric.backward from loss.backward()
-        try:
+        with precision.backward_context():  # lets the module wrapper tell fabric.backward from loss.backward()
             precision.pre_backward(tensor, module)
             precision.backward(tensor, module, *args, **kwargs)
             precision.post_backward(tensor, module)
-        finally:
-            precision._in_fabric_backward -= 1
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
         """Step ``optimizer`` through the precision (which may skip the step, e.g. on inf gradients)."""

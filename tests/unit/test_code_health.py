@@ -178,3 +178,90 @@ def test_the_circle_check_finds_a_circle(tmp_path: Path) -> None:
     assert graph["pkg.c.d"] == {"pkg.a", "pkg.c.f"} and graph["pkg.b"] == {"pkg.c.d"}
     assert graph["pkg.e"] == {"pkg.a", "pkg.b"}
     assert import_circles(graph) == [["pkg.a", "pkg.b", "pkg.c.d", "pkg.a"]]
+
+
+#: the launchers and strategies (and the runtime they hand the run to) talk through methods and a RunContext
+_NO_REACHING_IN = ["fabric_lite/strategies", "fabric_lite/runtime", "fabric_lite/cli.py"]
+
+
+def private_attribute_writes(paths: Iterable[Path], root: Path) -> list[str]:
+    """``file:line: target`` for every write to another object's private attribute in ``paths`` (named relative to
+    ``root``): an assignment (plain, augmented, annotated, or inside a tuple target), a ``del`` or a ``setattr`` with
+    a ``_name``, on anything but ``self`` or ``cls``. Dunder names (``__class__``...) are the language's."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            written = [target for target in _written(node) if isinstance(target, ast.Attribute)]
+            names = [(target.value, target.attr, ast.unparse(target)) for target in written]
+            if _is_setattr(node):
+                names.append((node.args[0], str(node.args[1].value), ast.unparse(node)))  # type: ignore[attr-defined]
+            for owner, attribute, text in names:
+                private = attribute.startswith("_") and not attribute.startswith("__")
+                own = isinstance(owner, ast.Name) and owner.id in ("self", "cls")
+                if private and not own:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {text}")
+    return found
+
+
+def _is_setattr(node: ast.AST) -> bool:
+    """A ``setattr(obj, "name", value)`` call with the name spelled out."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"):
+        return False
+    return len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+
+
+def _written(node: ast.AST) -> list[ast.expr]:
+    """The targets that ``node`` assigns or deletes, tuple targets unpacked."""
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        pending = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        pending = [node.target]
+    else:
+        return []
+    targets = []
+    while pending:
+        target = pending.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            pending.extend(target.elts)
+        elif isinstance(target, ast.Starred):
+            pending.append(target.value)
+        else:
+            targets.append(target)
+    return targets
+
+
+def test_no_launcher_or_strategy_sets_another_objects_private_attribute() -> None:
+    """A launcher hands the strategy a ``RunContext`` (``strategy.attach_run``), and a strategy runs the precision's
+    hooks in its ``backward_context()``: none of them writes another object's private state."""
+    files: list[Path] = []
+    for name in _NO_REACHING_IN:
+        path = REPO / name
+        files.extend(sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    found = private_attribute_writes(files, REPO)
+    assert not found, "private attributes of another object written:\n" + "\n".join(found)
+
+
+def test_the_private_write_check_finds_each_kind_of_write(tmp_path: Path) -> None:
+    source = tmp_path / "launcher.py"
+    source.write_text(
+        "def launch(self, strategy, other):\n"
+        "    strategy._run_dir, strategy._kind = 'a', 'b'\n"
+        "    other.inner._count += 1\n"
+        "    setattr(strategy, '_store', None)\n"
+        "    del other._cache\n"
+        "    self._own = 1\n"
+        "    setattr(self, '_also_own', 1)\n"
+        "    strategy.public = 1\n"
+        "    strategy.__class__ = object\n"
+        "    x: int = 0\n"
+    )
+    found = sorted(line.split(":", 1)[1] for line in private_attribute_writes([source], tmp_path))
+    assert found == sorted(
+        [
+            "2: strategy._run_dir",
+            "2: strategy._kind",
+            "3: other.inner._count",
+            "4: setattr(strategy, '_store', None)",
+            "5: other._cache",
+        ]
+    )

@@ -19,8 +19,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fabric_lite.utilities import _hang_report, _trail
-from fabric_lite.utilities._trail import DONE, FAILED, WAITING, Record, Trail, TrailView, read_trail
+from fabric_lite.runtime.diagnostics import hang_report as _hang_report
+from fabric_lite.runtime.diagnostics import trail as _trail
+from fabric_lite.runtime.diagnostics.trail import DONE, FAILED, WAITING, Record, Trail, TrailView, read_trail
 
 LINE = re.compile(r"^  rank (\d+) \(pid (\d+), (alive|killed by SIG\w+|exited with code -?\d+|gone)\): (.+)$")
 
@@ -294,7 +295,7 @@ def test_stacks_of_a_live_process_through_the_stack_signal(tmp_path: Path) -> No
     """A process blocked in C (``time.sleep``) dumps its stack on the signal; the report reads it from the file."""
     code = (
         "import sys, time\n"
-        "from fabric_lite.utilities._trail import Trail\n"
+        "from fabric_lite.runtime.diagnostics.trail import Trail\n"
         f"t = Trail({str(tmp_path)!r}, rank=1, world_size=2)\n"
         "assert t.register_stacks()\n"
         "print('ready', flush=True)\n"

@@ -8,7 +8,7 @@ wrappers check once, at setup, which hooks are overridden (see :meth:`Precision.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal, Union
 
 import torch
@@ -50,7 +50,7 @@ class Precision:
 
     #: the name of this precision, as accepted by ``Fabric(precision=...)``
     precision: str = "32-true"
-    #: > 0 while ``fabric.backward`` runs (set by the strategy)
+    #: > 0 while ``fabric.backward`` runs (inside :meth:`backward_context`)
     _in_fabric_backward: int = 0
     #: set per class: the backward hooks and ``optimizer_step`` are the no-op defaults, so the strategy may call
     #: ``tensor.backward()`` and ``optimizer.step()`` directly (decided once per class, not on every step)
@@ -80,6 +80,16 @@ class Precision:
     def forward_context(self) -> AbstractContextManager[Any]:
         """A context around the module's forward (e.g. autocast). Also what ``fabric.autocast()`` returns."""
         return nullcontext()
+
+    @contextmanager
+    def backward_context(self) -> Iterator[None]:
+        """The context in which the strategy runs this precision's backward hooks for ``fabric.backward(loss)``: the
+        module wrapper refuses a plain ``loss.backward()`` outside it where the loss must be scaled first."""
+        self._in_fabric_backward += 1
+        try:
+            yield
+        finally:
+            self._in_fabric_backward -= 1
 
     def convert_input(self, data: Any) -> Any:
         """Convert the forward's inputs (e.g. floating tensors to float64)."""

@@ -32,14 +32,15 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fabric_lite.strategies.launchers.launcher import ForwardSignals, is_secondary
-from fabric_lite.utilities._hang_report import (
+from fabric_lite.runtime.diagnostics.hang_report import (
     collect,
     print_report,
     signal_name,
     wait_for_reporter,
     without_block,
 )
+from fabric_lite.runtime.supervision import is_secondary
+from fabric_lite.strategies.launchers.launcher import ForwardSignals
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
 _MAX_REPORT = 60_000

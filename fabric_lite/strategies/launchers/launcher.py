@@ -12,9 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-import torch.distributed as dist
-
-from fabric_lite.utilities._hang_report import WakeupWatch
+from fabric_lite.runtime.diagnostics.hang_report import WakeupWatch
 
 # set by fabric_lite's launchers in the environment of the processes they start
 ENV_PARENT_PID = "FABRIC_LITE_PARENT_PID"
@@ -25,18 +23,6 @@ _KICKS = 250
 _KICK_INTERVAL = 0.02
 #: how long restore() waits for the watching thread to end after closing its pipe (it ends at once when idle)
 _WATCHER_EXIT_S = 10.0
-
-# what an error looks like when it is only the consequence of another rank going away
-_SECONDARY_MARKERS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "Socket Timeout",
-    "Timed out waiting",
-    "timed out",
-    "NCCL communicator was aborted",
-    "ProcessGroupNCCL is aborted",
-)
 
 
 class Launcher(ABC):
@@ -72,7 +58,7 @@ class ForwardSignals:
     A signal delivered to another thread (torch's store and gloo threads included), or to the main thread just
     before it blocks in a system call (``time.sleep``, a wait), is only flagged, and the handler would wait for that
     call to return, minutes later; seen here in about 1 of 40 launches. So a
-    :class:`~fabric_lite.utilities._hang_report.WakeupWatch` redirects the signal to the main thread with
+    :class:`~fabric_lite.runtime.diagnostics.hang_report.WakeupWatch` redirects the signal to the main thread with
     ``pthread_kill``, repeating until the handler has started (not where the program has a wake-up fd of its own).
     """
 
@@ -177,16 +163,3 @@ CHILD_SHIM = (
     "        os._exit(1)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
-
-
-def is_secondary(error: BaseException | str) -> bool:
-    """Whether an error (or the last line of a traceback) only reports that another rank went away."""
-    if isinstance(error, BaseException):
-        dist_error = getattr(dist, "DistError", None)
-        text = f"{type(error).__name__}: {error}"
-        if dist_error is not None and isinstance(error, dist_error) and "timed out" in text.lower():
-            return True
-    else:
-        lines = [line for line in error.strip().splitlines() if line.strip()]
-        text = lines[-1] if lines else ""
-    return any(marker in text for marker in _SECONDARY_MARKERS)

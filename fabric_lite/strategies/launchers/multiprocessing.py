@@ -12,7 +12,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -21,9 +21,9 @@ import torch.multiprocessing as mp
 from torch.nn import Module
 from typing_extensions import override
 
-from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_launcher, is_secondary
-from fabric_lite.utilities import _trail
-from fabric_lite.utilities._hang_report import (
+from fabric_lite.runtime import rendezvous
+from fabric_lite.runtime.diagnostics import trail as _trail
+from fabric_lite.runtime.diagnostics.hang_report import (
     BLOCK_START,
     collect,
     find_block,
@@ -32,6 +32,9 @@ from fabric_lite.utilities._hang_report import (
     signal_name,
     wait_for_reporter,
 )
+from fabric_lite.runtime.run import RunContext
+from fabric_lite.runtime.supervision import is_secondary
+from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_launcher
 from fabric_lite.utilities._tree import flatten
 from fabric_lite.utilities.distributed import _set_num_threads_if_needed
 from fabric_lite.utilities.imports import _IS_INTERACTIVE
@@ -100,14 +103,15 @@ class MultiProcessingLauncher(Launcher):
         store = None
         port = environment.main_port
         if strategy.node_rank == 0:
-            store = strategy._create_store(is_master=True)  # held here for the whole job
+            # held here for the whole job: the port is bound before any worker starts
+            store = rendezvous.create_store(environment, 0, strategy.world_size, strategy.timeout, is_master=True)
             port = store.port
         context = mp.get_context(self._start_method)
         results = context.SimpleQueue()  # rank 0's return value; read while joining, so a large one cannot block
         # the ranks' trails of collectives, read here when a rank dies (the workers get the strategy, and so the
         # folder, with their arguments); removed after the job
         run_dir = _trail.make_run_dir()
-        strategy._run_dir, strategy._launcher_kind = run_dir, "spawn"
+        strategy.attach_run(RunContext(launcher="spawn", run_dir=run_dir))
         try:
             worker = _Worker(strategy, environment.main_address, port, os.getpid(), self._start_method)
             worker_args: tuple[Any, ...] = (function, args, kwargs, results)
@@ -131,7 +135,7 @@ class MultiProcessingLauncher(Launcher):
         finally:
             results.close()
             del store
-            strategy._run_dir = strategy._launcher_kind = None
+            strategy.attach_run(None)
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -394,13 +398,14 @@ class _Worker:
             _unshare_modules((args, kwargs))
         strategy = self.strategy
         _set_num_threads_if_needed(strategy.num_processes)
-        strategy._local_rank = process_index
-        if strategy._run_dir is not None:  # so that any other Fabric of this process records in the same run folder
-            os.environ[_trail.ENV_RUN_DIR], os.environ[_trail.ENV_LAUNCHER] = strategy._run_dir, "spawn"
+        run = replace(strategy.run_context, local_rank=process_index)
+        os.environ.update(run.environment())  # so that any other Fabric of this process records in the same folder
+        strategy.attach_run(run)
         strategy._set_world_ranks()
-        strategy._store = dist.TCPStore(  # type: ignore[attr-defined]
+        store = dist.TCPStore(  # type: ignore[attr-defined]
             self.address, self.port, world_size=strategy.world_size, is_master=False, timeout=strategy.timeout
         )
+        strategy.attach_run(run.with_store(store))
         try:
             result = function(*args, **kwargs)
             if strategy.global_rank == 0:

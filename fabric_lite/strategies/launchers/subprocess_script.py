@@ -6,13 +6,16 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from fabric_lite.runtime import rendezvous
+from fabric_lite.runtime.diagnostics import trail as _trail
+from fabric_lite.runtime.run import RunContext
 from fabric_lite.strategies.launchers._supervisor import Child, ProcessSupervisor, record_child_errors
 from fabric_lite.strategies.launchers.launcher import CHILD_SHIM, ENV_ERROR_FD, ENV_PARENT_PID, Launcher
-from fabric_lite.utilities import _trail
 from fabric_lite.utilities.distributed import _set_num_threads_if_needed
 
 if TYPE_CHECKING:
@@ -92,18 +95,21 @@ class SubprocessScriptLauncher(Launcher):
         num_processes = strategy.num_processes
         strategy._set_world_ranks()
         port = environment.main_port
+        run = RunContext()
         if strategy.node_rank == 0:
             # hold the port for the whole job: the children connect to this store
-            store = strategy._create_store(is_master=True)
-            strategy._store = store
-            port = store.port
+            run = run.with_store(
+                rendezvous.create_store(environment, 0, strategy.world_size, strategy.timeout, is_master=True)
+            )
+            port = run.store.port
         if num_processes <= 1:
+            strategy.attach_run(run)
             return
         _set_num_threads_if_needed(num_processes)  # here, and through the environment in the children
         command = [sys.executable, "-c", CHILD_SHIM, *script_command()]
         # the ranks' trails of collectives, read by the supervisor when a rank dies (removed after the job)
-        run_dir = _trail.make_run_dir()
-        strategy._run_dir, strategy._launcher_kind = run_dir, "script"
+        run = replace(run, launcher="script", run_dir=_trail.make_run_dir())
+        strategy.attach_run(run)
         for local_rank in range(1, num_processes):
             env = dict(os.environ)
             env.update(
@@ -113,7 +119,7 @@ class SubprocessScriptLauncher(Launcher):
                 LOCAL_RANK=str(local_rank),
                 WORLD_SIZE=str(strategy.world_size),
             )
-            env[_trail.ENV_RUN_DIR], env[_trail.ENV_LAUNCHER] = run_dir, "script"
+            env.update(run.environment())
             read_fd, write_fd = os.pipe()
             env[ENV_PARENT_PID] = str(os.getpid())
             env[ENV_ERROR_FD] = str(write_fd)
@@ -125,7 +131,7 @@ class SubprocessScriptLauncher(Launcher):
             global_rank = strategy.node_rank * num_processes + local_rank
             self.children.append(Child(global_rank, local_rank, process, read_fd))
         self.supervisor = ProcessSupervisor(
-            self.children, teardown=strategy._destroy_process_group, run_dir=run_dir, world_size=strategy.world_size
+            self.children, teardown=strategy._destroy_process_group, run_dir=run.run_dir, world_size=strategy.world_size
         )
         self.supervisor.start()
 

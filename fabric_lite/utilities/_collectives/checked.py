@@ -79,8 +79,8 @@ class GroupState:
         self.check_group = check_group
         # (call, the tensors' dtypes, devices and shapes) -> (their grouping, as indices, and the call's signature)
         self.calls: dict[tuple[Any, ...], tuple[list[list[int]], tuple[int, int, int]]] = {}
-        # this group's place in the rank's trail of collectives (fabric_lite.utilities._trail), and how many of its
-        # user-facing collectives this rank has entered: ranks in lockstep agree on the count
+        # this group's place in the rank's trail of collectives (fabric_lite.runtime.diagnostics.trail), and how many
+        # of its user-facing collectives this rank has entered: ranks in lockstep agree on the count
         self.trail_index = 0
         self.seq = 0
 

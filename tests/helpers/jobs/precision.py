@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from fabric_lite.plugins.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision
+from fabric_lite.runtime.run import RunContext
 from fabric_lite.strategies import DDPStrategy
 
 PRECISIONS = ["32-true", "64-true", "bf16-mixed", "16-mixed-scaler", "16-true", "bf16-true"]
@@ -30,7 +32,7 @@ def run_precision(fabric, name: str) -> dict:
     strategy.accelerator = fabric.accelerator
     strategy.parallel_devices = [torch.device("cpu")] * fabric.world_size
     strategy.cluster_environment = fabric.strategy.cluster_environment
-    strategy._local_rank = fabric.local_rank
+    strategy.attach_run(replace(RunContext.from_environment(), local_rank=fabric.local_rank))
     strategy._set_world_ranks()
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))

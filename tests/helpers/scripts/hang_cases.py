@@ -39,7 +39,7 @@ def run(fabric: Fabric, case: str) -> None:
     rank = fabric.global_rank
     print(f"PID {rank} {os.getpid()}", flush=True)
     if rank == 0:
-        print(f"RUNDIR {fabric.strategy._trail.run_dir}", flush=True)  # type: ignore[attr-defined]
+        print(f"RUNDIR {fabric.strategy._diagnostics.trail.run_dir}", flush=True)  # type: ignore[attr-defined]
     x = torch.tensor(float(rank + 1))
     for _ in range(3):
         fabric.all_reduce(x, reduce_op="sum")  # site: loop

@@ -1,8 +1,8 @@
 """The hang report: where every rank was when a collective timed out or a rank died while the others waited.
 
-Built from the ranks' trails (:mod:`fabric_lite.utilities._trail`) in the job's run folder, plus the Python stacks of
-the ranks still alive (each dumps them from C, through ``faulthandler``, on the stack signal: a rank blocked in gloo,
-asleep or spinning in C answers as well as an idle one). One block, printed once per node::
+Built from the ranks' trails (:mod:`fabric_lite.runtime.diagnostics.trail`) in the job's run folder, plus the Python
+stacks of the ranks still alive (each dumps them from C, through ``faulthandler``, on the stack signal: a rank blocked
+in gloo, asleep or spinning in C answers as well as an idle one). One block, printed once per node::
 
     fabric_lite: where every rank was — all_reduce #4312 timed out after 0:00:05 on rank 0
       rank 1: all_reduce #4311 at train.py:57 (done 5.1 s ago); rank 0: all_reduce #4312 at train.py:57 (waiting 5.0 s)
@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from fabric_lite.utilities._trail import (
+from fabric_lite.runtime.diagnostics.trail import (
     DONE,
     FAILED,
     STATES,
@@ -51,7 +51,7 @@ _MAX_LINE = 120
 _STACK_FRAMES = 8
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
-_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))) + os.sep
 
 
 #: what stands for the block in a message when the block was printed before it

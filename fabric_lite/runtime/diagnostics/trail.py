@@ -6,7 +6,8 @@ and after each collective, a fixed-size record into a file of its own in the job
 short descriptor such as ``all_reduce(sum) float32[4]``), its sequence number in its process group (ranks in lockstep
 agree on it), the user's ``file:line`` that called it, and whether it is waiting, done or failed. The file is
 ``mmap``-ed, so the records are in the page cache the moment they are stored, and another process reads them even
-after this one was killed with SIGKILL. :mod:`fabric_lite.utilities._hang_report` turns the trails into the report.
+after this one was killed with SIGKILL. :mod:`fabric_lite.runtime.diagnostics.hang_report` turns the trails into the
+report.
 
 Layout (little-endian int64 words; see :data:`FILE_BYTES`)::
 
@@ -59,13 +60,9 @@ _now = time.monotonic_ns
 _getframe = sys._getframe
 
 ENV_TRAIL = "FABRIC_LITE_TRAIL"
-ENV_RUN_DIR = "FABRIC_LITE_RUN_DIR"
-ENV_LAUNCHER = "FABRIC_LITE_LAUNCHER"
 ENV_STACK_SIGNAL = "FABRIC_LITE_STACK_SIGNAL"
-#: fabric_lite's launchers, which read the trails themselves when a rank dies (``FABRIC_LITE_LAUNCHER``)
-SUPERVISING_LAUNCHERS = ("script", "spawn")
 # fabric_lite's own folder: frames of code under it are skipped to find the user's line
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 def process_start_time(pid: int) -> int:

@@ -1,0 +1,102 @@
+"""Forming and ending the default process group: the rendezvous store, ``init_process_group`` with an error that
+says how many ranks arrived, and a teardown that lets gloo's threads finish first."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from fabric_lite._log import get_logger
+from fabric_lite.plugins.environments import ClusterEnvironment
+from fabric_lite.runtime.diagnostics import CollectiveTimeoutError, is_timeout
+
+log = get_logger(__name__)
+
+#: the store's counter of the ranks that reached the rendezvous, named in the error when the group does not form
+_JOINED_KEY = "fabric_lite/joined"
+#: how long the teardown sleeps after destroying a group (see :func:`destroy_process_group`)
+_WORKER_DRAIN_SECONDS = 0.05
+
+
+def create_store(
+    environment: ClusterEnvironment, rank: int, world_size: int, timeout: timedelta, *, is_master: bool
+) -> Any:
+    """The job's ``TCPStore`` at the environment's main address and port: hosted here (``is_master``; port 0 picks a
+    free one) or reached.
+
+    Raises:
+        RuntimeError: the port is missing (a rank that must reach the store), in use, or unreachable; the message
+            names the address and port and what to change.
+    """
+    address, port = environment.main_address, environment.main_port
+    if not is_master and port == 0:
+        raise RuntimeError(
+            f"Rank {rank} cannot reach the main process: MASTER_PORT is not set. Start every node with the same"
+            " MASTER_ADDR and MASTER_PORT."
+        )
+    try:
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            address, port, world_size=world_size, is_master=is_master, timeout=timeout, wait_for_workers=False
+        )
+    except (RuntimeError, OSError) as err:
+        role = "host" if is_master else "reach"
+        raise RuntimeError(
+            f"Rank {rank} could not {role} the rendezvous store at {address}:{port} ({err}). If the port is in use,"
+            " pick a free MASTER_PORT (or unset it to let fabric_lite choose one)."
+        ) from err
+
+
+def form_process_group(
+    *,
+    backend: str,
+    rank: int,
+    world_size: int,
+    store: Any,
+    timeout: timedelta,
+    device: torch.device | None,
+    where: str,
+) -> None:
+    """``torch.distributed.init_process_group`` over ``store``, bound to ``device`` where it is a CUDA device.
+
+    Raises:
+        CollectiveTimeoutError: the group did not form within ``timeout``; says how many ranks reached the
+            rendezvous at ``where`` (``address:port``), so a rank that never started is told from a wrong address.
+    """
+    kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size, "timeout": timeout}
+    if device is not None and device.type == "cuda":
+        kwargs["device_id"] = device
+    store.add(_JOINED_KEY, 1)
+    log.debug("initialising the process group: rank %d of %d", rank, world_size)
+    try:
+        dist.init_process_group(store=store, **kwargs)
+    except RuntimeError as err:
+        if not is_timeout(err):
+            raise
+        raise CollectiveTimeoutError(
+            f"The process group did not form within {timeout}: {_read_counter(store, _JOINED_KEY)} of {world_size}"
+            f" ranks joined the rendezvous at {where}. The missing ranks never started, crashed before joining, or"
+            " were given another address or port."
+        ) from err
+
+
+def destroy_process_group() -> None:
+    """Destroy the default process group, then sleep for a moment.
+
+    gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient all-reduce) after the
+    caller has moved on, and releasing one takes the GIL. A worker thread still waiting for the GIL when the
+    interpreter finalises is torn down inside a destructor, and the whole process aborts ("terminate called without
+    an active exception"). Sleeping releases the GIL so that those threads finish first.
+    """
+    dist.destroy_process_group()
+    time.sleep(_WORKER_DRAIN_SECONDS)
+
+
+def _read_counter(store: Any, key: str) -> int | str:
+    try:
+        return int(store.add(key, 0))
+    except Exception:  # diagnosis only
+        return "an unknown number"
