@@ -228,7 +228,7 @@ def resolve_plan(
     (:data:`CLI_ENV_VARS`): each replaces its argument, and under the command line one that disagrees with an
     argument given in the script is an error naming both. A strategy instance's own accelerator,
     devices, precision, checkpoint IO and cluster environment count as if given to ``Fabric``; given twice, they are
-    an error.
+    an error. The steps run in Lightning Fabric's order, so that of two bad values the same one is named first.
 
     Raises:
         ValueError, TypeError: a value that is not accepted, with the value, the choices and a fix.
@@ -248,140 +248,41 @@ def resolve_plan(
     _check_plugins(plugins)
     check_selects_a_device(devices, accelerator)  # before the accelerator is looked at, as Lightning does
     accelerator, devices = _from_strategy_instance(strategy, accelerator, devices, plugins)
-    precision_plugins = [p for p in plugins if isinstance(p, Precision)]
-    if isinstance(strategy, Strategy) and strategy._precision is not None:
-        precision_plugins.append(strategy._precision)
-    environment_plugins = [p for p in plugins if isinstance(p, ClusterEnvironment)]
-    if precision_plugins:
-        plugin = precision_plugins[0]
-        if precision_name not in ("32-true", plugin.precision):
-            raise ValueError(
-                f"Received both `precision={precision_name}` and `plugins={plugin!r}`: Fabric(precision={precision!r})"
-                f" conflicts with the precision plugin {type(plugin).__name__} (precision={plugin.precision!r}) in"
-                " plugins. Pass only one of them."
-            )
-        precision_name = plugin.precision
-
+    precision_name, has_precision_plugin = _precision_of_plugins(precision_name, precision, strategy, plugins)
     device_kind, own_kind = resolve_accelerator(accelerator, machine)
-    if strategy_name == "dp" and device_kind == "cpu":
-        # DataParallel needs CUDA devices; Lightning Fabric runs the same devices as processes instead, and so do we
-        warnings.append(
-            "strategy='dp' is not supported on CPUs, hence setting `strategy='ddp'` (as Lightning Fabric does)."
-            " DataParallel replicates the module on CUDA devices; on the CPU, devices= is a number of processes."
-        )
-        strategy_name = "ddp"
-    if strategy_name == "dp" and device_kind == "mps":
-        raise ValueError(
-            "strategy='dp' replicates the module on CUDA devices (torch.nn.DataParallel), but accelerator='mps' was"
-            " selected. Use strategy='auto' on MPS, or accelerator='cuda' on a machine with GPUs."
-        )
-    # what the strategy says about itself: the class a name stands for, or the user's instance ("auto" is decided
-    # below, once the devices are known)
-    kind: Strategy | type[Strategy] | None = strategy if isinstance(strategy, Strategy) else None
-    if kind is None and strategy_name != "auto":
-        kind = STRATEGY_REGISTRY[strategy_name].load()
-    own = kind.own_environment if kind is not None else None
-    # the launcher of such a strategy (horovodrun for Horovod), not fabric_lite, torchrun or SLURM, started the
-    # processes: its variables count
-    environment = own(env=env) if own is not None and not environment_plugins else _detect_environment(env, plugins)
+    strategy_name = _strategy_for_device(strategy_name, device_kind, warnings)
+    environment = _environment(strategy, strategy_name, env, plugins)
     external = environment.creates_processes_externally
-
     local = _external_local_count(environment) if external else None
     if devices == "auto" and local is not None:
         devices = local
     device_kind, device_indices, device_warnings = select_devices(
-        devices,
-        device_kind,
-        own_kind,
-        accelerator_label(accelerator),
-        machine,
-        external=external,
-        local=local,
+        devices, device_kind, own_kind, accelerator_label(accelerator), machine, external=external, local=local
     )
     warnings += device_warnings
-    given = getattr(strategy, "parallel_devices", None) if isinstance(strategy, Strategy) else None
-    if given and len(given) != len(device_indices):
-        raise ValueError(
-            f"Fabric(devices={devices!r}) selects {len(device_indices)} device(s), but {type(strategy).__name__}"
-            f"(parallel_devices=...) has {len(given)}: give the devices in one place only."
-        )
-
-    if strategy_name == "auto":
-        many = len(device_indices) > 1 or num_nodes > 1
-        strategy_name = ("ddp_fork" if machine.interactive and not external else "ddp") if many else "single_device"
+    _check_instance_devices(strategy, devices, device_indices)
+    strategy_name, kind, parallel, start_method, device_indices = _strategy(
+        strategy, strategy_name, devices, device_indices, num_nodes, device_kind, external, machine, warnings
+    )
     label = type(strategy).__name__ if strategy_name == "instance" else strategy_name
-
-    start_method: Any
-    if isinstance(strategy, Strategy):
-        kind, parallel = strategy, bool(strategy.is_parallel)
-        start_method = strategy.start_method if parallel else None
-    else:
-        entry = STRATEGY_REGISTRY[strategy_name]
-        kind = entry.load()
-        parallel, start_method = kind.is_parallel, entry.start_method
-    multi_device = kind.drives_several_devices and device_kind != "cpu"
-
-    if multi_device and num_nodes > 1:
-        raise ValueError(
-            f"strategy={label!r} runs one process on one machine, but"
-            f" num_nodes={num_nodes}. Use strategy='ddp' to train on several nodes."
-        )
-    if not parallel and not multi_device and (len(device_indices) > 1 or num_nodes > 1):
-        if isinstance(strategy, SingleDeviceStrategy) and num_nodes == 1:
-            # the instance was made for one device of its choosing, which it runs on (as in Lightning Fabric)
-            warnings.append(
-                f"Fabric(devices={devices!r}) selects {len(device_indices)} devices, but {label} runs one process on"
-                f" one device: only the device it was made with is used. Pass devices=1, or"
-                " strategy='ddp' to train on every device."
-            )
-            device_indices = device_indices[:1]
-        else:
-            raise ValueError(
-                f"strategy={label!r} runs one process on one device, but devices={devices!r} and"
-                f" num_nodes={num_nodes} ask for {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'),"
-                " or devices=1."
-            )
     if external:
         start_method = None
-        if parallel and isinstance(environment, LightningEnvironment) and not environment_plugins:
-            missing = [name for name in ("WORLD_SIZE", "MASTER_PORT") if name not in env]
-            if missing:
-                raise ValueError(
-                    f"LOCAL_RANK={env.get('LOCAL_RANK')!r} is set, so this process expects to have been started by a"
-                    f" launcher, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Unset"
-                    " LOCAL_RANK to let fabric_lite start the processes, or use a launcher such as torchrun."
-                )
+        _check_started_externally(parallel, environment, env, plugins)
     elif parallel:
-        if start_method == "fork" and not machine.can_fork:
-            raise ValueError(
-                f"You selected `Fabric(strategy={label!r})` but process forking is not supported on this platform."
-                " We recommend `Fabric(strategy='ddp_spawn')` instead."
-            )
-        if start_method in ("popen", "spawn") and machine.interactive:
-            how = "re-runs the script" if start_method == "popen" else "spawns fresh interpreters that cannot import"
-            how += " once per device" if start_method == "popen" else " functions defined in the session"
-            raise RuntimeError(
-                f"`Fabric(strategy={label!r})` is not compatible with an interactive environment (notebook or REPL):"
-                f" it {how}. Run your code as a script, or choose one of the compatible strategies:"
-                " `Fabric(strategy='dp'|'ddp_notebook')` (or 'ddp_fork')."
-            )
-
+        _check_start_method(start_method, label, machine)
     if not external:  # inside a SLURM job but not one of its srun tasks: say that fabric_lite starts the processes
         slurm_note = _note_not_started_by_srun(env, len(device_indices) if parallel else 1)
         if slurm_note:
             warnings.append(slurm_note)
-
     # before the 16-mixed fallback below: DeepSpeed refuses float16 on the CPU instead
     kind._check_choices(label=label, accelerator=device_kind, precision=precision_name)
-
-    if precision_name == "16-mixed" and device_kind == "cpu" and not precision_plugins:
+    if precision_name == "16-mixed" and device_kind == "cpu" and not has_precision_plugin:
         warnings.append(
             "You passed `Fabric(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not supported on CPU."
             " Using `precision='bf16-mixed'` instead, as Lightning Fabric does (so that results match). For float16"
             " with a loss scaler on the CPU, pass plugins=[MixedPrecision('16-mixed', 'cpu')]."
         )
         precision_name = "bf16-mixed"
-
     return Plan(
         accelerator=device_kind,
         strategy=strategy_name,
@@ -394,6 +295,154 @@ def resolve_plan(
         backend="nccl" if device_kind == "cuda" else "gloo",
         warnings=tuple(warnings),
     )
+
+
+def _precision_of_plugins(
+    precision_name: str, precision: Any, strategy: Any, plugins: Sequence[Any]
+) -> tuple[str, bool]:
+    """The precision a plugin (or the strategy instance's own plugin) sets, which ``precision=`` may only repeat;
+    and whether there is such a plugin."""
+    precision_plugins = [p for p in plugins if isinstance(p, Precision)]
+    if isinstance(strategy, Strategy) and strategy._precision is not None:
+        precision_plugins.append(strategy._precision)
+    if not precision_plugins:
+        return precision_name, False
+    plugin = precision_plugins[0]
+    if precision_name not in ("32-true", plugin.precision):
+        raise ValueError(
+            f"Received both `precision={precision_name}` and `plugins={plugin!r}`: Fabric(precision={precision!r})"
+            f" conflicts with the precision plugin {type(plugin).__name__} (precision={plugin.precision!r}) in"
+            " plugins. Pass only one of them."
+        )
+    return plugin.precision, True
+
+
+def _strategy_for_device(strategy_name: str, device_kind: str, warnings: list[str]) -> str:
+    """``dp`` where the devices cannot run it: ``ddp`` on the CPU (with a warning, as Lightning Fabric does), an
+    error on MPS."""
+    if strategy_name == "dp" and device_kind == "cpu":
+        # DataParallel needs CUDA devices; Lightning Fabric runs the same devices as processes instead, and so do we
+        warnings.append(
+            "strategy='dp' is not supported on CPUs, hence setting `strategy='ddp'` (as Lightning Fabric does)."
+            " DataParallel replicates the module on CUDA devices; on the CPU, devices= is a number of processes."
+        )
+        return "ddp"
+    if strategy_name == "dp" and device_kind == "mps":
+        raise ValueError(
+            "strategy='dp' replicates the module on CUDA devices (torch.nn.DataParallel), but accelerator='mps' was"
+            " selected. Use strategy='auto' on MPS, or accelerator='cuda' on a machine with GPUs."
+        )
+    return strategy_name
+
+
+def _environment(
+    strategy: Any, strategy_name: str, env: Mapping[str, str], plugins: Sequence[Any]
+) -> ClusterEnvironment:
+    """Where the processes come from: a plugin, the launcher of a strategy that has its own (horovodrun for Horovod:
+    its variables count, not torchrun's or SLURM's), or the launcher the environment names."""
+    # the class a name stands for, or the user's instance ("auto" is decided once the devices are known)
+    kind: Strategy | type[Strategy] | None = strategy if isinstance(strategy, Strategy) else None
+    if kind is None and strategy_name != "auto":
+        kind = STRATEGY_REGISTRY[strategy_name].load()
+    own = kind.own_environment if kind is not None else None
+    if own is not None and not any(isinstance(p, ClusterEnvironment) for p in plugins):
+        return own(env=env)
+    return _detect_environment(env, plugins)
+
+
+def _check_instance_devices(strategy: Any, devices: Any, device_indices: Sequence[int]) -> None:
+    given = getattr(strategy, "parallel_devices", None) if isinstance(strategy, Strategy) else None
+    if given and len(given) != len(device_indices):
+        raise ValueError(
+            f"Fabric(devices={devices!r}) selects {len(device_indices)} device(s), but {type(strategy).__name__}"
+            f"(parallel_devices=...) has {len(given)}: give the devices in one place only."
+        )
+
+
+def _strategy(
+    strategy: Any,
+    strategy_name: str,
+    devices: Any,
+    device_indices: tuple[int, ...],
+    num_nodes: int,
+    device_kind: str,
+    external: bool,
+    machine: Machine,
+    warnings: list[str],
+) -> tuple[str, Strategy | type[Strategy], bool, Any, tuple[int, ...]]:
+    """The strategy for these devices: ``auto`` decided, and one that runs one process checked against the number
+    of devices. Returns its name, its class (or the instance), whether it is parallel, its start method and the
+    devices it runs on."""
+    if strategy_name == "auto":
+        many = len(device_indices) > 1 or num_nodes > 1
+        strategy_name = ("ddp_fork" if machine.interactive and not external else "ddp") if many else "single_device"
+    label = type(strategy).__name__ if strategy_name == "instance" else strategy_name
+    kind: Strategy | type[Strategy]
+    start_method: Any
+    if isinstance(strategy, Strategy):
+        kind, parallel = strategy, bool(strategy.is_parallel)
+        start_method = strategy.start_method if parallel else None
+    else:
+        entry = STRATEGY_REGISTRY[strategy_name]
+        kind = entry.load()
+        parallel, start_method = kind.is_parallel, entry.start_method
+    multi_device = kind.drives_several_devices and device_kind != "cpu"
+    if multi_device and num_nodes > 1:
+        raise ValueError(
+            f"strategy={label!r} runs one process on one machine, but"
+            f" num_nodes={num_nodes}. Use strategy='ddp' to train on several nodes."
+        )
+    if not parallel and not multi_device and (len(device_indices) > 1 or num_nodes > 1):
+        if not (isinstance(strategy, SingleDeviceStrategy) and num_nodes == 1):
+            raise ValueError(
+                f"strategy={label!r} runs one process on one device, but devices={devices!r} and"
+                f" num_nodes={num_nodes} ask for {len(device_indices) * num_nodes}. Use strategy='ddp' (or 'auto'),"
+                " or devices=1."
+            )
+        # the instance was made for one device of its choosing, which it runs on (as in Lightning Fabric)
+        warnings.append(
+            f"Fabric(devices={devices!r}) selects {len(device_indices)} devices, but {label} runs one process on"
+            f" one device: only the device it was made with is used. Pass devices=1, or"
+            " strategy='ddp' to train on every device."
+        )
+        device_indices = device_indices[:1]
+    return strategy_name, kind, parallel, start_method, device_indices
+
+
+def _check_started_externally(
+    parallel: bool, environment: ClusterEnvironment, env: Mapping[str, str], plugins: Sequence[Any]
+) -> None:
+    """A process that says it was started by a launcher (``LOCAL_RANK``) must have the rest of the launcher's
+    variables."""
+    if not parallel or not isinstance(environment, LightningEnvironment):
+        return
+    if any(isinstance(p, ClusterEnvironment) for p in plugins):
+        return
+    missing = [name for name in ("WORLD_SIZE", "MASTER_PORT") if name not in env]
+    if missing:
+        raise ValueError(
+            f"LOCAL_RANK={env.get('LOCAL_RANK')!r} is set, so this process expects to have been started by a"
+            f" launcher, but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Unset"
+            " LOCAL_RANK to let fabric_lite start the processes, or use a launcher such as torchrun."
+        )
+
+
+def _check_start_method(start_method: Any, label: str, machine: Machine) -> None:
+    """A start method this platform and session can use: fork where the platform forks, and no re-run script or
+    fresh interpreter in a notebook or REPL."""
+    if start_method == "fork" and not machine.can_fork:
+        raise ValueError(
+            f"You selected `Fabric(strategy={label!r})` but process forking is not supported on this platform."
+            " We recommend `Fabric(strategy='ddp_spawn')` instead."
+        )
+    if start_method in ("popen", "spawn") and machine.interactive:
+        how = "re-runs the script" if start_method == "popen" else "spawns fresh interpreters that cannot import"
+        how += " once per device" if start_method == "popen" else " functions defined in the session"
+        raise RuntimeError(
+            f"`Fabric(strategy={label!r})` is not compatible with an interactive environment (notebook or REPL):"
+            f" it {how}. Run your code as a script, or choose one of the compatible strategies:"
+            " `Fabric(strategy='dp'|'ddp_notebook')` (or 'ddp_fork')."
+        )
 
 
 ENV_DEBUG = "FABRIC_LITE_DEBUG"
