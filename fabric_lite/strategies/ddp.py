@@ -290,7 +290,8 @@ class DDPStrategy(ParallelStrategy):
 
     @contextmanager
     def block_backward_sync(self, module: Module) -> Generator[None, None, None]:
-        """Skip the gradient synchronisation inside the block (the seed's name for :meth:`no_backward_sync`).
+        """Skip the gradient synchronisation inside the block (Lightning's ``DDPPlugin`` name for
+        :meth:`no_backward_sync`).
 
         Useful to accumulate gradients without communicating; the first backward outside the block synchronises
         everything accumulated. Both the forward and the backward must run inside the block. ``module`` is the
@@ -308,7 +309,7 @@ class DDPStrategy(ParallelStrategy):
     def reduce(
         self, tensor: Tensor | Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> Tensor | Any:
-        """Reduce a tensor across processes (the seed's name for :meth:`all_reduce`; default ``mean``).
+        """Reduce a tensor across processes (Lightning's ``DDPPlugin`` name for :meth:`all_reduce`; default ``mean``).
 
         Returns the reduced tensor (in place); anything that is not a tensor is returned unchanged.
 

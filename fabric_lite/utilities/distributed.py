@@ -1,4 +1,4 @@
-"""Public distributed utilities (the seed's ``pytorch_lightning.utilities.distributed``).
+"""Public distributed utilities (Lightning's ``pytorch_lightning.utilities.distributed``).
 
 Every function here works with or without a process group: without one (a single process, or
 ``torch.distributed`` not initialised) each is an identity or a no-op, so the same code runs on one device and on

@@ -68,7 +68,7 @@ def resolve_reduce_op(reduce_op: str | Any | None) -> Any:
     """Turn a user's ``reduce_op`` into a ``ReduceOp`` member, or ``"mean"``.
 
     Strings are matched case-insensitively (``sum``, ``mean``/``avg``, ``max``, ``min``, ``product``/``prod``);
-    ``None`` means ``sum`` (the seed's ``sync_ddp`` contract). ``ReduceOp.AVG`` means ``mean``.
+    ``None`` means ``sum`` (as Lightning's ``sync_ddp``). ``ReduceOp.AVG`` means ``mean``.
     """
     if reduce_op is None:
         return ReduceOp.SUM

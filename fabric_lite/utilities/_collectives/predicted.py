@@ -56,10 +56,9 @@ from fabric_lite.utilities._collectives.ops import (
     _write_back,
 )
 
-# gathering and reducing locally beats gloo's all-reduce up to this many gathered bytes (measured on 2 and 3 CPU ranks:
-# an all-gather and a local sum took 0.56-0.81x the all-reduce for payloads of 64-512 KiB on 2 ranks and 0.57-0.64x
-# for 64-256 KiB on 3, and 1.09x / 1.46x for 1 MiB); a single float element is the exception (gloo's all-reduce of
-# one element skips its ring)
+# gathering and reducing locally beats gloo's all-reduce up to this many gathered bytes (the figures: "Checked
+# collectives" in benchmarks/RESULTS.md); a single float element is the exception (gloo's all-reduce of one element
+# skips its ring)
 _LOCAL_REDUCE_BYTES = 1 << 20
 # the most plans a group keeps (a loop repeats a handful)
 _MAX_PLANS = 1024
@@ -347,12 +346,10 @@ def _reduce_flagged(
     in a one-element all-reduce of its own; whether the flag says that every rank took part with real data.
 
     The data's all-reduces are queued first (``async_op``) and the flag's runs while they do: gloo works on a group's
-    queue with more than one thread, so the flag costs its latency only where it outlasts the data (measured on 2 CPU
-    ranks, each on a core of its own: 1.07-1.29x of the raw all-reduce of 1-16 MiB of int64 when the flag followed
-    the data, 0.92-1.09x beside it; the control of ``benchmarks/bench_core.py``, a raw 4 MiB all-reduce with a
-    one-element all-reduce beside it, measures 0.99x). Appending the flag to the payload would cost a copy into a
-    longer buffer and a copy back, more than either (payloads gathered below ``_LOCAL_REDUCE_BYTES`` carry the flag in
-    their message and never come here)."""
+    queue with more than one thread, so the flag costs its latency only where it outlasts the data (the figures and
+    their control: ``benchmarks/RESULTS.md`` and ``benchmarks/bench_core.py``). Appending the flag to the payload would
+    cost a copy into a longer buffer and a copy back, more than either (payloads gathered below ``_LOCAL_REDUCE_BYTES``
+    carry the flag in their message and never come here)."""
     world_size = group.world_size
     sent, expected = _flag(plan.op, buffers[0].dtype, aliases is not None, world_size)
     ops = [_BOOL_OPS.get(plan.op, plan.op) if b.dtype == torch.bool else plan.op for b in buffers]
