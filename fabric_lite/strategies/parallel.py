@@ -20,7 +20,7 @@ from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnviro
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.runtime import rendezvous
-from fabric_lite.runtime.diagnostics import CollectiveTimeoutError as CollectiveTimeoutError  # its public home
+from fabric_lite.runtime.diagnostics import CollectiveTimeoutError as CollectiveTimeoutError  # re-exported: caught here
 from fabric_lite.runtime.diagnostics import RankDiagnostics, arm_nccl_flight_recorder
 from fabric_lite.runtime.diagnostics import trail as _trail
 from fabric_lite.runtime.run import RunContext

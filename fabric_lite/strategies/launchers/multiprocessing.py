@@ -398,14 +398,14 @@ class _Worker:
             _unshare_modules((args, kwargs))
         strategy = self.strategy
         _set_num_threads_if_needed(strategy.num_processes)
-        run = replace(strategy.run_context, local_rank=process_index)
+        world_size = strategy.num_nodes * strategy.num_processes
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            self.address, self.port, world_size=world_size, is_master=False, timeout=strategy.timeout
+        )
+        run = replace(strategy.run_context, local_rank=process_index, store=store)
         os.environ.update(run.environment())  # so that any other Fabric of this process records in the same folder
         strategy.attach_run(run)
         strategy._set_world_ranks()
-        store = dist.TCPStore(  # type: ignore[attr-defined]
-            self.address, self.port, world_size=strategy.world_size, is_master=False, timeout=strategy.timeout
-        )
-        strategy.attach_run(run.with_store(store))
         try:
             result = function(*args, **kwargs)
             if strategy.global_rank == 0:
