@@ -1,7 +1,16 @@
-"""The supervision policy every launcher of fabric_lite applies when a rank fails: which failures are the root cause
-and which only report that another rank went away."""
+"""The supervision policy every launcher of fabric_lite applies when a rank fails: which end of a rank is the root
+cause of the failed job, and which only report that another rank went away.
+
+A launcher hears of ranks ending in its own way (``Popen.poll``, ``multiprocessing.Process.exitcode``, torchrun's
+agent); it turns each into a :class:`RankExit` and asks one :class:`RootCause` for the verdict.
+"""
 
 from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -29,3 +38,133 @@ def is_secondary(error: BaseException | str) -> bool:
         lines = [line for line in error.strip().splitlines() if line.strip()]
         text = lines[-1] if lines else ""
     return any(marker in text for marker in _SECONDARY_MARKERS)
+
+
+@dataclass(frozen=True)
+class RankExit:
+    """A rank that ended, as its launcher saw it.
+
+    Attributes:
+        rank: its global rank.
+        code: its exit code; negative where a signal ended it (``-9``: SIGKILL).
+        error: what it reported of its failure (its traceback), where it reported anything.
+        local_rank, pid: where the launcher knows them, for the message.
+    """
+
+    rank: int
+    code: int
+    error: str | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.code != 0
+
+    @property
+    def secondary(self) -> bool:
+        """A failure whose own error only says that a peer went away: the consequence of another rank's end."""
+        return self.code > 0 and bool(self.error) and is_secondary(self.error or "")
+
+
+@dataclass
+class RootCause:
+    """The verdict on a job from the ends of its ranks, the same under every launcher.
+
+    * A primary failure (a real exception, a signal, a non-zero exit that reported nothing) is the root cause at once.
+    * A secondary failure (its error only says that a peer went away) waits ``window`` seconds for a primary one.
+    * When it has waited, a rank that exited with code 0 while the others still ran is the root cause (they lost
+      it in a collective: a rank returned early), else the first secondary failure.
+
+    Example::
+
+        verdict = RootCause(window=1.0)
+        verdict.saw(RankExit(rank=1, code=1, error="...RuntimeError: Connection closed by peer"))
+        verdict.decide()  # None: a secondary failure waits for the rank that really failed
+        verdict.saw(RankExit(rank=2, code=-9))
+        verdict.decide()  # RankExit(rank=2, code=-9): killed, the root cause
+    """
+
+    window: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    #: the root cause, once decided
+    cause: RankExit | None = None
+    _secondary: RankExit | None = None
+    _secondary_at: float = 0.0
+    _early: list[RankExit] = field(default_factory=list)
+
+    def saw(self, exit: RankExit, *, job_running: bool = True) -> None:
+        """Record that a rank ended (``job_running``: while the job was still meant to run, not at its end)."""
+        if self.cause is not None:
+            return
+        if not exit.failed:
+            if job_running:
+                self._early.append(exit)
+            return
+        if not exit.secondary:
+            self.cause = exit
+        elif self._secondary is None:
+            self._secondary, self._secondary_at = exit, self.clock()
+
+    def decide(self, *, waited: bool = False) -> RankExit | None:
+        """The root cause, or ``None`` while no failure has been seen or a secondary one is still waiting
+        (``waited``: stop waiting, as at the launching process's own failure)."""
+        secondary = self._secondary
+        waited = waited or self.clock() - self._secondary_at >= self.window
+        if self.cause is None and secondary is not None and waited:
+            self.cause = self._early[0] if self._early else secondary
+        return self.cause
+
+    @property
+    def early_exit(self) -> RankExit | None:
+        """The first rank seen to exit with code 0 while the job was running, if any."""
+        return self._early[0] if self._early else None
+
+    @property
+    def failed(self) -> bool:
+        """Whether any rank has failed (a root cause may still be waited for)."""
+        return self.cause is not None or self._secondary is not None
+
+
+def signal_name(code: int) -> str | None:
+    """``"SIGKILL"`` for the exit code of a process that a known signal ended (-9), else ``None``."""
+    return signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
+
+
+def how_it_ended(code: int) -> str:
+    """``killed by SIGKILL`` for an exit code that is a signal's (negative), else ``exited with code 1``."""
+    name = signal_name(code)
+    return f"killed by {name}" if name else f"exited with code {code}"
+
+
+def describe(exit: RankExit, *, rank0_finished: bool = False) -> str:
+    """The root cause in words, the same under every launcher."""
+    who = f"rank {exit.rank}"
+    if exit.local_rank is not None or exit.pid is not None:
+        who += f" ({', '.join(part for part in _where(exit))})"
+    if exit.code == 0:
+        return (
+            f"{who} exited with code 0 while the other ranks were still running: they then lost their peer in a"
+            " collective. Every rank must run the same collectives; a rank must not return early (e.g. on its own"
+            " stopping condition)."
+        )
+    if exit.code < 0:
+        return f"{who} was killed by {signal_name(exit.code) or f'signal {-exit.code}'}."
+    if not exit.error:
+        return f"{who} exited with code {exit.code} (its own output above says why)."
+    text = f"{who} failed with exit code {exit.code}. Its traceback:\n{exit.error.rstrip()}"
+    if exit.secondary and rank0_finished:
+        text += (
+            "\n(Rank 0 had already finished: the ranks did not run the same collectives. Check that every rank"
+            " calls the same collectives, the same number of times.)"
+        )
+    return text
+
+
+def _where(exit: RankExit) -> list[str]:
+    parts = []
+    if exit.local_rank is not None:
+        parts.append(f"local rank {exit.local_rank}")
+    if exit.pid is not None:
+        parts.append(f"pid {exit.pid}")
+    return parts

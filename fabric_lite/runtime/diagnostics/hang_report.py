@@ -43,6 +43,8 @@ from fabric_lite.runtime.diagnostics.trail import (
     process_start_time,
     read_trails,
 )
+from fabric_lite.runtime.supervision import how_it_ended as how_it_ended
+from fabric_lite.runtime.supervision import signal_name as signal_name
 
 #: the first words of a report block (what re-printers strip, see :func:`without_block`)
 BLOCK_START = "fabric_lite: where every rank was"
@@ -431,17 +433,6 @@ def print_report(build: Callable[[], str | None], write: Callable[[str], object]
         block = f"fabric_lite: no hang report ({type(err).__name__}: {err})"
     if block:
         write(block)
-
-
-def signal_name(code: int) -> str | None:
-    """``"SIGKILL"`` for the exit code of a process that a known signal ended (-9), else ``None``."""
-    return signal.Signals(-code).name if code < 0 and -code in signal.Signals._value2member_map_ else None
-
-
-def how_it_ended(code: int) -> str:
-    """``killed by SIGKILL`` for an exit code that is a signal's (negative), else ``exited with code 1``."""
-    name = signal_name(code)
-    return f"killed by {name}" if name else f"exited with code {code}"
 
 
 # ---------------------------------------------------------------------------------------------- formatting

@@ -32,14 +32,8 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fabric_lite.runtime.diagnostics.hang_report import (
-    collect,
-    print_report,
-    signal_name,
-    wait_for_reporter,
-    without_block,
-)
-from fabric_lite.runtime.supervision import is_secondary
+from fabric_lite.runtime.diagnostics.hang_report import collect, print_report, wait_for_reporter, without_block
+from fabric_lite.runtime.supervision import RankExit, RootCause, describe, is_secondary
 from fabric_lite.strategies.launchers.launcher import ForwardSignals
 
 # a child writes at most this much of its traceback (a pipe holds 64 KiB; the child must never block at exit)
@@ -106,15 +100,6 @@ def record_child_errors(error_fd: int) -> None:
     atexit.register(write)
 
 
-@dataclass
-class _Failure:
-    child: Child
-    code: int
-    description: str
-    secondary: bool
-    seen_at: float
-
-
 class ProcessSupervisor:
     """Watches the children of the script launcher and ends the whole job when one fails.
 
@@ -147,9 +132,7 @@ class ProcessSupervisor:
         #: the root cause, once the job has failed
         self.failure: str | None = None
         self._rank0_finished = False
-        # children that exited with code 0 while the job was still running: if the others then fail because a
-        # peer is gone, the early exit is the root cause
-        self._early_exits: list[Child] = []
+        self._verdict = RootCause(window=secondary_window)  # read and fed by the watching thread only
         self._main_exiting = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="fabric_lite-supervisor", daemon=True)
@@ -181,70 +164,40 @@ class ProcessSupervisor:
 
     # ------------------------------------------------------------------ watching
     def _run(self) -> None:
-        pending: _Failure | None = None  # a secondary failure waiting for a primary one to show up
-        reported: set[int] = set()
+        verdict = self._verdict
+        seen: set[int] = set()
         while self.failure is None:
             running = False
             for child in self.children:
                 code = child.process.poll()
                 if code is None:
                     running = True
-                    continue
-                if child.global_rank in reported:
-                    continue
-                reported.add(child.global_rank)
-                if code == 0:
-                    if not self._main_exiting.is_set():
-                        self._early_exits.append(child)
-                    continue
-                failure = self._failure(child, code)
-                if not failure.secondary:
-                    self._on_failure(failure)
-                    return
-                pending = pending or failure
-            if pending is not None and time.monotonic() - pending.seen_at >= self.secondary_window:
-                self._on_failure(self._early_exit_failure() or pending)
+                elif child.global_rank not in seen:
+                    seen.add(child.global_rank)
+                    verdict.saw(self._exit(child, code), job_running=not self._main_exiting.is_set())
+            cause = verdict.decide()
+            if cause is not None:
+                self._on_failure(cause)
                 return
-            if not running and pending is None:
+            if not running and not verdict.failed:
                 return
             time.sleep(self.poll_interval)
 
-    def _failure(self, child: Child, code: int) -> _Failure:
-        who = f"rank {child.global_rank} (local rank {child.local_rank}, pid {child.process.pid})"
-        secondary = False
-        if code < 0:
-            description = f"{who} was killed by {signal_name(code) or f'signal {-code}'}."
-        else:
-            # the child printed its traceback itself: the hang report in it is not repeated
-            text = without_block(child.read_error()).rstrip()
-            if text:
-                secondary = is_secondary(text)
-                description = f"{who} failed with exit code {code}. Its traceback:\n{text}"
-            else:
-                description = f"{who} exited with code {code} (its own output above says why)."
-        if secondary and self._rank0_finished:
-            description += (
-                "\n(Rank 0 had already finished: the ranks did not run the same collectives. Check that every rank"
-                " calls the same collectives, the same number of times.)"
-            )
-        return _Failure(child, code, description, secondary, time.monotonic())
+    @staticmethod
+    def _exit(child: Child, code: int) -> RankExit:
+        # the child printed its traceback itself: the hang report in it is not repeated
+        error = without_block(child.read_error()).rstrip() if code > 0 else None
+        return RankExit(child.global_rank, code, error or None, child.local_rank, child.process.pid)
 
-    def _early_exit_failure(self) -> _Failure | None:
-        """The first child that exited with code 0 while the others still ran, as a failure, if any.
-
-        Called once another rank has lost its peer, so a child that has exited with code 0 by now left early, even if
-        the watching thread had not noticed it yet.
-        """
-        early = self._early_exits or [c for c in self.children if c.process.poll() == 0]
-        if not early:
-            return None
-        child = early[0]
-        description = (
-            f"rank {child.global_rank} (local rank {child.local_rank}, pid {child.process.pid}) exited with code 0"
-            " while the other ranks were still running: they then lost their peer in a collective. Every rank must"
-            " run the same collectives; a rank must not return early (e.g. on its own stopping condition)."
-        )
-        return _Failure(child, 0, description, False, time.monotonic())
+    def _early_exit(self) -> RankExit | None:
+        """The first child that exited with code 0 while the others still ran, if any: called once another rank has
+        lost its peer, so a child that has exited with code 0 by now left early, even if the watching thread had not
+        noticed it yet."""
+        early = self._verdict.early_exit
+        if early is not None:
+            return early
+        child = next((c for c in self.children if c.process.poll() == 0), None)
+        return None if child is None else RankExit(child.global_rank, 0, None, child.local_rank, child.process.pid)
 
     def _claim(self, description: str) -> bool:
         """Record the root cause; only the first claim counts, later failures are its consequences."""
@@ -254,14 +207,15 @@ class ProcessSupervisor:
             self.failure = description
             return True
 
-    def _on_failure(self, failure: _Failure) -> None:
-        if not self._claim(failure.description):
+    def _on_failure(self, cause: RankExit) -> None:
+        description = describe(cause, rank0_finished=self._rank0_finished)
+        if not self._claim(description):
             return
         _stderr(
-            f"\nfabric_lite: the job failed. Root cause: {failure.description}\n"
+            f"\nfabric_lite: the job failed. Root cause: {description}\n"
             "fabric_lite: stopping the other ranks; errors they report from now on are consequences of this failure."
         )
-        self._report(f"rank {failure.child.global_rank} ended ({failure.description.splitlines()[0]})")
+        self._report(f"rank {cause.rank} ended ({description.splitlines()[0]})")
         self.terminate_children()
         # rank 0 usually fails on its own right away (its next collective loses its peer); if it is busy
         # elsewhere, end it so that the job does not outlive its failure
@@ -318,8 +272,8 @@ class ProcessSupervisor:
                 deadline = time.monotonic() + self.grace
                 while self.failure is None and self._thread.is_alive() and time.monotonic() < deadline:
                     self._thread.join(0.05)
-                early = self._early_exit_failure()
-                if early is not None and self._claim(early.description):
+                early = self._early_exit()
+                if early is not None and self._claim(describe(early)):
                     _stderr(f"\nfabric_lite: the job failed. Root cause: {self.failure}")
             if isinstance(rank0_error, KeyboardInterrupt):
                 cause = "the job was interrupted (SIGINT / Ctrl+C); every rank was told."

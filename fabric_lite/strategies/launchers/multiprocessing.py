@@ -33,7 +33,7 @@ from fabric_lite.runtime.diagnostics.hang_report import (
     wait_for_reporter,
 )
 from fabric_lite.runtime.run import RunContext
-from fabric_lite.runtime.supervision import is_secondary
+from fabric_lite.runtime.supervision import RankExit, RootCause
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_launcher
 from fabric_lite.utilities._tree import flatten
 from fabric_lite.utilities.distributed import _set_num_threads_if_needed
@@ -277,31 +277,32 @@ def _supervise(
         except (OSError, EOFError, pickle.UnpicklingError):
             return None
 
-    first_failure: float | None = None
-    root: int | None = None
+    verdict = RootCause(window=window)
+    seen: set[int] = set()
     signals = ForwardSignals(pass_on)
     signals.install()
     try:
         while True:
             drain()
-            failed = [i for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
-            if failed and first_failure is None:
-                first_failure = time.monotonic()
-            primary = [i for i in failed if not is_secondary(trace(i) or "")]
-            if primary or (failed and time.monotonic() - first_failure >= window):  # type: ignore[operator]
-                root = (primary or failed)[0]
-                early = [i for i, w in enumerate(workers) if w.exitcode == 0]
-                if not primary and early:
-                    # the others lost a peer that had returned early: that worker is the cause
-                    _stop(workers, grace)
-                    raise mp.ProcessExitedException(  # type: ignore[attr-defined]
-                        f"process {early[0]} exited with code 0 while the other processes were still running: they"
-                        " then lost their peer in a collective. Every process must run the same collectives; none may"
-                        " return early.",
-                        early[0],
-                        workers[early[0]].pid,
-                        0,
-                    )
+            for i, worker in enumerate(workers):
+                if worker.exitcode is not None and i not in seen:
+                    seen.add(i)
+                    error = trace(i) if worker.exitcode > 0 else None
+                    verdict.saw(RankExit(i, worker.exitcode, error, i, worker.pid))
+            cause = verdict.decide()
+            if cause is not None and cause.code == 0:
+                # the others lost a peer that had returned early: that worker is the cause
+                _stop(workers, grace)
+                raise mp.ProcessExitedException(  # type: ignore[attr-defined]
+                    f"process {cause.rank} exited with code 0 while the other processes were still running: they"
+                    " then lost their peer in a collective. Every process must run the same collectives; none may"
+                    " return early.",
+                    cause.rank,
+                    workers[cause.rank].pid,
+                    0,
+                )
+            if cause is not None:
+                root = cause.rank
                 break
             if all(w.exitcode == 0 for w in workers):
                 drain()
