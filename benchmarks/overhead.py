@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fabric_lite import Fabric
+from fabric_lite.runtime.collectives import broadcasts, checked, gather, ops, predicted
 from fabric_lite.runtime.diagnostics import trail as _trail
-from fabric_lite.utilities._collectives import broadcasts, checked, gather, ops, predicted
 
 #: the collectives' modules that call torch.distributed
 _MODULES = (ops, checked, gather, predicted, broadcasts)

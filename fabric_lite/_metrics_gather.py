@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler
 
+from fabric_lite.runtime import collectives
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities import _collectives
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.wrappers import _FabricDataLoader
 
@@ -116,7 +116,7 @@ def gather_for_metrics(data: Any, strategy: Strategy, dataloader: Any, candidate
     if sampler is None:
         # not split by a DistributedSampler (an iterable dataset, use_distributed_sampler=False): nothing is padded
         # that we could recognise, so every rank's rows are kept, rank after rank
-        gathered = [torch.cat(_collectives.gather_uneven(t, None)) for t in tensors]
+        gathered = [torch.cat(collectives.gather_uneven(t, None)) for t in tensors]
     else:
         gathered = _gather_interleaved(tensors, rows, loader, sampler, strategy)
     for i, value in zip(positions, gathered, strict=True):

@@ -476,6 +476,7 @@ def _run_torchrun(torchrun_args: list[str], run_dir: str | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     from fabric_lite.runtime.diagnostics import hang_report as _hang_report
+    from fabric_lite.runtime.supervision import describe, from_torchrun
 
     try:
         run(parse_args(torchrun_args))  # type: ignore[no-untyped-call]
@@ -483,6 +484,9 @@ def _run_torchrun(torchrun_args: list[str], run_dir: str | None = None) -> int:
         # the agent has stopped every process of this node; its report names the first failure: the root cause.
         # The failing rank printed the hang report already (or does so below): it is not repeated
         print(f"fabric-lite run: the job failed.\n{_hang_report.without_block(str(err))}", file=sys.stderr, flush=True)
+        cause = from_torchrun(err.failures)
+        if cause is not None:
+            print(f"fabric-lite run: root cause: {describe(cause, traceback=False)}", file=sys.stderr, flush=True)
         if run_dir is not None:
             # no rank reported where every rank was (one died before it could): the trails still tell
             codes = {rank: failure.exitcode for rank, failure in err.failures.items()}

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fabric_lite._compile import Compiler, clean_state_dict_keys, is_compiled, uncompiled, unwrap_compiled
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.runtime import resume as _resume
+from fabric_lite.runtime.resume import EpochStart
 from fabric_lite.strategies.strategy import Strategy
-from fabric_lite.utilities import _resume
-from fabric_lite.utilities._resume import EpochStart
 from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
 from fabric_lite.utilities.data import SeedPerSample, _set_sampler_epoch, sized_len
 from fabric_lite.utilities.device_dtype_mixin import _DeviceDtypeModuleMixin

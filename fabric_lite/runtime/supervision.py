@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
@@ -35,8 +36,7 @@ def is_secondary(error: BaseException | str) -> bool:
         if dist_error is not None and isinstance(error, dist_error) and "timed out" in text.lower():
             return True
     else:
-        lines = [line for line in error.strip().splitlines() if line.strip()]
-        text = lines[-1] if lines else ""
+        text = _last_line(error)
     return any(marker in text for marker in _SECONDARY_MARKERS)
 
 
@@ -137,8 +137,31 @@ def how_it_ended(code: int) -> str:
     return f"killed by {name}" if name else f"exited with code {code}"
 
 
-def describe(exit: RankExit, *, rank0_finished: bool = False) -> str:
-    """The root cause in words, the same under every launcher."""
+_NO_ERROR_FILE = "<N/A>"  # torchrun's ProcessFailure.error_file where the rank wrote none
+
+
+def from_torchrun(failures: Mapping[int, Any]) -> RankExit | None:
+    """The root cause among the failures torchrun's agent reports (``ChildFailedError.failures``: global rank to
+    ``ProcessFailure``), by the same policy as fabric_lite's own launchers.
+
+    The agent names the first failure by its timestamp, which can be a rank that only lost its peer; here a primary
+    failure wins over a secondary one whatever their order. The error of a rank is its traceback where torch's
+    error recorder wrote one (``fabric-lite run`` runs the script inside it), else the agent's message.
+    """
+    verdict = RootCause(window=0.0)
+    for rank, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0])):
+        message = failure.message
+        if isinstance(message, dict):  # what torch's error recorder wrote: the exception and its traceback
+            error = message.get("extraInfo", {}).get("py_callstack") or message.get("message")
+        else:  # an error file's plain message, or the agent's own words where the rank wrote no file
+            error = message if failure.error_file != _NO_ERROR_FILE else None
+        verdict.saw(RankExit(rank, failure.exitcode, error or None, failure.local_rank, failure.pid))
+    return verdict.decide(waited=True)
+
+
+def describe(exit: RankExit, *, rank0_finished: bool = False, traceback: bool = True) -> str:
+    """The root cause in words, the same under every launcher (``traceback=False``: its last line only, where the
+    traceback was printed already)."""
     who = f"rank {exit.rank}"
     if exit.local_rank is not None or exit.pid is not None:
         who += f" ({', '.join(part for part in _where(exit))})"
@@ -152,13 +175,21 @@ def describe(exit: RankExit, *, rank0_finished: bool = False) -> str:
         return f"{who} was killed by {signal_name(exit.code) or f'signal {-exit.code}'}."
     if not exit.error:
         return f"{who} exited with code {exit.code} (its own output above says why)."
-    text = f"{who} failed with exit code {exit.code}. Its traceback:\n{exit.error.rstrip()}"
+    if traceback:
+        text = f"{who} failed with exit code {exit.code}. Its traceback:\n{exit.error.rstrip()}"
+    else:
+        text = f"{who} failed with exit code {exit.code}: {_last_line(exit.error)}"
     if exit.secondary and rank0_finished:
         text += (
             "\n(Rank 0 had already finished: the ranks did not run the same collectives. Check that every rank"
             " calls the same collectives, the same number of times.)"
         )
     return text
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _where(exit: RankExit) -> list[str]:

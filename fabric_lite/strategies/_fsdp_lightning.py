@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch.nn import Module
 
+from fabric_lite.runtime.checkpoint import folders
 from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
-from fabric_lite.utilities.checkpoint import folders
 
 
 class _FSDPBackwardSyncControl(_NestedSyncSwitch):

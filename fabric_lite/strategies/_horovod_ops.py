@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.ops import _MEAN
+from fabric_lite.runtime.collectives.ops import _MEAN
 from fabric_lite.utilities.types import ReduceOp as _ReduceOp
 
 # Horovod matches the processes' collectives by name; these run one at a time, so a fixed name per kind is unique

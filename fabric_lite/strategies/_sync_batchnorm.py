@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from fabric_lite.utilities._collectives.gather import _AllGatherGrad
+from fabric_lite.runtime.collectives.gather import _AllGatherGrad
 
 
 class CPUSyncBatchNorm(_BatchNorm):

@@ -26,10 +26,10 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSpeedPrecision
+from fabric_lite.runtime.checkpoint import deepspeed as _deepspeed_checkpoint
 from fabric_lite.strategies import _deepspeed_config, _deepspeed_runtime
 from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
-from fabric_lite.utilities.checkpoint import deepspeed as _deepspeed_checkpoint
 from fabric_lite.utilities.imports import import_deepspeed
 from fabric_lite.utilities.rank_zero import rank_zero_info
 from fabric_lite.utilities.types import _PATH

@@ -12,9 +12,9 @@ from typing_extensions import override
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.runtime.collectives import ops
 from fabric_lite.strategies._backward_sync import _SyncBlocker
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
-from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.apply_func import move_data_to_device
 from fabric_lite.utilities.exceptions import InvalidReduceOpError

@@ -24,10 +24,10 @@ from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironm
 from fabric_lite.plugins.environments.horovod import HorovodEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.runtime.collectives import ops
 from fabric_lite.strategies._backward_sync import _SyncBlocker
 from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
-from fabric_lite.utilities._collectives import ops
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.rank_zero import rank_zero_only

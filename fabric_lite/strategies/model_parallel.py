@@ -24,12 +24,12 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.precision import Precision
 from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
+from fabric_lite.runtime import collectives
+from fabric_lite.runtime.checkpoint import sharded
 from fabric_lite.strategies import _fsdp_setup, _model_parallel_ops
 from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
 from fabric_lite.strategies.parallel import ParallelStrategy, default_pg_timeout
 from fabric_lite.strategies.strategy import _set_gradient_sync, _Sharded
-from fabric_lite.utilities import _collectives
-from fabric_lite.utilities.checkpoint import sharded
 from fabric_lite.utilities.types import TBroadcast
 
 if TYPE_CHECKING:
@@ -366,7 +366,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
                 f" {dist.get_process_group_ranks(group)}). src is a global rank of the group."
             )
         try:
-            return _collectives.broadcast(obj, src, self._checked(group), self._comm_device())  # type: ignore[no-any-return]
+            return collectives.broadcast(obj, src, self._checked(group), self._comm_device())  # type: ignore[no-any-return]
         except RuntimeError as err:
             self._raise_if_timed_out(f"broadcast(src={src})", err)
             raise

@@ -19,14 +19,13 @@ from fabric_lite.accelerators import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment, LightningEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import Precision
-from fabric_lite.runtime import rendezvous
+from fabric_lite.runtime import collectives, rendezvous
+from fabric_lite.runtime.collectives.checked import call_key
 from fabric_lite.runtime.diagnostics import CollectiveTimeoutError as CollectiveTimeoutError  # re-exported: caught here
 from fabric_lite.runtime.diagnostics import RankDiagnostics, arm_nccl_flight_recorder
 from fabric_lite.runtime.diagnostics import trail as _trail
 from fabric_lite.runtime.run import RunContext
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
-from fabric_lite.utilities import _collectives
-from fabric_lite.utilities._collectives.checked import call_key
 from fabric_lite.utilities._tree import flatten, unflatten
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
@@ -56,7 +55,7 @@ class ParallelStrategy(Strategy):
     gloo would abort or return wrong data (the tensors of that call are then undefined). The check costs one small
     all-gather, which also carries payloads of up to 480 bytes; a call that every rank's history of agreed calls
     predicts (a training loop's, from its second round) costs nothing more than the backend's collective: see
-    ``fabric_lite.utilities._collectives.predicted``. With NCCL the checks travel on a gloo group beside it, built from
+    ``fabric_lite.runtime.collectives.predicted``. With NCCL the checks travel on a gloo group beside it, built from
     the tensors' metadata on the host, and ``barrier`` meets there too, so none of these makes the host wait for the
     GPU; the data stay on the device. With ``debug_collectives`` (set by
     ``Fabric(debug=True)`` or ``FABRIC_LITE_DEBUG=1``) ``broadcast``, ``barrier`` and ``reduce_boolean_decision``
@@ -104,7 +103,7 @@ class ParallelStrategy(Strategy):
         self._devices_fixed: tuple[torch.device, torch.device] | None = None  # (root device, comm device)
         # process group -> the state of its checked collectives (history, plans, check group), for as long as the
         # group lives: the key holds the group, so a group made later cannot take a held one's place
-        self._checked_groups: dict[Any, _collectives.CheckedGroup] = {}
+        self._checked_groups: dict[Any, collectives.CheckedGroup] = {}
         # the trail of collectives and the hang report, made with the process group
         self._diagnostics: RankDiagnostics | None = None
 
@@ -321,7 +320,7 @@ class ParallelStrategy(Strategy):
         atexit.register(self._destroy_process_group)
         if self.process_group_backend == "nccl":
             # the collectives' checks (and barriers) travel on the host: the GPU's stream never waits for them
-            world = _collectives.CheckedGroup(None, check_group=dist.new_group(backend="gloo"))
+            world = collectives.CheckedGroup(None, check_group=dist.new_group(backend="gloo"))
             self._checked_groups[world.group] = world
         # which ranks a timed-out collective waited for: asked of the rendezvous store
         self._open_diagnostics(store)
@@ -400,20 +399,20 @@ class ParallelStrategy(Strategy):
             self._devices_fixed = fixed = (root, comm)
         return fixed[1]
 
-    def _checked(self, group: Any | None) -> _collectives.CheckedGroup:
+    def _checked(self, group: Any | None) -> collectives.CheckedGroup:
         """The state of ``group``'s checked collectives (the default group's for ``None``), made at its first
         collective and dropped with the process group; its calls are predicted unless ``debug_collectives`` is set."""
         pg = group if group is not None else dist.group.WORLD
         checked = self._checked_groups.get(pg)
         if checked is None:
-            checked = self._checked_groups[pg] = _collectives.CheckedGroup(pg)
+            checked = self._checked_groups[pg] = collectives.CheckedGroup(pg)
             if self._diagnostics is not None and pg is not dist.group.WORLD:  # the world is the trail's group 0
                 self._diagnostics.register_group(checked, f"ranks {dist.get_process_group_ranks(pg)}")
         checked.predicting = not self.debug_collectives  # in debug mode every collective takes the fixed check
         return checked
 
     def _traced(
-        self, checked: _collectives.CheckedGroup, name: str, run: Callable[[], _T], describe: tuple[Any, ...]
+        self, checked: collectives.CheckedGroup, name: str, run: Callable[[], _T], describe: tuple[Any, ...]
     ) -> _T:
         """``run()``, a collective on ``checked``'s group, recorded in this rank's trail (``trail.describe(*describe)``
         says what it is); a timeout raises :class:`CollectiveTimeoutError` with the hang report."""
@@ -430,21 +429,21 @@ class ParallelStrategy(Strategy):
         overwritten with the reduced value and the input is returned. Non-tensor leaves are left as they are.
         Without a process group this returns the input unchanged.
         """
-        op = _collectives.resolve_reduce_op(reduce_op)
+        op = collectives.resolve_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
         checked = self._checked(group)
         tensors = [tensor] if isinstance(tensor, Tensor) else [x for x in flatten(tensor)[0] if isinstance(x, Tensor)]
         if checked.world_size == 1 or not tensors:  # over one rank every reduction is the identity
             return tensor
-        call = _collectives.reduce_call(op)
+        call = collectives.reduce_call(op)
         # the key that the checked core looks the call up by describes it in the trail too
         diagnostics = self._diagnostics
         key = call_key(call, tensors) if diagnostics is not None and diagnostics.trail is not None else None
         self._traced(
             checked,
             "all_reduce",
-            lambda: _collectives.all_reduce(tensors, op, checked, self._comm_device(), call, key),
+            lambda: collectives.all_reduce(tensors, op, checked, self._comm_device(), call, key),
             (call, tensors, key),
         )
         return tensor
@@ -471,7 +470,7 @@ class ParallelStrategy(Strategy):
         gathered = self._traced(
             checked,
             "all_gather",
-            lambda: _collectives.all_gather(tensors, checked, device, sync_grads),
+            lambda: collectives.all_gather(tensors, checked, device, sync_grads),
             ("all_gather", tensors),
         )
         if spec is None:
@@ -497,8 +496,8 @@ class ParallelStrategy(Strategy):
         def run() -> TBroadcast:
             device = self._comm_device()
             if self.debug_collectives:
-                _collectives.check_collective(call, [], None, device, checked.check_group)
-            result: TBroadcast = _collectives.broadcast(obj, src, checked, device)
+                collectives.check_collective(call, [], None, device, checked.check_group)
+            result: TBroadcast = collectives.broadcast(obj, src, checked, device)
             return result
 
         return self._traced(checked, call, run, (call, [obj] if isinstance(obj, Tensor) else ()))
@@ -513,7 +512,7 @@ class ParallelStrategy(Strategy):
         def run() -> None:
             host_group = checked.check_group
             if self.debug_collectives:
-                _collectives.check_collective("barrier", [], None, self._comm_device(), host_group)
+                collectives.check_collective("barrier", [], None, self._comm_device(), host_group)
             if host_group is not None:
                 dist.barrier(group=host_group)  # the processes meet on the host; the GPU's work goes on
             elif dist.get_backend() == "nccl" and self.root_device.type == "cuda":
@@ -533,8 +532,8 @@ class ParallelStrategy(Strategy):
 
         def run() -> bool:
             if self.debug_collectives:
-                _collectives.check_collective(call, [], None, self._comm_device(), checked.check_group)
-            return _collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
+                collectives.check_collective(call, [], None, self._comm_device(), checked.check_group)
+            return collectives.reduce_boolean_decision(decision, all, None, self._comm_device())
 
         return self._traced(checked, "reduce_boolean_decision", run, (call,))
 

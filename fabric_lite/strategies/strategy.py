@@ -20,13 +20,13 @@ from fabric_lite.plugins.io.async_io import AsyncCheckpointIO
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
 from fabric_lite.plugins.precision import Precision
+from fabric_lite.runtime.checkpoint import CheckpointError, folders, sharded
+from fabric_lite.runtime.checkpoint.entries import _apply_filter as _apply_filter  # Lightning's path
+from fabric_lite.runtime.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
 from fabric_lite.strategies import _fsdp_setup
 from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities._fs import _is_remote
 from fabric_lite.utilities.apply_func import move_data_to_device
-from fabric_lite.utilities.checkpoint import CheckpointError, folders, sharded
-from fabric_lite.utilities.checkpoint.entries import _apply_filter as _apply_filter  # Lightning's path
-from fabric_lite.utilities.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
 from fabric_lite.utilities.init import _EmptyInit
 from fabric_lite.utilities.types import _PATH, ReduceOp, TBroadcast, TReduce
 
@@ -746,7 +746,7 @@ class _Sharded(Strategy):
 
         ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
         with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
-        see :func:`fabric_lite.utilities.checkpoint.folders.publish_folder`), a full file uploaded whole.
+        see :func:`fabric_lite.runtime.checkpoint.folders.publish_folder`), a full file uploaded whole.
         ``storage_options`` go to the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes
         none.
 

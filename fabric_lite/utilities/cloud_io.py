@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from fabric_lite.runtime.checkpoint import _torch_load, atomic_save, safe_load
 from fabric_lite.utilities._fs import _OBJECT_STORES, _filesystem
 from fabric_lite.utilities._fs import _is_local_file_protocol as _is_local_file_protocol  # Lightning's name here
-from fabric_lite.utilities.checkpoint import _torch_load, atomic_save, safe_load
 from fabric_lite.utilities.types import _PATH
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ def _load(path_or_url: IO[bytes] | _PATH, map_location: Any = None, weights_only
 
     Unlike Lightning's, ``weights_only=None`` means ``True`` (fabric_lite never unpickles arbitrary objects unless
     told to: pass ``weights_only=False`` for a file you trust), and errors name the path
-    (:class:`~fabric_lite.utilities.checkpoint.CheckpointError`).
+    (:class:`~fabric_lite.runtime.checkpoint.CheckpointError`).
 
     Example::
 
@@ -70,7 +70,7 @@ def _load(path_or_url: IO[bytes] | _PATH, map_location: Any = None, weights_only
 
 def _atomic_save(checkpoint: dict[str, Any], filepath: _PATH) -> None:
     """Save ``checkpoint`` so that ``filepath`` is either the old file or the complete new one (Lightning Fabric's
-    private ``_atomic_save``; see :func:`~fabric_lite.utilities.checkpoint.atomic_save`)."""
+    private ``_atomic_save``; see :func:`~fabric_lite.runtime.checkpoint.atomic_save`)."""
     atomic_save(checkpoint, filepath)
 
 

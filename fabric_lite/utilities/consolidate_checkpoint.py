@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from fabric_lite._log import get_logger
-from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import deepspeed
-from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save
-from fabric_lite.utilities.checkpoint.folders import (
+from fabric_lite.runtime.checkpoint import deepspeed
+from fabric_lite.runtime.checkpoint.files import CheckpointError, atomic_save
+from fabric_lite.runtime.checkpoint.folders import (
     LIGHTNING_METADATA_FILE,
     check_sharded_checkpoint,
     is_sharded_checkpoint,
     read_entries,
 )
+from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.cloud_io import get_filesystem
 from fabric_lite.utilities.imports import _TORCH_GREATER_EQUAL_2_3
 from fabric_lite.utilities.types import _PATH
@@ -50,14 +50,14 @@ _DESCRIPTION = (
 def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
     """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``.
 
-    The file is written atomically (:func:`~fabric_lite.utilities.checkpoint.atomic_save`), with what torch's
+    The file is written atomically (:func:`~fabric_lite.runtime.checkpoint.atomic_save`), with what torch's
     ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` would write. Run it in one process: it reads
     every shard.
     A DeepSpeed checkpoint folder (``DeepSpeedStrategy``'s) becomes ``{model_key: float32 weights, **other entries}``
     through DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (no optimizer state; needs DeepSpeed).
 
     Either may be an fsspec URL (``s3://bucket/run/step-1000``): the folder is then read with torch's
-    ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.utilities.checkpoint`).
+    ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.runtime.checkpoint`).
 
     Returns:
         The path of the file written (a ``Path``; the URL string for a URL).

@@ -33,7 +33,7 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 from typing_extensions import Self
 
 from fabric_lite._log import get_logger
-from fabric_lite.utilities import _collectives
+from fabric_lite.runtime import collectives
 from fabric_lite.utilities._fs import _is_local_file_protocol, _local_path
 from fabric_lite.utilities.imports import _TORCH_GREATER_EQUAL_2_4
 from fabric_lite.utilities.types import _PATH, ReduceOp
@@ -72,7 +72,7 @@ def distributed_available() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-class AllGatherGrad(_collectives.gather._AllGatherGrad):
+class AllGatherGrad(collectives.gather._AllGatherGrad):
     """An all-gather that gradients flow back through: ``AllGatherGrad.apply(tensor, group=None)``.
 
     Forward: every rank gets a tensor of shape ``(world_size, *tensor.shape)`` holding every rank's ``tensor``.
@@ -110,7 +110,7 @@ def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_g
     if not distributed_available():
         return tensor
     # one small collective first, so that different shapes raise on every rank instead of crashing gloo
-    _collectives.check_collective("all_gather", [tensor], group, tensor.device)
+    collectives.check_collective("all_gather", [tensor], group, tensor.device)
     if sync_grads:
         return AllGatherGrad.apply(tensor, group)  # type: ignore[no-any-return,no-untyped-call]
     with torch.no_grad():
@@ -140,7 +140,7 @@ def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]
         raise TypeError(f"gather_all_tensors expects a tensor, got {type(result).__name__}: {result!r}.")
     if not distributed_available():
         return [result]
-    return _collectives.gather_uneven(result, group)
+    return collectives.gather_uneven(result, group)
 
 
 def _as_tensor(result: Any) -> Tensor:
@@ -180,9 +180,9 @@ def sync_ddp(result: Tensor | float, group: Any | None = None, reduce_op: str | 
         sync_ddp(t)                    # every rank: tensor(4.)
         sync_ddp(t, reduce_op="mean")  # every rank: tensor(2.)
     """
-    op = _collectives.resolve_reduce_op(reduce_op)
+    op = collectives.resolve_reduce_op(reduce_op)
     tensor = _as_tensor(result)
-    _collectives.all_reduce_([tensor], op, group, dist.get_backend(group))
+    collectives.all_reduce_([tensor], op, group, dist.get_backend(group))
     return tensor
 
 
@@ -196,7 +196,7 @@ def sync_ddp_if_available(
         loss_sum = sync_ddp_if_available(loss_sum, reduce_op="sum")  # the same code on one process or many
     """
     if not distributed_available():
-        _collectives.resolve_reduce_op(reduce_op)  # a wrong reduce_op fails on one process too
+        collectives.resolve_reduce_op(reduce_op)  # a wrong reduce_op fails on one process too
         return result
     return sync_ddp(result, group=group, reduce_op=reduce_op)
 

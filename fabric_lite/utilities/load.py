@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from fabric_lite.runtime.checkpoint import CheckpointError, _torch_load
 from fabric_lite.utilities.apply_func import apply_to_collection
-from fabric_lite.utilities.checkpoint import CheckpointError, _torch_load
 from fabric_lite.utilities.types import _PATH, _Stateful
 
 #: the file of a sharded checkpoint folder with the entries that are not tensors (Lightning's name)
@@ -157,7 +157,7 @@ def _load_distributed_checkpoint(checkpoint_folder: Path) -> dict[str, Any]:
 
         state = _load_distributed_checkpoint(Path("checkpoints/step-1000"))  # {"model": {...}, "step": 1000, ...}
     """
-    from fabric_lite.utilities.checkpoint.folders import check_sharded_checkpoint, read_entries
+    from fabric_lite.runtime.checkpoint.folders import check_sharded_checkpoint, read_entries
 
     folder = check_sharded_checkpoint(checkpoint_folder)
     checkpoint = read_entries(folder, None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.runtime.checkpoint import CheckpointError
 from fabric_lite.utilities.load import _lazy_load, _materialize_tensors, _NotYetLoadedTensor
 from tests.helpers.harness import base_env, lightning_python, run_python
 

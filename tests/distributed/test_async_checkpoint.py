@@ -190,7 +190,7 @@ def test_sigkill_during_the_write_keeps_the_previous_checkpoint(tmp_path, strate
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")) == [path.name]
     if strategy in SHARDED:
         # the next sharded save's temporary folder: the dead writer's is removed first
-        from fabric_lite.utilities.checkpoint.folders import make_temp_folder, remove
+        from fabric_lite.runtime.checkpoint.folders import make_temp_folder, remove
 
         remove(make_temp_folder(path))
         assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

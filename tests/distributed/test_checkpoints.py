@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from fabric_lite import Fabric
-from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save, safe_load
+from fabric_lite.runtime.checkpoint import CheckpointError, atomic_save, safe_load
 from tests.helpers.harness import per_rank
 
 
@@ -389,7 +389,7 @@ def test_interrupted_save_leaves_the_previous_checkpoint(tmp_path):
 
 _KILLED_WRITER = """
 import sys, torch
-from fabric_lite.utilities.checkpoint import atomic_save
+from fabric_lite.runtime.checkpoint import atomic_save
 state = {"weights": torch.ones(96 * 2**20), "step": 2}  # 384 MiB: the write takes long enough to be caught
 print("WRITING", flush=True)
 atomic_save(state, sys.argv[1])
@@ -526,7 +526,7 @@ def test_disk_full_leaves_the_previous_checkpoint(tmp_path, monkeypatch, where):
 _TINY_FS_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, torch
-    from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save
+    from fabric_lite.runtime.checkpoint import CheckpointError, atomic_save
     folder = sys.argv[1]
     path = os.path.join(folder, "ckpt.pt")
     atomic_save({"step": 1}, path)

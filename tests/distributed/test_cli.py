@@ -530,6 +530,9 @@ def test_failing_rank_ends_the_job_and_is_reported_as_the_root_cause() -> None:
     assert "rank      : 1 (local_rank: 1)" in report[1], done.output
     assert "RuntimeError: rank 1 fails on purpose at step 1" in report[1], done.output
     assert "fabric-lite run: the job failed." in done.stderr
+    # the same verdict, in the same words, as fabric_lite's own launchers give
+    expected = "fabric-lite run: root cause: rank 1 (local rank 1, pid "
+    assert expected in done.stderr and "failed with exit code 1: RuntimeError: rank 1 fails on purpose" in done.stderr
     assert "RESULT" not in done.stdout
 
 

@@ -24,6 +24,7 @@ from torch import nn
 from fabric_lite import Fabric
 from fabric_lite.plugins import CheckpointIO, FSDPPrecision, TorchCheckpointIO
 from fabric_lite.plugins.collectives import Collective, SingleDeviceCollective, TorchCollective
+from fabric_lite.runtime.checkpoint import CheckpointError
 from fabric_lite.strategies import (
     DataParallelStrategy,
     DDPStrategy,
@@ -32,7 +33,6 @@ from fabric_lite.strategies import (
     SingleDeviceStrategy,
     Strategy,
 )
-from fabric_lite.utilities.checkpoint import CheckpointError
 from tests.helpers.harness import base_env, lightning_python, run_python
 from tests.helpers.scripts.checkpoint_io_plugins import JsonCheckpointIO
 

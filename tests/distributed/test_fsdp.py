@@ -36,11 +36,11 @@ from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
 
 from fabric_lite import Fabric
 from fabric_lite.plugins.precision.fsdp import mixed_precision_policy
+from fabric_lite.runtime.checkpoint.folders import check_sharded_checkpoint
 from fabric_lite.strategies import FSDPStrategy
 from fabric_lite.strategies._fsdp_options import mesh_shape
 from fabric_lite.strategies._fsdp_setup import wrap_targets
 from fabric_lite.utilities import CheckpointError, consolidate_checkpoint
-from fabric_lite.utilities.checkpoint.folders import check_sharded_checkpoint
 from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
 from tests.helpers.harness import per_rank, run_job, run_python, spawn_job
 from tests.helpers.jobs.fsdp_jobs import Block, Net

@@ -19,8 +19,8 @@ from torch import nn
 from fabric_lite import Fabric
 from fabric_lite.loggers import CSVLogger
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
+from fabric_lite.runtime.checkpoint import CheckpointError
 from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import CheckpointError
 from fabric_lite.utilities.cloud_io import get_filesystem
 from tests.helpers.harness import REPO, base_env, spawn_job
 from tests.helpers.jobs import remote_jobs
@@ -383,7 +383,7 @@ def test_a_failed_copy_into_place_keeps_the_new_checkpoint_and_says_where(
     way leaves no folder that passes for a checkpoint, and the error names where the complete new one is."""
     import torch.distributed.checkpoint as dcp
 
-    from fabric_lite.utilities.checkpoint import folders as _dcp
+    from fabric_lite.runtime.checkpoint import folders as _dcp
 
     target = f"{memory_url}/ckpt"
     for step in (1, 2):
@@ -417,7 +417,7 @@ def test_a_failed_copy_into_place_keeps_the_new_checkpoint_and_says_where(
 
 
 def test_sharded_url_refusals(memory_url: str) -> None:
-    from fabric_lite.utilities.checkpoint import folders as _dcp
+    from fabric_lite.runtime.checkpoint import folders as _dcp
 
     fs = fsspec.filesystem("memory")
     fs.pipe_file(f"{memory_url[len('memory://') :]}/logs/notes.txt", b"keep me")

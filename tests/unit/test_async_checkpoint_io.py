@@ -15,8 +15,8 @@ from torch import nn
 from fabric_lite import Fabric
 from fabric_lite.plugins import AsyncCheckpointIO as FromPlugins
 from fabric_lite.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
-from fabric_lite.utilities.checkpoint import CheckpointError
-from fabric_lite.utilities.checkpoint._async import _BackgroundSave
+from fabric_lite.runtime.checkpoint import CheckpointError
+from fabric_lite.runtime.checkpoint._async import _BackgroundSave
 
 
 class SlowIO(TorchCheckpointIO):

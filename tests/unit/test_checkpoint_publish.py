@@ -1,6 +1,6 @@
 """Publishing a sharded checkpoint folder over the previous one leaves no moment without a complete checkpoint at
 the target: on Linux the two are exchanged in one step (``renameat2``), elsewhere the previous one is renamed
-aside first (``fabric_lite.utilities.checkpoint.folders.publish_folder``)."""
+aside first (``fabric_lite.runtime.checkpoint.folders.publish_folder``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fabric_lite.utilities.checkpoint import folders
+from fabric_lite.runtime.checkpoint import folders
 
 
 def _folder(path: Path, content: str) -> Path:

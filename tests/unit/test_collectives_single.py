@@ -3,7 +3,7 @@
 * one device: every collective is the identity (numbers are still converted to tensors), ``all_gather``
   adds no leading dimension (Lightning's documented behaviour), ``barrier`` does nothing;
 * several devices before ``launch()``: every collective raises ``RuntimeError`` saying to call ``launch()``;
-* :func:`fabric_lite.utilities._collectives.resolve_reduce_op`: every accepted spelling, and the rejections.
+* :func:`fabric_lite.runtime.collectives.resolve_reduce_op`: every accepted spelling, and the rejections.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from fabric_lite import Fabric
+from fabric_lite.runtime.collectives import resolve_reduce_op
 from fabric_lite.strategies import SingleDeviceStrategy
-from fabric_lite.utilities._collectives import resolve_reduce_op
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 
 ReduceOp = dist.ReduceOp

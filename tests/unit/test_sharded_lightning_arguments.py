@@ -36,6 +36,8 @@ from torch.distributed.fsdp.wrap import (
 
 from fabric_lite.plugins import FSDPPrecision
 from fabric_lite.plugins.io import TorchCheckpointIO
+from fabric_lite.runtime.checkpoint import sharded
+from fabric_lite.runtime.checkpoint.files import CheckpointError
 from fabric_lite.strategies import FSDPStrategy, ModelParallelStrategy
 from fabric_lite.strategies import model_parallel as model_parallel_module
 from fabric_lite.strategies._fsdp_options import FSDP1_ARGUMENTS, mesh_from_process_group
@@ -43,8 +45,6 @@ from fabric_lite.strategies._fsdp_setup import apply_activation_checkpointing, w
 from fabric_lite.strategies._model_parallel_ops import MeshSizeError, mesh_shape
 from fabric_lite.strategies.fsdp import _FSDPBackwardSyncControl, _is_sharded_checkpoint
 from fabric_lite.strategies.model_parallel import _load_raw_module_state, _ParallelBackwardSyncControl
-from fabric_lite.utilities.checkpoint import sharded
-from fabric_lite.utilities.checkpoint.files import CheckpointError
 from tests.helpers.jobs.fsdp_jobs import Block, Net
 
 

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from fabric_lite.runtime.supervision import RankExit, RootCause, describe, how_it_ended, is_secondary, signal_name
+from fabric_lite.runtime.supervision import (
+    RankExit,
+    RootCause,
+    describe,
+    from_torchrun,
+    how_it_ended,
+    is_secondary,
+    signal_name,
+)
 
 LOST_PEER = "Traceback (most recent call last):\n  ...\nRuntimeError: Connection closed by peer [127.0.0.1]:1234"
 RAISED = "Traceback (most recent call last):\n  ...\nValueError: boom on rank 1"
@@ -126,3 +137,38 @@ def test_a_lost_peer_after_rank_0_finished_names_the_mismatch() -> None:
 def test_signal_words() -> None:
     assert signal_name(-9) == "SIGKILL" and signal_name(1) is None and signal_name(-200) is None
     assert how_it_ended(-15) == "killed by SIGTERM" and how_it_ended(2) == "exited with code 2"
+
+
+def _torchrun_failure(tmp_path: Path, local_rank: int, code: int, error: str | None, timestamp: int) -> object:
+    """A ``ProcessFailure`` as torchrun's agent builds it, from an error file in the format torch's recorder writes."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = tmp_path / f"error-{local_rank}.json"
+    if error is not None:
+        last = error.strip().splitlines()[-1]
+        extra = {"py_callstack": error, "timestamp": str(timestamp)}
+        path.write_text(json.dumps({"message": {"message": last, "extraInfo": extra}}))
+    return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=code, error_file=str(path))
+
+
+def test_torchrun_failures_get_the_same_verdict_whatever_the_agent_saw_first(tmp_path: Path) -> None:
+    # the agent orders by timestamp: rank 0 lost its peer a second before rank 1's own error was recorded
+    failures = {
+        0: _torchrun_failure(tmp_path, 0, 1, LOST_PEER, timestamp=10),
+        1: _torchrun_failure(tmp_path, 1, 1, RAISED, timestamp=11),
+    }
+    cause = from_torchrun(failures)
+    assert cause == RankExit(rank=1, code=1, error=RAISED, local_rank=1, pid=1001)
+    assert describe(cause, traceback=False) == (
+        "rank 1 (local rank 1, pid 1001) failed with exit code 1: ValueError: boom on rank 1"
+    )
+
+
+def test_torchrun_failures_without_error_files(tmp_path: Path) -> None:
+    killed = {2: _torchrun_failure(tmp_path, 0, -9, None, timestamp=0)}
+    assert from_torchrun(killed) == RankExit(rank=2, code=-9, error=None, local_rank=0, pid=1000)
+    # a non-zero exit with no error file: the agent's own message is not a traceback of the rank's
+    exited = from_torchrun({1: _torchrun_failure(tmp_path, 1, 3, None, timestamp=0)})
+    assert exited is not None and exited.code == 3 and exited.rank == 1
+    assert describe(exited) == "rank 1 (local rank 1, pid 1001) exited with code 3 (its own output above says why)."
+    assert from_torchrun({}) is None

@@ -8,7 +8,7 @@ from typing_extensions import override
 
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
-from fabric_lite.utilities.checkpoint._async import _BackgroundSave
+from fabric_lite.runtime.checkpoint._async import _BackgroundSave
 from fabric_lite.utilities.types import _PATH
 
 
@@ -20,7 +20,7 @@ class AsyncCheckpointIO(CheckpointIO):
     * At most one save is in flight: the next ``fabric.save`` first waits for the previous write.
     * ``fabric.load``, the end of ``fabric.launch(fn)`` (and of a script), a failure in training and ``teardown``
       wait for the write in flight, so nothing reads or exits before the checkpoint is published.
-    * A failed write is never lost: it raises :class:`~fabric_lite.utilities.checkpoint.CheckpointError` (naming the
+    * A failed write is never lost: it raises :class:`~fabric_lite.runtime.checkpoint.CheckpointError` (naming the
       path) at the next save and at ``fabric.load`` on every rank, or at the end of ``launch``; at the end of a
       script it is printed and the process exits with code 1.
     * The copy is held between saves (one checkpoint's worth of host memory), and reused by the next save.

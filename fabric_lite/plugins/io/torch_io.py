@@ -9,8 +9,8 @@ from typing import Any
 from typing_extensions import override
 
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
+from fabric_lite.runtime.checkpoint import atomic_save, safe_load
 from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import atomic_save, safe_load
 from fabric_lite.utilities.types import _PATH
 
 
@@ -18,9 +18,9 @@ class TorchCheckpointIO(CheckpointIO):
     """Checkpoint files written with ``torch.save`` and read with ``torch.load``: what every strategy uses unless
     given another :class:`CheckpointIO`.
 
-    Writes are atomic (:func:`fabric_lite.utilities.checkpoint.atomic_save`: the file at ``path`` is either the
+    Writes are atomic (:func:`fabric_lite.runtime.checkpoint.atomic_save`: the file at ``path`` is either the
     previous checkpoint or the complete new one) and reads unpickle only tensors and plain values unless
-    ``weights_only=False`` is passed (:func:`fabric_lite.utilities.checkpoint.safe_load`).
+    ``weights_only=False`` is passed (:func:`fabric_lite.runtime.checkpoint.safe_load`).
 
     Example::
 

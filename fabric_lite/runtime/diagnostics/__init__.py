@@ -22,7 +22,7 @@ from fabric_lite.runtime.run import RunContext
 from fabric_lite.runtime.supervision import is_secondary
 
 if TYPE_CHECKING:
-    from fabric_lite.utilities._collectives import CheckedGroup
+    from fabric_lite.runtime.collectives import CheckedGroup
 
 log = get_logger(__name__)
 _T = TypeVar("_T")

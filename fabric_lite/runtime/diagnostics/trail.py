@@ -261,7 +261,7 @@ class Trail:
     def describe(self, call: str, tensors: Sequence[Any] = (), key: Any = None) -> int:
         """The descriptor id of ``call`` (e.g. ``"all_reduce(sum)"``) on ``tensors``: dtypes and shapes. ``key``: what
         identifies the call and its tensors' dtypes and shapes, where the caller has it (the checked collectives'
-        :func:`~fabric_lite.utilities._collectives.checked.call_key`), else worked out here."""
+        :func:`~fabric_lite.runtime.collectives.checked.call_key`), else worked out here."""
         if key is None:
             key = (call, *[(t.dtype, t.shape) for t in tensors])
         desc = self._descs.get(key)

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fabric_lite.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
-from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.runtime.checkpoint import CheckpointError
 from tests.helpers.jobs.checks import record
 
 SLOW_WRITE = 0.5  # seconds a slow write takes

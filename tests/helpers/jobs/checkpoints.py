@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.runtime.checkpoint import CheckpointError
 
 WRITE_DELAY = 0.5  # seconds rank 0 spends before writing: a rank that returned early would find no file
 

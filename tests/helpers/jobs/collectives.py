@@ -696,7 +696,7 @@ def property_cases(fabric: Any, seed: int, n_cases: int) -> list[dict[str, Any]]
 # ---------------------------------------------------------------------------------------------- predicted calls
 def predicted(fabric: Any) -> dict[str, Any]:
     """A training loop's collectives, repeated, then every way a predicted call can go wrong (see
-    ``fabric_lite.utilities._collectives.predicted``); every value is checked by the test against closed forms."""
+    ``fabric_lite.runtime.collectives.predicted``); every value is checked by the test against closed forms."""
     history = fabric.strategy._checked(None).history
     rank, world = fabric.global_rank, fabric.world_size
     obs: dict[str, Any] = {}

@@ -619,7 +619,7 @@ def sharded_on_url(fabric: Any, url: str, load_only: bool = False) -> dict[str, 
         }
 
     def consolidated() -> dict[str, Any]:
-        from fabric_lite.utilities.checkpoint import safe_load
+        from fabric_lite.runtime.checkpoint import safe_load
         from fabric_lite.utilities.consolidate import main
 
         if main([target, "--output_file", f"{url}/full.ckpt"]) != 0:

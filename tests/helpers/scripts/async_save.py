@@ -32,7 +32,7 @@ from torch import nn
 
 from fabric_lite import Fabric
 from fabric_lite.plugins.io import AsyncCheckpointIO
-from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.runtime.checkpoint import CheckpointError
 
 WRITE_SECONDS = 1.0
 SHARDED = ("fsdp", "model_parallel")

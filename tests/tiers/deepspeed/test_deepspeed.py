@@ -30,10 +30,10 @@ import torch
 from fabric_lite import Fabric
 from fabric_lite._plan import Machine, resolve_plan
 from fabric_lite.plugins.precision import DeepSpeedPrecision, DoublePrecision, HalfPrecision, MixedPrecision
+from fabric_lite.runtime.checkpoint import deepspeed as _deepspeed_checkpoint
 from fabric_lite.strategies import _deepspeed_config
 from fabric_lite.strategies.deepspeed import DeepSpeedStrategy
 from fabric_lite.strategies.registry import STRATEGY_REGISTRY
-from fabric_lite.utilities.checkpoint import deepspeed as _deepspeed_checkpoint
 from fabric_lite.utilities.imports import DEEPSPEED_INSTALL, import_deepspeed
 from tests.helpers.harness import REPO, Completed, base_env, optional_venv, per_rank, run_job, run_python
 

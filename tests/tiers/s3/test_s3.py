@@ -101,7 +101,7 @@ def test_failed_upload_keeps_previous_object_and_storage_options(s3: str) -> Non
     code = f"""
 import torch
 from fabric_lite.plugins.io.torch_io import TorchCheckpointIO
-from fabric_lite.utilities.checkpoint import CheckpointError
+from fabric_lite.runtime.checkpoint import CheckpointError
 from fabric_lite.utilities.cloud_io import get_filesystem
 io = TorchCheckpointIO()
 io.save_checkpoint({{"step": 1}}, {url!r}, storage_options={{"endpoint_url": {s3!r}}})
@@ -125,7 +125,7 @@ def test_upload_failing_after_its_first_part_keeps_previous_object(s3: str) -> N
     url = f"{folder}/big.ckpt"
     code = f"""
 import boto3, s3fs, torch
-from fabric_lite.utilities.checkpoint import CheckpointError, atomic_save
+from fabric_lite.runtime.checkpoint import CheckpointError, atomic_save
 from fabric_lite.utilities.cloud_io import get_filesystem
 
 # s3fs uploads in parts from 100 MiB (2 x its 50 MiB part): here parts of 5 MiB, S3's smallest, one at a time,
@@ -201,7 +201,7 @@ def test_csv_and_tensorboard_loggers_on_s3(s3: str, tmp_path: Path) -> None:
 def test_upload_time_of_10_mb(s3: str) -> None:
     code = f"""
 import time, torch
-from fabric_lite.utilities.checkpoint import atomic_save, safe_load
+from fabric_lite.runtime.checkpoint import atomic_save, safe_load
 state = {{"w": torch.randn(2_621_440)}}  # 10 MiB of float32
 url = "{_url()}/big.ckpt"
 atomic_save(state, url)  # the first request sets up the client
@@ -220,7 +220,7 @@ def test_consolidate_from_s3(s3: str) -> None:
     code = f"""
 import torch, torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-from fabric_lite.utilities.checkpoint import safe_load
+from fabric_lite.runtime.checkpoint import safe_load
 from fabric_lite.utilities.consolidate import main
 dcp.save({{"model": {{"w": torch.arange(6.0)}}, "step": 4}}, storage_writer=FsspecWriter("{url}/sharded"), no_dist=True)
 assert main(["{url}/sharded", "--output_file", "{url}/full.ckpt"]) == 0

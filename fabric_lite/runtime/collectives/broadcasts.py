@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.checked import GroupState
-from fabric_lite.utilities._collectives.ops import _DTYPE_CODE, _DTYPES, _MAX_HEADER_DIMS
+from fabric_lite.runtime.collectives.checked import GroupState
+from fabric_lite.runtime.collectives.ops import _DTYPE_CODE, _DTYPES, _MAX_HEADER_DIMS
 
 # broadcast's header, in int64 words: kind, dtype code, ndim, flags, payload bytes, then the shape; padded to
 # 16 words (128 bytes) so that the payload after it is aligned for every dtype

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.ops import _BOOL_OPS, _MEAN, ReduceOp
+from fabric_lite.runtime.collectives.ops import _BOOL_OPS, _MEAN, ReduceOp
 
 _POISON = {ReduceOp.SUM: math.nan, _MEAN: math.nan, ReduceOp.PRODUCT: math.nan, ReduceOp.MAX: math.inf}
 _POISON[ReduceOp.MIN] = -math.inf

@@ -6,7 +6,7 @@ the rank's signature (32 bytes: a digest of the call, its tensors' dtypes and sh
 its tensors. The size is the same on every rank whatever the tensors, so the exchange itself can never mismatch;
 small reductions and gathers are then complete in this one collective (latency dominates small messages: 512 bytes
 cost what 4 bytes cost), larger ones follow. With prediction off (debug mode) this is the whole story;
-:mod:`~fabric_lite.utilities._collectives.predicted` is an optional speed layer over it.
+:mod:`~fabric_lite.runtime.collectives.predicted` is an optional speed layer over it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.ops import (
+from fabric_lite.runtime.collectives.ops import (
     _DTYPE_CODE,
     _FUSED_OPS,
     _alias,
@@ -59,7 +59,7 @@ class GroupState:
     torch's ``ProcessGroupWrapper`` keeps its collective fingerprint check on an object around the process group,
     with a gloo group beside it; this is that shape, and each layer above the checked core adds its own state in a
     subclass (``broadcasts``: the predicted broadcasts; ``predicted``: the history of agreed calls and the cached
-    plans, in :class:`~fabric_lite.utilities._collectives.predicted.CheckedGroup`, the object the strategy holds). So
+    plans, in :class:`~fabric_lite.runtime.collectives.predicted.CheckedGroup`, the object the strategy holds). So
     nothing outlives the group or is shared between two ``Fabric`` objects.
 
     Args:

@@ -12,7 +12,7 @@ plus fabric_lite's index::
 
 The user's other entries travel as DeepSpeed's "client state" (in the model-states file rank 0 writes). An entry
 whose name DeepSpeed uses itself (``lr_scheduler``, ``global_steps``, ...) is stored under ``fabric_lite:<name>``,
-so that neither overwrites the other. Saving is atomic (:func:`~fabric_lite.utilities.checkpoint.folders.save_folder`).
+so that neither overwrites the other. Saving is atomic (:func:`~fabric_lite.runtime.checkpoint.folders.save_folder`).
 
 DeepSpeed is imported inside the functions, never at module level.
 """
@@ -28,15 +28,15 @@ from typing import Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.utilities._fs import _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import folders
-from fabric_lite.utilities.checkpoint.entries import (
+from fabric_lite.runtime.checkpoint import folders
+from fabric_lite.runtime.checkpoint.entries import (
     load_or_replace,
     missing_entries_error,
     restore_entries,
     to_state_dicts,
 )
-from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
+from fabric_lite.runtime.checkpoint.files import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities._fs import _is_remote, _local_path
 from fabric_lite.utilities.imports import import_deepspeed
 from fabric_lite.utilities.types import _PATH
 

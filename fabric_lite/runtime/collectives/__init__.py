@@ -19,11 +19,11 @@ of its checked collectives for as long as the group lives. The modules, each imp
   (debug mode).
 """
 
-from fabric_lite.utilities._collectives.broadcasts import broadcast
-from fabric_lite.utilities._collectives.checked import CollectiveMismatchError, check_collective
-from fabric_lite.utilities._collectives.gather import gather_uneven
-from fabric_lite.utilities._collectives.ops import all_reduce_, reduce_boolean_decision, reduce_call, resolve_reduce_op
-from fabric_lite.utilities._collectives.predicted import CheckedGroup, all_gather, all_reduce
+from fabric_lite.runtime.collectives.broadcasts import broadcast
+from fabric_lite.runtime.collectives.checked import CollectiveMismatchError, check_collective
+from fabric_lite.runtime.collectives.gather import gather_uneven
+from fabric_lite.runtime.collectives.ops import all_reduce_, reduce_boolean_decision, reduce_call, resolve_reduce_op
+from fabric_lite.runtime.collectives.predicted import CheckedGroup, all_gather, all_reduce
 
 __all__ = [
     "CheckedGroup",

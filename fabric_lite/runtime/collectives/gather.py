@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.checked import GroupState, _exchange, _grouped, _payload, check_collective
-from fabric_lite.utilities._collectives.ops import (
+from fabric_lite.runtime.collectives.checked import GroupState, _exchange, _grouped, _payload, check_collective
+from fabric_lite.runtime.collectives.ops import (
     _DTYPE_CODE,
     _DTYPES,
     _MAX_HEADER_DIMS,

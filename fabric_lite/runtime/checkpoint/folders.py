@@ -37,8 +37,7 @@ from typing import Any
 
 import torch
 
-from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint.files import (
+from fabric_lite.runtime.checkpoint.files import (
     CheckpointError,
     _file_mode,
     _first_line,
@@ -47,6 +46,7 @@ from fabric_lite.utilities.checkpoint.files import (
     _remove_stale_temps,
     safe_load,
 )
+from fabric_lite.utilities._fs import _filesystem, _is_object_store, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 #: the file DCP writes last, once every rank's shards are complete: a folder holding it is a sharded checkpoint

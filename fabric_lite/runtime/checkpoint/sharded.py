@@ -23,9 +23,8 @@ from typing import Any
 from torch.nn import Module
 from torch.optim import Optimizer
 
-from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
-from fabric_lite.utilities.checkpoint import folders
-from fabric_lite.utilities.checkpoint.entries import (
+from fabric_lite.runtime.checkpoint import folders
+from fabric_lite.runtime.checkpoint.entries import (
     PRECISION_KEY,
     check_missing,
     load_or_replace,
@@ -33,7 +32,8 @@ from fabric_lite.utilities.checkpoint.entries import (
     restore_entries,
     to_state_dicts,
 )
-from fabric_lite.utilities.checkpoint.files import CheckpointError, atomic_save, safe_load
+from fabric_lite.runtime.checkpoint.files import CheckpointError, atomic_save, safe_load
+from fabric_lite.utilities._fs import _filesystem, _is_remote, _local_path
 from fabric_lite.utilities.types import _PATH
 
 #: what every rank needs to take part in a save: ``(global_rank, world_size, broadcast)``, a strategy's
@@ -101,7 +101,7 @@ class Background:
     """How a sharding strategy saves in the background: ``io`` runs one write at a time and copies the state
     (:class:`~fabric_lite.plugins.io.AsyncCheckpointIO`); ``group`` is a gloo process group of the save's own, for
     DCP's collectives and the publish, never used by training; ``tag`` names this save's temporary folder, the same
-    on every rank (see :func:`~fabric_lite.utilities.checkpoint.folders.planned_temp_folder`)."""
+    on every rank (see :func:`~fabric_lite.runtime.checkpoint.folders.planned_temp_folder`)."""
 
     io: Any
     group: Any

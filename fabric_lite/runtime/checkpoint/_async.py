@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fabric_lite.utilities.checkpoint.files import CheckpointError
+from fabric_lite.runtime.checkpoint.files import CheckpointError
 
 #: how much lower than the training threads the writer runs (a thread is a task on Linux): on a small machine the
 #: training steps win the CPU and the write takes the idle time

@@ -5,7 +5,7 @@ A training loop calls the same collectives with the same shapes over and over. E
 the calls that every rank agreed on (it changes only after a call that succeeded, or failed, on every rank), so every
 rank predicts the same next call: the one that followed the previous call last time. When a prediction exists, every
 rank runs the predicted collective at once, with its own tensors if its call is the predicted one, and otherwise with
-a buffer of the predicted sizes marked as holding no real data (see :mod:`~fabric_lite.utilities._collectives.marks`).
+a buffer of the predicted sizes marked as holding no real data (see :mod:`~fabric_lite.runtime.collectives.marks`).
 So the sizes agree on every rank whatever each rank called (gloo aborts the process when they do not), and the probe
 says whether every rank took part with real data. If it did, the call cost exactly the backend's collective. If not,
 every rank falls back to the checked core's exchange of signatures, which either raises the mismatch on every rank
@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fabric_lite.utilities._collectives.broadcasts import BroadcastGroup
-from fabric_lite.utilities._collectives.checked import _exchange, _grouped, _signature, all_reduce_checked
-from fabric_lite.utilities._collectives.gather import _gather_after_check, _split_gathered, all_gather_checked
-from fabric_lite.utilities._collectives.marks import (
+from fabric_lite.runtime.collectives.broadcasts import BroadcastGroup
+from fabric_lite.runtime.collectives.checked import _exchange, _grouped, _signature, all_reduce_checked
+from fabric_lite.runtime.collectives.gather import _gather_after_check, _split_gathered, all_gather_checked
+from fabric_lite.runtime.collectives.marks import (
     _EXPONENT_BITS,
     _FLAGGED,
     _FLOATS,
@@ -40,7 +40,7 @@ from fabric_lite.utilities._collectives.marks import (
     _mark,
     _rows_start_clean,
 )
-from fabric_lite.utilities._collectives.ops import (
+from fabric_lite.runtime.collectives.ops import (
     _BOOL_OPS,
     _MEAN,
     ReduceOp,
@@ -129,8 +129,8 @@ class _History:
 class CheckedGroup(BroadcastGroup):
     """A process group and the state of its checked collectives: made by the strategy for each group it runs
     collectives on, and dropped with the group, so that no state outlives the group or is shared between strategies.
-    The checked core's state (:class:`~fabric_lite.utilities._collectives.checked.GroupState`) and the predicted
-    broadcasts' (:class:`~fabric_lite.utilities._collectives.broadcasts.BroadcastGroup`), with this layer's: the
+    The checked core's state (:class:`~fabric_lite.runtime.collectives.checked.GroupState`) and the predicted
+    broadcasts' (:class:`~fabric_lite.runtime.collectives.broadcasts.BroadcastGroup`), with this layer's: the
     history of agreed calls, the plans of the calls seen, and whether calls are predicted at all.
 
     Args:
@@ -138,7 +138,7 @@ class CheckedGroup(BroadcastGroup):
         predicting: whether checked calls may be predicted from the history of agreed calls (off in debug mode,
             where every collective takes the fixed exchange of signatures).
         check_group: a gloo group of the same ranks that carries the checks on the host, for NCCL (see
-            :class:`~fabric_lite.utilities._collectives.checked.GroupState`).
+            :class:`~fabric_lite.runtime.collectives.checked.GroupState`).
 
     Example::
 
