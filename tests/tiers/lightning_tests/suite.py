@@ -22,6 +22,7 @@ Run by hand (``--on fabric_lite`` is the default; test paths narrow the run)::
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -85,6 +86,9 @@ def prepare(folder: Path) -> Path:
         text = text.replace(line, tolerant)
     conftest.write_text(text)
     shutil.copy(Path(__file__).with_name("_outcomes_conftest.py"), suite / "conftest.py")
+    # its helper modules' bytecode, once: where PYTHONDONTWRITEBYTECODE is set, every process the suite starts would
+    # compile them again
+    compileall.compile_dir(suite, quiet=1, workers=0)
     return suite
 
 

@@ -21,6 +21,9 @@ from pathlib import Path
 from tests.helpers.harness import REPO, base_env, run_python
 
 VENV = REPO / ".venv-litgpt"
+#: what litgpt's own tests import besides litgpt's run-time dependencies (built by .ci/setup-litgpt); only their runs
+#: have it on the path, so that a ``litgpt`` command runs as after ``pip install litgpt``
+OWN_SITE = VENV / "own-tests-site"
 REFERENCE = Path(__file__).with_name("passing_on_lightning.txt")
 #: litgpt's own test files that drive Fabric (tests/generate/* is not in litgpt's source distribution; the session
 #: that added this tier ran it from litgpt's repository: 27 passed, 4 skipped and 1 xfailed on both libraries)
@@ -70,7 +73,9 @@ def run(python: str, impl: str, folder: Path, timeout: float = 1400) -> tuple[di
     args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=900", f"--junitxml={junit}"]
     args.append(f"--basetemp={folder / impl}")  # its tmp_path folders, inside ours
     args += [f"tests/{name}" for name in FILES]
-    done = run_python(args, env=env(impl), cwd=VENV / "litgpt-tests", python=python, timeout=timeout, nice=NICE)
+    variables = env(impl)
+    variables["PYTHONPATH"] = os.pathsep.join([str(OWN_SITE), variables["PYTHONPATH"]])  # transformers, einops
+    done = run_python(args, env=variables, cwd=VENV / "litgpt-tests", python=python, timeout=timeout, nice=NICE)
     if not junit.is_file():
         raise RuntimeError(f"litgpt's tests on {impl} wrote no report\n{done.output}")
     return outcomes(junit), done.output
