@@ -224,6 +224,61 @@ class _CommandParser(argparse.ArgumentParser):
         return [*ours, *script], script_args
 
 
+# fmt: off
+#: ``fabric-lite run``'s settings: each flag with what ``argparse`` takes for it
+_RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
+    ("--accelerator", {
+        "type": _one_of("--accelerator", _ACCELERATOR_CHOICES),
+        "metavar": "{" + ",".join(_ACCELERATOR_CHOICES) + "}",
+        "help": "the hardware to run on; 'auto' picks CUDA, then MPS, then the CPU (e.g. --accelerator cpu)."
+        " Default: what Fabric(accelerator=...) in the script says, else 'auto'.",
+    }),
+    ("--strategy", {
+        "type": _one_of("--strategy", CLI_STRATEGIES, _refused_strategy),
+        "metavar": "{" + ",".join(CLI_STRATEGIES) + "}",
+        "help": "how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
+        " script says, else 'auto' (ddp for several processes). Strategies that start their own processes"
+        " (ddp_spawn, ...) are set in the script's Fabric(...).",
+    }),
+    ("--devices", {
+        "default": "1",
+        "help": "devices per node, one process each: a count (on the CPU, the number of processes), -1 or 'auto'"
+        " for every GPU, or GPU indices such as 0,2 (e.g. --devices 2). Default: 1.",
+    }),
+    ("--num-nodes", {
+        "type": _int_at_least(1), "default": 1, "metavar": "N",
+        "help": "how many machines take part (e.g. --num-nodes 2); run the command on each. Default: 1.",
+    }),
+    ("--node-rank", {
+        "type": _int_at_least(0), "default": 0, "metavar": "RANK",
+        "help": "this machine's index, 0 .. N-1; node 0 hosts the rendezvous (e.g. --node-rank 1). Default: 0.",
+    }),
+    ("--main-address", {
+        "metavar": "ADDRESS",
+        "help": "address of node 0 that every node can reach (e.g. --main-address 10.0.0.1). Needed on every node"
+        " but node 0 with --num-nodes > 1. Default: 127.0.0.1 (node 0 hosts the rendezvous).",
+    }),
+    ("--main-port", {
+        "type": _int_at_least(1, 65535), "metavar": "PORT",
+        "help": "a free TCP port on node 0 for the rendezvous (e.g. --main-port 29500). Default: with several"
+        f" nodes {DEFAULT_MULTI_NODE_PORT}; on one node a free port that torchrun picks itself (no port clash).",
+    }),
+    ("--precision", {
+        "type": _one_of("--precision", CLI_PRECISIONS),
+        "metavar": "{" + ",".join(CLI_PRECISIONS) + "}",
+        "help": "numeric precision (e.g. --precision bf16-mixed). Default: what Fabric(precision=...) in the script"
+        " says, else '32-true'.",
+    }),
+    ("--max-restarts", {
+        "type": _int_at_least(0), "default": 0, "metavar": "N",
+        "help": "restart every process of this node up to N times after a failure; each restart runs the script"
+        " from the start (TORCHELASTIC_RESTART_COUNT tells which attempt), so it should resume from its last"
+        " checkpoint (e.g. --max-restarts 3). Default: 0.",
+    }),
+]
+# fmt: on
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fabric-lite``, with its ``run`` and ``consolidate`` commands.
 
@@ -253,70 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
-    run.add_argument(
-        "--accelerator",
-        type=_one_of("--accelerator", _ACCELERATOR_CHOICES),
-        metavar="{" + ",".join(_ACCELERATOR_CHOICES) + "}",
-        help="the hardware to run on; 'auto' picks CUDA, then MPS, then the CPU (e.g. --accelerator cpu)."
-        " Default: what Fabric(accelerator=...) in the script says, else 'auto'.",
-    )
-    run.add_argument(
-        "--strategy",
-        type=_one_of("--strategy", CLI_STRATEGIES, _refused_strategy),
-        metavar="{" + ",".join(CLI_STRATEGIES) + "}",
-        help="how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
-        " script says, else 'auto' (ddp for several processes). Strategies that start their own processes"
-        " (ddp_spawn, ...) are set in the script's Fabric(...).",
-    )
-    run.add_argument(
-        "--devices",
-        default="1",
-        help="devices per node, one process each: a count (on the CPU, the number of processes), -1 or 'auto' for"
-        " every GPU, or GPU indices such as 0,2 (e.g. --devices 2). Default: 1.",
-    )
-    run.add_argument(
-        "--num-nodes",
-        type=_int_at_least(1),
-        default=1,
-        metavar="N",
-        help="how many machines take part (e.g. --num-nodes 2); run the command on each. Default: 1.",
-    )
-    run.add_argument(
-        "--node-rank",
-        type=_int_at_least(0),
-        default=0,
-        metavar="RANK",
-        help="this machine's index, 0 .. N-1; node 0 hosts the rendezvous (e.g. --node-rank 1). Default: 0.",
-    )
-    run.add_argument(
-        "--main-address",
-        metavar="ADDRESS",
-        help="address of node 0 that every node can reach (e.g. --main-address 10.0.0.1). Needed on every node"
-        " but node 0 with --num-nodes > 1. Default: 127.0.0.1 (node 0 hosts the rendezvous).",
-    )
-    run.add_argument(
-        "--main-port",
-        type=_int_at_least(1, 65535),
-        metavar="PORT",
-        help="a free TCP port on node 0 for the rendezvous (e.g. --main-port 29500). Default: with several nodes"
-        f" {DEFAULT_MULTI_NODE_PORT}; on one node a free port that torchrun picks itself (no port clash).",
-    )
-    run.add_argument(
-        "--precision",
-        type=_one_of("--precision", CLI_PRECISIONS),
-        metavar="{" + ",".join(CLI_PRECISIONS) + "}",
-        help="numeric precision (e.g. --precision bf16-mixed). Default: what Fabric(precision=...) in the script"
-        " says, else '32-true'.",
-    )
-    run.add_argument(
-        "--max-restarts",
-        type=_int_at_least(0),
-        default=0,
-        metavar="N",
-        help="restart every process of this node up to N times after a failure; each restart runs the script from"
-        " the start (TORCHELASTIC_RESTART_COUNT tells which attempt), so it should resume from its last"
-        " checkpoint (e.g. --max-restarts 3). Default: 0.",
-    )
+    for flag, settings in _RUN_FLAGS:
+        run.add_argument(flag, **settings)
     # Lightning's spellings with underscores (its click options take both): the same settings, not listed twice
     for action in list(run._actions):
         for flag in action.option_strings:
