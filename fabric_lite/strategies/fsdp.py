@@ -41,12 +41,10 @@ _OWN_ARGUMENTS = ("module", "mesh", "reshard_after_forward", "mp_policy", "offlo
 class FSDPStrategy(_Sharded, ParallelStrategy):
     """Fully sharded data parallel with torch's ``fully_shard`` (FSDP2), on CUDA with NCCL or on the CPU with gloo.
 
-    Each rank holds 1/N of every sharded parameter, of its gradient and of the optimizer state. A unit's
-    parameters are all-gathered just before it computes and freed after (``reshard_after_forward``), and its
-    gradients are reduce-scattered in backward. Units come from ``auto_wrap_policy``; the whole model is always the
-    outermost unit. Create the optimizer after the module is set up, from the module's (now sharded) parameters, or
-    set both up together with ``fabric.setup(model, optimizer)``, which points an optimizer that has not stepped
-    yet at the sharded parameters::
+    Each rank holds 1/N of the parameters, gradients and optimizer state; a unit's parameters are all-gathered only
+    while it computes. The units are the submodules ``auto_wrap_policy`` picks, inside the whole model. Sharding
+    replaces the parameters, so create the optimizer after :meth:`setup_module`, or set both up with
+    ``fabric.setup(model, optimizer)``, which points an optimizer that has not stepped at the sharded parameters::
 
         fabric = Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)
         fabric.launch()
@@ -55,79 +53,37 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         model = fabric.setup_module(model)  # sharded, then each rank's shards allocated and initialised
         optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
 
-    ``fabric.init_module(empty_init=True)`` creates the parameters on the meta device; ``setup_module`` shards them
-    and initialises them one module at a time, on the CPU, with ``reset_parameters()`` (or ``param_init_fn``) in
-    construction order, so a model gets the same values as an eager construction with the same seed (a module with
-    neither is left uninitialised, with a warning, for a checkpoint loaded after setup to fill). Without
-    ``empty_init`` the model is built on the CPU and each rank moves only its shards to the device.
-
-    ``fabric.save`` writes a sharded checkpoint folder (every rank its shards, through
-    ``torch.distributed.checkpoint``) or, with ``state_dict_type="full"``, one file written by rank 0.
-    ``fabric.load`` reads either, at any world size. :func:`fabric_lite.utilities.consolidate_checkpoint` turns a
-    folder into a full file.
-
-    ``fabric.no_backward_sync(model)`` accumulates gradients locally, without the reduce-scatter, until a backward
-    outside the context (blocks nest). Memory trade-off: inside the context each rank keeps the *unsharded*
-    (full-size) gradient of every unit it runs backward through, so accumulating costs the full gradient memory that
-    sharding otherwise saves. When memory is the limit, synchronise every micro-batch instead (``enabled=False``: one
-    reduce-scatter per micro-batch, sharded gradients only).
+    A meta-device model is initialised at setup module by module with ``reset_parameters()`` (or
+    ``param_init_fn``), in construction order, so its values equal an eager construction's with the same seed.
+    ``fabric.save`` writes a sharded folder (or, with ``state_dict_type="full"``, one file from rank 0), and
+    ``fabric.load`` reads either at any world size. Inside ``fabric.no_backward_sync(model)`` every rank keeps
+    full-size gradients, which costs the memory sharding saves. More in the README's "Sharded training (FSDP)".
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision, process_group_backend, timeout: as for
             :class:`ParallelStrategy`.
-        cpu_offload: keep the sharded parameters, gradients and optimizer step on the CPU (``True``, a
-            ``CPUOffloadPolicy``, or FSDP1's ``CPUOffload(offload_params=True)``); units are copied to the device to
-            compute. ``None``/``False``: no offloading.
-        mixed_precision: a ``torch.distributed.fsdp.MixedPrecisionPolicy``. By default it follows
-            ``Fabric(precision=...)``: ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards and compute (and
-            all-gather, and reduce gradients) in bfloat16/float16, as Lightning's; ``"bf16-true"``/``"16-true"`` do
-            everything in the half type. FSDP1's ``MixedPrecision`` is accepted for Lightning compatibility and
-            mapped to a policy with its ``param_dtype`` and ``reduce_dtype``; its ``buffer_dtype``,
-            ``keep_low_precision_grads`` and ``_module_classes_to_ignore`` have no FSDP2 equivalent and are dropped
-            (with a warning when set).
-        auto_wrap_policy: which submodules become sharded units of their own: a set of layer classes
-            (``{Block}``), a function ``(module) -> bool``, a minimum number of parameters per unit (``1_000_000``),
-            or one of FSDP1's policies (a ``ModuleWrapPolicy``, or ``fn(module, recurse, nonwrapped_numel)`` such
-            as ``size_based_auto_wrap_policy``), which choose the units they choose under FSDP1. ``None``: only the
-            whole model (one all-gather of every parameter per forward).
-        activation_checkpointing: deprecated (as in Lightning): a layer class or a list of them, the same as
-            ``activation_checkpointing_policy={...}``; giving both is an error.
-        activation_checkpointing_policy: the layers whose activations are recomputed in backward instead of kept
-            (``{Block}``, or any form ``auto_wrap_policy`` takes): less memory for one more forward of those layers.
-        sharding_strategy: what is sharded, as in Lightning (any case, or FSDP1's ``ShardingStrategy``):
-
-            - ``"FULL_SHARD"``: parameters, gradients and optimizer state, over all ranks (default).
-            - ``"SHARD_GRAD_OP"``: the same shards, but a unit's gathered parameters are kept from forward to
-              backward (``reshard_after_forward=False``, ZeRO-2): one all-gather less per unit, more memory.
-            - ``"NO_SHARD"``: every rank holds everything (data parallel): a ``(world_size, 1)`` mesh
-              ``("replicate", "shard")``, gradients all-reduced.
-            - ``"HYBRID_SHARD"``: sharded within a group, replicated across groups (HSDP): a 2-D mesh
-              ``("replicate", "shard")`` of ``device_mesh`` or, by default, ``(num_nodes, devices per node)``.
-            - ``"_HYBRID_SHARD_ZERO2"``: ``HYBRID_SHARD`` that keeps gathered parameters until backward.
+        cpu_offload: keep the shards, gradients and optimizer step on the CPU: ``True``, a ``CPUOffloadPolicy``,
+            or FSDP1's ``CPUOffload``.
+        mixed_precision: a ``MixedPrecisionPolicy`` (FSDP1's ``MixedPrecision`` is mapped by its ``param_dtype``
+            and ``reduce_dtype``); by default the one ``Fabric(precision=...)`` implies.
+        auto_wrap_policy: the sharded units: a set of layer classes, ``fn(module) -> bool``, a minimum number of
+            parameters, or an FSDP1 policy. ``None``: the whole model is the only unit.
+        activation_checkpointing: deprecated, as in Lightning: ``activation_checkpointing_policy={...}``.
+        activation_checkpointing_policy: the layers recomputed in backward instead of keeping their activations,
+            in any form ``auto_wrap_policy`` takes.
+        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (keep gathered parameters until
+            backward), ``"NO_SHARD"`` (replicate), ``"HYBRID_SHARD"`` (shard within a node, replicate across nodes)
+            or ``"_HYBRID_SHARD_ZERO2"``, in any case, or FSDP1's ``ShardingStrategy``.
         state_dict_type: what ``fabric.save`` writes: ``"sharded"`` (a folder) or ``"full"`` (one file).
-        device_mesh: a tuple ``(replicate, shard)`` of sizes whose product is the world size, or a ``DeviceMesh``
-            (2-D for the hybrid strategies, 1-D for ``FULL_SHARD``/``SHARD_GRAD_OP``). The tuple is built into a
-            mesh by ``setup_environment``. Only with ``HYBRID_SHARD``/``_HYBRID_SHARD_ZERO2``, as in Lightning
-            (or a 1-D ``DeviceMesh``).
-        reshard_after_forward: free each unit's gathered parameters after its forward (``True``: least memory, one
-            more all-gather in backward) or keep them until backward (``False``). ``None``: what
-            ``sharding_strategy`` implies (for ``"FULL_SHARD"``, torch's default: ``True`` except for the root unit,
-            whose parameters backward needs first, as FSDP1 does). ``False`` turns ``"FULL_SHARD"`` into
-            ``"SHARD_GRAD_OP"``; ``True`` with ``"SHARD_GRAD_OP"``/``"_HYBRID_SHARD_ZERO2"``/``"NO_SHARD"`` is an
-            error.
-        param_init_fn: ``fn(module)`` initialising the parameters and buffers that ``module`` itself holds, for
-            models created with ``init_module(empty_init=True)`` whose modules have no ``reset_parameters()``.
-        start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
-            (``strategy="fsdp"``), ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
-        **kwargs: FSDP1's other arguments, which Lightning passes on (see :class:`~fabric_lite.strategies.
-            _fsdp_options.FSDP1Options`): ``process_group`` (a group, or a hybrid strategy's ``(shard, replicate)``
-            pair, made into the mesh), ``sync_module_states`` (start from rank 0's values), ``forward_prefetch``
-            (each unit prefetches the next one's all-gather), ``ignored_modules``/``ignored_states`` (left
-            unsharded), and, with no effect since FSDP2 has no such switch, ``limit_all_gathers``,
-            ``use_orig_params`` (FSDP2 keeps the original parameters always; ``False``, FSDP1's flat parameters,
-            refuses ``fabric.setup(model, optimizer)`` as Lightning does) and ``backward_prefetch`` (FSDP2 always
-            prefetches as ``BACKWARD_PRE``). Anything else is passed to
-            ``torch.distributed.fsdp.fully_shard`` (e.g. ``shard_placement_fn``).
+        device_mesh: a ``(replicate, shard)`` tuple of sizes whose product is the world size, or a 2-D
+            ``DeviceMesh``, for the hybrid strategies; a 1-D ``DeviceMesh`` for ``FULL_SHARD``/``SHARD_GRAD_OP``.
+        reshard_after_forward: free a unit's gathered parameters after its forward (``True``) or keep them until
+            backward (``False``); ``None``: what ``sharding_strategy`` implies.
+        param_init_fn: ``fn(module)`` that initialises the tensors ``module`` itself holds, for meta-device modules
+            without ``reset_parameters()``.
+        start_method: ``"popen"`` re-runs the script; ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
+        **kwargs: FSDP1's arguments, which Lightning passes on (see
+            :class:`~fabric_lite.strategies._fsdp_options.FSDP1Options`), and any other ``fully_shard`` argument.
 
     Raises:
         ValueError, TypeError: an argument that is not accepted; the message names it and the choices.
@@ -283,16 +239,15 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
     @property
     def mixed_precision_config(self) -> MixedPrecisionPolicy | FSDP1MixedPrecision:
-        """Lightning's name: the ``mixed_precision`` argument as given (FSDP1's ``MixedPrecision`` stays one), or
-        else the precision plugin's :attr:`FSDPPrecision.mixed_precision_config`. What ``fully_shard`` gets is
-        :attr:`mixed_precision`."""
+        """The ``mixed_precision`` argument as given, or else the plugin's
+        :attr:`FSDPPrecision.mixed_precision_config`, as in Lightning; ``fully_shard`` gets :attr:`mixed_precision`."""
         given = self._mixed_precision_argument
         return given if given is not None else self.precision.mixed_precision_config
 
     @property
     def cpu_offload(self) -> CPUOffload | CPUOffloadPolicy | bool:
-        """Whether the shards live on the CPU, as Lightning shows it: FSDP1's ``CPUOffload(offload_params=...)``,
-        or the ``CPUOffloadPolicy`` given (``True``/``False`` where torch no longer has FSDP1's class)."""
+        """Whether the shards live on the CPU: the ``CPUOffloadPolicy`` given, or else FSDP1's
+        ``CPUOffload(offload_params=...)`` as in Lightning (a bool where torch has no FSDP1)."""
         if not isinstance(self._cpu_offload, bool):
             return self._cpu_offload
         fsdp1 = _fsdp_options._fsdp1_class("CPUOffload")
@@ -300,9 +255,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
     @property
     def sharding_strategy(self) -> ShardingStrategy | str:
-        """How parameters are spread, as Lightning shows it: FSDP1's ``ShardingStrategy`` member (``FULL_SHARD``,
-        ``SHARD_GRAD_OP``, ``NO_SHARD``, ``HYBRID_SHARD`` or ``_HYBRID_SHARD_ZERO2``; see the class docstring), or
-        its name where torch no longer has FSDP1's enum."""
+        """The ``sharding_strategy`` as FSDP1's ``ShardingStrategy`` member, as in Lightning (its name where torch
+        has no FSDP1)."""
         fsdp1 = _fsdp_options._fsdp1_class("ShardingStrategy")
         return fsdp1[self._sharding_strategy] if fsdp1 is not None else self._sharding_strategy
 
@@ -367,8 +321,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     # ------------------------------------------------------------------ modules and optimizers
     @override
     def setup_module(self, module: Module) -> Module:
-        """Shard ``module`` in place with ``fully_shard``: the units chosen by ``auto_wrap_policy`` first, then the
-        whole module. A module created on the meta device is then materialised (see the class docstring).
+        """Shard ``module`` in place with ``fully_shard`` (the ``auto_wrap_policy`` units, then the whole module) and
+        materialise it if it is on the meta device.
 
         Raises:
             RuntimeError: the module holds meta-device and real tensors at once.
@@ -416,12 +370,12 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """Shard the module (:meth:`setup_module`), then point each optimizer at the sharded parameters that replaced
-        its own, by name (``fabric.setup(model, optimizer)``); the optimizer must not have stepped yet.
+        """Shard the module (:meth:`setup_module`), then point each optimizer, by name, at the sharded parameters
+        that replaced its own; an optimizer must not have stepped yet.
 
         Raises:
-            ValueError: ``use_orig_params=False`` was given (FSDP1's flat parameters, which no optimizer created
-                before could update; Lightning refuses it the same way), or an optimizer already holds state.
+            ValueError: ``use_orig_params=False`` was given (FSDP1's flat parameters, refused as in Lightning), or an
+                optimizer already holds state.
         """
         if self._fsdp_kwargs.get("use_orig_params") is False:
             raise ValueError(
@@ -439,9 +393,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         return module
 
     def _use_sharded_grad_scaler(self) -> None:
-        """With ``"16-mixed"``, every rank must agree on skipping a step: a shard's inf/NaN is only seen by the rank
-        that holds it. torch's ``ShardedGradScaler`` all-reduces that finding; it replaces a plain ``GradScaler``
-        given to :class:`FSDPPrecision`, with the same settings and state."""
+        """Replace the plugin's plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings and state: only the
+        rank holding a shard sees its inf/NaN, and every rank must skip the same step."""
         precision = self.precision
         plain = precision.scaler
         if type(plain) is not torch.amp.GradScaler:
@@ -480,8 +433,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
-        """Clip by the total norm over *all* shards (every rank computes and applies the same norm); returns it
-        before clipping, as a plain tensor that is the same on every rank.
+        """Clip by the total norm over all shards; returns that norm, before clipping, as a plain tensor equal on
+        every rank.
 
         Raises:
             TypeError: ``module`` is not sharded (not set up by ``fabric.setup_module``).
