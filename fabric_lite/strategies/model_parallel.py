@@ -47,14 +47,12 @@ _ALL = "data_parallel_tensor_parallel"
 
 
 class ModelParallelStrategy(_Sharded, ParallelStrategy):
-    """Tensor, sequence and sharded data parallelism together, on a ``DeviceMesh`` (Lightning Fabric's
-    ``ModelParallelStrategy``, plus HSDP).
+    """Tensor, sequence and sharded data parallelism together on a ``DeviceMesh``, as Lightning's, plus HSDP.
 
-    ``fabric.launch()`` builds a mesh ``("data_parallel", "tensor_parallel")`` of ``data_parallel_size x
-    tensor_parallel_size`` ranks (tensor-parallel groups are consecutive ranks, so that they share a node), and
-    ``fabric.setup_module(model)`` hands the model and the mesh to ``parallelize_fn``, which applies
-    ``parallelize_module`` on ``device_mesh["tensor_parallel"]`` and ``fully_shard`` on
-    ``device_mesh["data_parallel"]`` as it likes, and returns the model::
+    ``fabric.launch()`` builds a ``("data_parallel", "tensor_parallel")`` mesh (tensor-parallel groups are
+    consecutive ranks, so that they share a node), and ``fabric.setup_module(model)`` passes the model and the mesh
+    to ``parallelize_fn``, which applies ``parallelize_module`` and ``fully_shard`` as it likes and returns the
+    model (:mod:`fabric_lite.strategies.parallelize` writes one for a standard transformer)::
 
         def parallelize(model, device_mesh):
             tp, dp = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
@@ -70,52 +68,26 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         model = fabric.setup_module(model)  # parallelised, then each rank's shards allocated and initialised
         optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
 
-    :mod:`fabric_lite.strategies.parallelize` writes that function for a standard transformer.
-
-    * **Data.** ``setup_dataloaders`` gives every rank of a tensor-parallel group the same batches: the sampler's
-      replicas and rank come from the data-parallel dimension.
-    * **Meta-device init.** A model created under ``fabric.init_module(empty_init=True)`` is materialised after
-      ``parallelize_fn``, one module at a time, with each module's ``reset_parameters()``: each rank copies its own
-      shard of the full initial value, so the values equal an eager construction's with the same seed, whatever
-      the mesh. A module holding tensors without ``reset_parameters()`` is left uninitialised, with Lightning's
-      warning (load a checkpoint into it after setup).
-    * **Collectives** run over the whole world; ``all_reduce``, ``all_gather``, ``broadcast`` and ``barrier`` take
-      ``group=`` a sub-mesh's group (``strategy.device_mesh["data_parallel"].get_group()``).
-    * **Gradients.** ``clip_gradients`` takes the total norm over every gradient, DTensors of any mesh and plain
-      tensors alike; ``no_backward_sync`` skips FSDP2's reduce-scatter (tensor-parallel collectives are part of
-      the computation and always run); it can be nested.
-    * **Optimizers.** torch's foreach and fused kernels cannot take DTensor and plain tensor parameters in one
-      group (a tensor-parallel model without sequence parallelism keeps its norms plain): ``setup_optimizers`` sets
-      ``foreach=None`` to ``False`` for such a group and refuses ``foreach=True`` or ``fused=True`` there.
-    * **Precision**: ``"32-true"``, ``"bf16-mixed"`` (autocast; pass :attr:`mixed_precision_policy` to
-      ``fully_shard`` so that FSDP2 also all-gathers and reduces gradients in bfloat16), ``"bf16-true"``,
-      ``"16-true"``.
-    * **Checkpoints.** ``fabric.save`` writes a ``torch.distributed.checkpoint`` folder (every rank its shards,
-      written beside the target and swapped in) or, with ``save_distributed_checkpoint=False``, one file gathered
-      on rank 0. ``fabric.load`` reads either into any mesh shape, or into a plain module.
-    * **Compiled models**: ``fabric.setup(torch.compile(model))`` compiles each ``fully_shard`` unit on its own
-      (compiling a whole tensor + data parallel model fails in torch: "Mixing fake modes NYI"); a model without
-      units (tensor parallel alone) is compiled whole.
+    The ranks of a tensor-parallel group get the same batches. A meta-device model is initialised as under
+    :class:`FSDPStrategy`, so its values do not depend on the mesh. Collectives take ``group=`` a sub-mesh's group.
+    Precisions: ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"16-true"``. More in the README's "N-D
+    parallelism".
 
     Args:
         parallelize_fn: ``fn(module, device_mesh) -> module`` applying the parallelisms.
-        data_parallel_size: ranks in a data-parallel group (sharded, or replicated groups of shards); ``"auto"``:
-            the number of nodes (or what is left by ``tensor_parallel_size``).
-        tensor_parallel_size: ranks in a tensor-parallel group; ``"auto"``: the devices of one node (or what is
-            left by ``data_parallel_size``).
-        save_distributed_checkpoint: ``True``: a folder of shards; ``False``: one full file.
+        data_parallel_size: ranks in a data-parallel group; ``"auto"``: the number of nodes, or what
+            ``tensor_parallel_size`` leaves.
+        tensor_parallel_size: ranks in a tensor-parallel group; ``"auto"``: the devices of one node, or what
+            ``data_parallel_size`` leaves.
+        save_distributed_checkpoint: ``True``: ``fabric.save`` writes a folder of shards; ``False``: one full file.
         process_group_backend, timeout: as for :class:`ParallelStrategy`.
-        data_parallel_replicate_size: HSDP: the data-parallel ranks form this many replicated groups of
-            ``data_parallel_size / data_parallel_replicate_size`` shards each. The mesh then has the dimensions
-            ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")``, and ``"data_parallel"`` is
-            the flattened pair. Pass ``device_mesh["data_parallel_replicate", "data_parallel_shard"]`` to
-            ``fully_shard`` for HSDP.
-        start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script,
-            ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
+        data_parallel_replicate_size: HSDP: split the data-parallel ranks into this many replicated groups of
+            shards; the mesh becomes ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")``.
+        start_method: ``"popen"`` re-runs the script; ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
 
     Raises:
         TypeError, ValueError: an argument that is not accepted; the message names it and the choices. Sizes
-            that do not multiply to the world size raise ``ValueError`` at ``Fabric(...)``, naming every number.
+            that do not multiply to the world size raise ``ValueError`` at ``Fabric(...)``.
     """
 
     def __init__(
@@ -251,9 +223,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
-        """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, to pass to ``fully_shard`` in
-        ``parallelize_fn`` (``bf16-mixed``: all-gather, compute and reduce gradients in bfloat16, over float32
-        shards; build your own ``MixedPrecisionPolicy(reduce_dtype=torch.float32, ...)`` to reduce in float32)."""
+        """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, for ``fully_shard`` in ``parallelize_fn``:
+        with ``"bf16-mixed"`` FSDP2 then also all-gathers and reduces gradients in bfloat16."""
         return mixed_precision_policy(self.precision.precision)
 
     @property
@@ -311,9 +282,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @override
     def _prepare_optimizer(self, optimizer: Optimizer) -> None:
-        """Turn ``foreach`` off (where it is ``None``) for every parameter group that mixes DTensor and plain tensor
-        parameters, which torch's foreach kernels cannot combine (on the CPU, ``None`` means off anyway; on CUDA it
-        would pick them). Runs for :meth:`setup_optimizer` and ``fabric.setup(model, optimizer)``.
+        """Turn ``foreach=None`` into ``False`` for every parameter group that mixes DTensor and plain tensor
+        parameters, which torch's foreach kernels cannot combine.
 
         Raises:
             ValueError: a group that mixes DTensor and plain tensor parameters asks for ``foreach=True`` or
@@ -334,9 +304,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     ) -> Tensor:
         """Clip by the total norm over every gradient (the same on every rank); returns it before clipping.
 
-        ``torch.nn.utils.clip_grad_norm_`` cannot mix plain tensors with DTensors, or DTensors of different meshes
-        (a tensor-parallel model without sequence parallelism keeps its norms' weights as plain tensors): the norm is
-        taken per group of like gradients, each made whole, and combined.
+        The norm is taken per group of like gradients and combined, because ``clip_grad_norm_`` cannot mix plain
+        tensors with DTensors, or DTensors of different meshes.
         """
         precision = self.precision
         precision.unscale_gradients(optimizer)
