@@ -41,7 +41,7 @@ class ParallelStrategy(Strategy):
     """One process per device, joined in a ``torch.distributed`` process group.
 
     Collectives run over that group (gloo on the CPU, NCCL on CUDA, unless ``process_group_backend`` says
-    otherwise). Collections of tensors are reduced and gathered through one flat buffer per dtype and device.
+    otherwise).
 
     Args:
         accelerator, checkpoint_io, precision: as for :class:`Strategy`.
@@ -50,17 +50,12 @@ class ParallelStrategy(Strategy):
         process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
         timeout: how long collectives and the rendezvous wait for the other processes before raising.
 
-    ``all_reduce`` and ``all_gather`` always check that every rank passes tensors of the same shapes and dtypes (and
-    the same reduce op): a mismatch raises :class:`CollectiveMismatchError` on every rank with a per-rank table, where
-    gloo would abort or return wrong data (the tensors of that call are then undefined). The check costs one small
-    all-gather, which also carries payloads of up to 480 bytes; a call that every rank's history of agreed calls
-    predicts (a training loop's, from its second round) costs nothing more than the backend's collective: see
-    ``fabric_lite.runtime.collectives.predicted``. With NCCL the checks travel on a gloo group beside it, built from
-    the tensors' metadata on the host, and ``barrier`` meets there too, so none of these makes the host wait for the
-    GPU; the data stay on the device. With ``debug_collectives`` (set by
-    ``Fabric(debug=True)`` or ``FABRIC_LITE_DEBUG=1``) ``broadcast``, ``barrier`` and ``reduce_boolean_decision``
-    are checked too, so ranks that call different collectives at the same point are named at once instead of
-    timing out (and no call is predicted).
+    ``all_reduce`` and ``all_gather`` check that every rank passes tensors of the same shapes and dtypes (and the
+    same reduce op), and raise :class:`CollectiveMismatchError` on every rank with a per-rank table (that call's
+    tensors are then undefined) where gloo would abort or return wrong data; a call that repeats the agreed history
+    (a training loop's) costs no extra collective. With ``debug_collectives`` (``Fabric(debug=True)`` or
+    ``FABRIC_LITE_DEBUG=1``) every collective is checked, so ranks calling different collectives fail at once
+    instead of timing out (docs/troubleshooting.md, "A job hangs").
 
     Example::
 
@@ -423,12 +418,8 @@ class ParallelStrategy(Strategy):
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
-        """Reduce ``tensor`` (or every tensor in a collection) across processes, **in place**.
-
-        Every process must call it with tensors of the same shapes and dtypes, in the same order. Each tensor is
-        overwritten with the reduced value and the input is returned. Non-tensor leaves are left as they are.
-        Without a process group this returns the input unchanged.
-        """
+        """Reduce ``tensor`` (or every tensor in a collection) across processes, **in place** (see
+        ``Fabric.all_reduce``); the input comes back unchanged without a process group."""
         op = collectives.resolve_reduce_op(reduce_op)
         if not dist.is_initialized():
             return tensor
@@ -451,13 +442,9 @@ class ParallelStrategy(Strategy):
     @override
     @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        """Gather ``tensor`` (or every tensor in a collection) from every process, as new tensors.
-
-        Each result has shape ``(world_size, *shape)``; with a world size of 1 the input is returned unchanged, as
-        Lightning Fabric documents. Shapes and dtypes must match across processes, otherwise every process raises
-        ``ValueError`` with a per-rank table. With ``sync_grads=True`` the result is differentiable and each
-        process's tensor receives the sum, over processes, of the gradients of its slice.
-        """
+        """Gather ``tensor`` (or every tensor in a collection) from every process, as new tensors (see
+        ``Fabric.all_gather``); shapes or dtypes that differ across processes raise :class:`CollectiveMismatchError`
+        (a ``ValueError``) on every process."""
         if not dist.is_initialized():
             return tensor
         checked = self._checked(group)
@@ -481,11 +468,8 @@ class ParallelStrategy(Strategy):
 
     @override
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        """Send ``obj`` from global rank ``src`` to every process and return it on every process.
-
-        Tensors are sent as tensors and arrive on each process's device; other objects are pickled. On ``src`` the
-        object itself is returned. Every process must call it.
-        """
+        """Send ``obj`` from global rank ``src`` to every process and return it there (see ``Fabric.broadcast``).
+        Every process must call it."""
         if type(src) is not int or not 0 <= src < max(self.world_size, 1):
             raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
         if not dist.is_initialized():
