@@ -730,25 +730,15 @@ class _Sharded(Strategy):
         storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
-        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file. Every rank must call it.
+        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file gathered on rank 0 (its
+        optimizer state keyed by parameter name). Every rank must call it.
 
-        * ``"sharded"``: every rank writes its own shards into a temporary folder beside ``path``, DCP writes the
-          ``.metadata`` file last, and rank 0 then swaps the folder into place, so ``path`` is always either the
-          previous checkpoint or the complete new one. A previous checkpoint (folder or file) at ``path`` is
-          replaced; any other folder there is refused. On several nodes, ``path`` must be on a shared filesystem.
-        * ``"full"``: the state is gathered on rank 0 (on the CPU) and written atomically as one file, in the same
-          layout as the other strategies' checkpoints, except that optimizer state is keyed by parameter name.
-
-        Every rank returns once the checkpoint is complete, and raises :class:`CheckpointError` if any rank failed.
-        With ``Fabric(plugins=[AsyncCheckpointIO()])`` every rank returns once the state is copied; the folder is
-        written with DCP's ``async_save`` and published in the background (on a gloo process group of its own), and
-        a failure raises at the next save or load on every rank.
-
-        ``path`` may be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``): the folder is then written
-        with DCP's ``FsspecWriter`` and copied into place with its ``.metadata`` last (object stores cannot rename;
-        see :func:`fabric_lite.runtime.checkpoint.folders.publish_folder`), a full file uploaded whole.
-        ``storage_options`` go to the URL's fsspec filesystem (e.g. ``{"endpoint_url": ...}``); a local path takes
-        none.
+        The folder is written beside ``path`` and swapped into place once complete, so ``path`` always holds either
+        the previous checkpoint or the whole new one; a previous checkpoint there is replaced, any other folder
+        refused. On several nodes ``path`` must be on a shared filesystem. Every rank returns once the checkpoint is
+        complete, and raises :class:`CheckpointError` if any rank failed; with ``AsyncCheckpointIO()`` ranks return
+        once the state is copied, and a failure raises at the next save or load. ``path`` may be an fsspec URL,
+        whose filesystem gets ``storage_options`` (a local path takes none).
 
         Example::
 
@@ -797,15 +787,12 @@ class _Sharded(Strategy):
         strict: bool = True,
         weights_only: bool | None = True,
     ) -> dict[str, Any]:
-        """Restore ``state`` in place from a sharded folder or a full file, whatever the world size it was saved
-        with, and return what was not restored. Every rank must call it.
+        """Restore ``state`` in place from a sharded folder or a full file, at any world size, and return what was not
+        restored. Every rank must call it.
 
-        The rules are those of :meth:`Strategy.load_checkpoint` (``strict`` raises ``KeyError`` naming the keys the
-        checkpoint lacks; plain values are written back into ``state``), with one difference for sharded folders:
-        the returned remainder holds their entries that are neither modules nor optimizers (a module's or
-        optimizer's state is only loaded into a module or optimizer; ``state=None`` returns everything, whole).
-        A full file may come from any strategy (a DDP checkpoint loads into a sharded model); its optimizer state
-        may be keyed by parameter name or by position. Sharded folders are always read with ``weights_only=True``.
+        As for :meth:`Strategy.load_checkpoint`, except that a sharded folder's module and optimizer entries are only
+        loaded into modules and optimizers, never returned (``state=None`` returns everything). A full file may come
+        from any strategy. Sharded folders are always read with ``weights_only=True``.
 
         Raises:
             CheckpointError: ``path`` is a folder but no sharded checkpoint, one file of a sharded checkpoint, or
