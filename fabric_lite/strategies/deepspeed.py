@@ -39,35 +39,25 @@ class DeepSpeedStrategy(ParallelStrategy):
     """Train with DeepSpeed's ZeRO: the optimizer state (stage 1), the gradients (2) and the parameters (3) sharded
     across the processes, optionally offloaded to the CPU or NVMe; on CUDA GPUs with NCCL, or on the CPU with gloo.
 
-    The arguments are Lightning Fabric's: they build a DeepSpeed config, unless ``config`` (a dict or a JSON file)
-    is given, which is then used as it is (the precision is added to it). Registry names: ``"deepspeed"`` (stage 2),
-    ``"deepspeed_stage_1"``, ``"deepspeed_stage_1_offload"``, ``"deepspeed_stage_2"``,
-    ``"deepspeed_stage_2_offload"``, ``"deepspeed_stage_3"``, ``"deepspeed_stage_3_offload"``,
-    ``"deepspeed_stage_3_offload_nvme"``. ``fabric.launch()`` runs the script again once per extra device, as for
-    ``"ddp"``; under torchrun or ``fabric-lite run`` it joins their processes.
+    The arguments are Lightning Fabric's and build a DeepSpeed config, unless ``config`` is given (the precision is
+    added to it). The registry names are ``"deepspeed"`` (stage 2), ``"deepspeed_stage_{1,2,3}"``, their
+    ``_offload`` variants and ``"deepspeed_stage_3_offload_nvme"``. ``fabric.launch()`` re-runs the script once per
+    extra device, as for ``"ddp"``.
 
-    * ``fabric.setup(model, optimizer)`` hands both to ``deepspeed.initialize`` (one optimizer; ``setup_module``
-      alone gives an engine for inference under stage 0 or 3, and ``setup_optimizers`` is refused, as in
-      Lightning). The module returned wraps the ``DeepSpeedEngine``; ``fabric.backward(loss)`` is
-      ``engine.backward(loss)`` and ``optimizer.step()`` is ``engine.step()`` (which also zeroes the gradients). A
-      learning-rate scheduler stays yours to step, as with every other strategy (Lightning hands it to DeepSpeed,
-      which steps it in ``optimizer.step()``).
-    * Precision goes into the config: ``"bf16-mixed"``/``"bf16-true"`` enable DeepSpeed's ``bf16``,
-      ``"16-mixed"``/``"16-true"`` its ``fp16`` with a dynamic loss scale (``loss_scale`` and the next four
-      arguments); on the CPU DeepSpeed has no float16, so those two are refused.
-    * Gradient clipping is DeepSpeed's: set ``"gradient_clipping"`` in the config (``fabric.clip_gradients`` is
-      refused). The config built from the arguments sets it to 0.0, no clipping: DeepSpeed 0.19 would clip at 1.0.
-    * ``fabric.no_backward_sync(model)`` accumulates gradients locally until a backward outside it (DeepSpeed's
-      accumulation boundary is held off meanwhile); with ZeRO stages 1 and 2 a second synchronising backward before
-      ``optimizer.step()`` would silently keep only the last gradients, so it raises. DeepSpeed's own
-      ``"gradient_accumulation_steps"`` works too (then call ``optimizer.step()`` after every backward).
-    * ``fabric.init_module()`` under stage 3 creates the parameters already partitioned (``deepspeed.zero.Init``).
-    * ``fabric.save`` writes DeepSpeed's checkpoint folder (every rank its partitions, with your other entries),
-      atomically; ``fabric.load`` restores it (a different world size: the weights and entries, not ZeRO's optimizer
-      state), or a single checkpoint file into the model. ``fabric-lite consolidate FOLDER`` writes one float32 file.
-
-    On the CPU, DeepSpeed is switched to its CPU accelerator, and its shared-memory all-reduce extension (used only
-    by inference all-reduce) is not compiled unless DeepSpeed was installed with it built.
+    * ``fabric.setup(model, optimizer)`` hands both to ``deepspeed.initialize`` (``setup_optimizers`` alone is
+      refused, as in Lightning, because DeepSpeed builds one engine of both). ``fabric.backward(loss)`` is
+      ``engine.backward(loss)`` and ``optimizer.step()`` is ``engine.step()``, which also zeroes the gradients; a
+      learning-rate scheduler stays yours to step.
+    * Precision: ``"bf16-*"`` enables DeepSpeed's ``bf16``, ``"16-*"`` its ``fp16`` with a dynamic loss scale
+      (refused on the CPU, where DeepSpeed has no float16).
+    * Gradient clipping is the config's ``"gradient_clipping"`` (``fabric.clip_gradients`` is refused); the config
+      built from the arguments sets it to 0.0 so that nothing is clipped unless asked.
+    * ``fabric.no_backward_sync(model)`` keeps gradients local until a backward outside it; under ZeRO 1 and 2 a
+      second synchronising backward before ``optimizer.step()`` raises, since DeepSpeed would keep only the last.
+      DeepSpeed's own ``"gradient_accumulation_steps"`` works too, with ``optimizer.step()`` after every backward.
+    * ``fabric.init_module()`` under stage 3 creates the parameters partitioned (``deepspeed.zero.Init``).
+    * ``fabric.save`` writes DeepSpeed's checkpoint folder atomically; ``fabric.load`` reads it (at another world
+      size without ZeRO's optimizer state) or a single file. More in the README's "DeepSpeed (optional)".
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
@@ -77,8 +67,7 @@ class DeepSpeedStrategy(ParallelStrategy):
             ``"nvme"``.
         offload_optimizer, offload_parameters: move the optimizer state (and step) or the ZeRO-3 parameters to
             ``offload_optimizer_device``/``offload_params_device`` (``"cpu"`` or ``"nvme"``). A torch optimizer with
-            offload needs ``"zero_force_ds_cpu_optimizer": false`` in the config (DeepSpeed's own CPU Adam is
-            compiled on first use, minutes on a small machine).
+            offload needs ``"zero_force_ds_cpu_optimizer": false`` in the config.
         nvme_path, params_buffer_count, params_buffer_size, max_in_cpu, optimizer_buffer_count, block_size,
             queue_depth, single_submit, overlap_events, thread_count, pin_memory: DeepSpeed's offload and AIO
             settings (see DeepSpeed's config documentation).
