@@ -118,10 +118,8 @@ def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_g
 
 
 def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]:
-    """Gather a tensor from every process when the shapes differ across processes.
-
-    Works on tensors with the same number of dimensions (and dtype) everywhere, whatever their sizes: the sizes are
-    gathered, every tensor is padded to the largest, gathered, and trimmed back. Every process must call it.
+    """Gather a tensor from every process when the sizes differ across processes (the number of dimensions and the
+    dtype must not). Every process must call it.
 
     Returns:
         A list with one tensor per rank of ``group``, ``result[i]`` being rank ``i``'s tensor with its own shape.
@@ -276,13 +274,11 @@ def register_ddp_comm_hook(
         model: the ``DistributedDataParallel`` module, or the module returned by ``fabric.setup`` around one.
         ddp_comm_state: the hook's state (e.g. a ``PowerSGDState``; for the default hooks a process group or
             ``None`` for all processes).
-        ddp_comm_hook: ``hook(state, bucket: GradBucket) -> Future[Tensor]``, e.g. ``default_hooks.fp16_compress_hook``,
-            ``powerSGD_hook.powerSGD_hook``, ``post_localSGD_hook.post_localSGD_hook``. Nothing is registered when it
-            is ``None`` (and neither a state nor a wrapper is given).
-        ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper`` to send PowerSGD's factors
-            in half precision.
+        ddp_comm_hook: ``hook(state, bucket: GradBucket) -> Future[Tensor]``, e.g. ``default_hooks.fp16_compress_hook``
+            or ``powerSGD_hook.powerSGD_hook``; ``None``: nothing is registered.
+        ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper``.
 
-    Without a process group there is no ``DistributedDataParallel`` to hook into, and nothing happens.
+    Without a process group nothing happens.
 
     Raises:
         ValueError: a state or a wrapper without a hook.
@@ -294,13 +290,8 @@ def register_ddp_comm_hook(
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as powerSGD
 
         register_ddp_comm_hook(ddp_model, ddp_comm_hook=default_hooks.fp16_compress_hook)
-        register_ddp_comm_hook(
-            ddp_model,
-            ddp_comm_state=powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                                  start_powerSGD_iter=5000),
-            ddp_comm_hook=powerSGD.powerSGD_hook,
-            ddp_comm_wrapper=default_hooks.fp16_compress_wrapper,
-        )
+        state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1)
+        register_ddp_comm_hook(ddp_model, ddp_comm_state=state, ddp_comm_hook=powerSGD.powerSGD_hook)
     """
     if ddp_comm_hook is None:
         if ddp_comm_state is not None or ddp_comm_wrapper is not None:
@@ -375,10 +366,9 @@ class DistributedSamplerWrapper(DistributedSampler):  # type: ignore[type-arg]
     """Splits the indices of any sampler with a ``__len__`` across processes, as ``DistributedSampler`` splits a
     dataset.
 
-    At every ``iter()`` the wrapped sampler is iterated once (so its own order and randomness apply) and this
-    process gets its share of the positions, chosen by ``DistributedSampler``'s rules: with the default
-    ``shuffle=True`` the positions are permuted with ``seed + epoch`` (as in Lightning), with ``shuffle=False`` rank
-    ``r`` of ``n`` gets positions ``r, r + n, r + 2n, ...``. ``set_epoch`` is forwarded to the wrapped sampler too.
+    Every ``iter()`` draws the wrapped sampler once (its own order and randomness apply) and keeps this process's
+    share of the positions by ``DistributedSampler``'s rules (``shuffle=True``, the default, permutes them with
+    ``seed + epoch`` as in Lightning). ``set_epoch`` is forwarded to the wrapped sampler.
 
     Args:
         sampler: the sampler (or any sized iterable of indices) to split.
@@ -415,8 +405,8 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
     """Whether ``path`` is on a filesystem that every process sees (e.g. an NFS mount, or one machine's disk).
 
     Rank 0 creates a marker file in ``path`` (its folder, for a file) and the other ranks look for it for up to
-    ``timeout`` seconds. A collective: every process must call it. A non-local URL (``s3://...``) and a single
-    process answer ``True`` at once; ranks whose ``path`` resolves differently answer ``False``.
+    ``timeout`` seconds. Every process must call it. A non-local URL and a single process answer ``True`` at once;
+    ranks whose ``path`` resolves differently answer ``False``.
 
     Args:
         strategy: ``fabric.strategy``.
