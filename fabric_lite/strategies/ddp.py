@@ -68,31 +68,23 @@ class _DDPBackwardSyncControl(_BackwardSyncControl):
 class DDPStrategy(ParallelStrategy):
     """Multi-process single-device training on one or several nodes, with ``DistributedDataParallel``.
 
-    Every keyword argument that is not listed below goes to ``DistributedDataParallel`` unchanged
-    (``find_unused_parameters`` keeps DDP's default, False, unless you say otherwise; ``bucket_cap_mb``,
-    ``gradient_as_bucket_view``, ``static_graph``, ``broadcast_buffers``, ``process_group``, ...). A name DDP does
-    not take raises here, not at ``fabric.setup``.
+    Keyword arguments not listed below go to ``DistributedDataParallel`` unchanged (``find_unused_parameters``,
+    ``bucket_cap_mb``, ``static_graph``, ...); a name DDP does not take raises here rather than at ``fabric.setup``.
 
     Args:
-        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision: as for :class:`ParallelStrategy`.
-        process_group_backend, timeout: as for :class:`ParallelStrategy`.
-        start_method: how ``fabric.launch()`` starts the other local processes: ``"popen"`` re-runs the script
-            once per extra device (``strategy="ddp"``), ``"spawn"``/``"fork"`` start ``launch(fn)`` in new processes.
-        sync_batchnorm: at ``fabric.setup``, replace every BatchNorm layer by a synchronised one, whose statistics
-            cover the batches of all processes (``torch.nn.SyncBatchNorm`` on GPUs; on the CPU, where torch has
-            none, fabric_lite's ``CPUSyncBatchNorm``). Parameters and buffers are kept, so are optimizers.
-        ddp_comm_state: the communication hook's state, e.g. ``powerSGD_hook.PowerSGDState(...)`` or
-            ``post_localSGD_hook.PostLocalSGDState(...)``. A zero-argument callable (e.g. ``functools.partial(
-            PowerSGDState, process_group=None, ...)``) is called at ``fabric.setup``, once per module, after the
-            process group exists: use that with ``ddp_spawn`` (a ``PowerSGDState`` cannot be pickled into a new
-            process before the group exists) and for states that hold subgroups.
-        ddp_comm_hook: a DDP communication hook registered at setup, e.g. ``default_hooks.fp16_compress_hook``,
-            ``powerSGD_hook.powerSGD_hook``, ``post_localSGD_hook.post_localSGD_hook``.
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision, process_group_backend, timeout:
+            as for :class:`ParallelStrategy`.
+        start_method: ``"popen"`` re-runs the script once per extra device (``strategy="ddp"``);
+            ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
+        sync_batchnorm: at setup, replace BatchNorm layers by synchronised ones (``torch.nn.SyncBatchNorm`` on GPUs,
+            fabric_lite's ``CPUSyncBatchNorm`` on the CPU), keeping parameters, buffers and optimizers.
+        ddp_comm_state: the communication hook's state, or a zero-argument callable that builds it at setup, once
+            per module: use one with ``ddp_spawn`` and for states that hold subgroups, since such a state needs the
+            process group to exist.
+        ddp_comm_hook: a DDP communication hook registered at setup, e.g. ``default_hooks.fp16_compress_hook``.
         ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper``.
-        model_averaging_period: with post-local SGD, average the parameters across processes every this many
-            optimizer steps once local SGD has started (a ``PeriodicModelAverager`` per optimizer, run after each
-            ``optimizer.step()``, with the state's ``start_localSGD_iter`` as warm-up). Required with a
-            ``PostLocalSGDState`` and only accepted with one.
+        model_averaging_period: with a ``PostLocalSGDState`` (and only then, but then required), average the
+            parameters across processes every this many optimizer steps once local SGD has started.
         **kwargs: passed to ``torch.nn.parallel.DistributedDataParallel``.
 
     Raises:
@@ -218,11 +210,8 @@ class DDPStrategy(ParallelStrategy):
 
     @override
     def setup_module(self, module: Module) -> DistributedDataParallel:
-        """Wrap the module in ``DistributedDataParallel`` (on this process's device).
-
-        With ``sync_batchnorm`` its BatchNorm layers are converted first; the communication hook, if any, is
-        registered on the new wrapper.
-        """
+        """Wrap the module in ``DistributedDataParallel`` on this process's device, after converting its BatchNorm
+        layers (``sync_batchnorm``), and register the communication hook, if any."""
         if self._sync_batchnorm:
             module = convert_sync_batchnorm(module, self.root_device.type)
         elif self.root_device.type == "cpu" and any(isinstance(m, torch.nn.SyncBatchNorm) for m in module.modules()):
@@ -293,9 +282,8 @@ class DDPStrategy(ParallelStrategy):
         """Skip the gradient synchronisation inside the block (Lightning's ``DDPPlugin`` name for
         :meth:`no_backward_sync`).
 
-        Useful to accumulate gradients without communicating; the first backward outside the block synchronises
-        everything accumulated. Both the forward and the backward must run inside the block. ``module`` is the
-        ``DistributedDataParallel`` module or the module returned by ``fabric.setup``.
+        Both the forward and the backward must run inside the block; the first backward outside it synchronises
+        everything accumulated. ``module`` is the DDP module or the module ``fabric.setup`` returned.
 
         Example::
 
