@@ -31,24 +31,15 @@ _DP_REDUCE_OPS = ("mean", "sum", "max", "min", "product")
 class DataParallelStrategy(Strategy):
     """Train in one process on several CUDA devices with ``torch.nn.DataParallel``.
 
-    Each forward splits the batch along its first dimension, runs one replica of the module per device in threads,
-    and gathers the outputs on the first device (:attr:`root_device`), where the loss, the backward's gradient
-    reduction and the optimizer step happen. There is one process, so there is nothing to launch, no process group
-    and no ``DistributedSampler``: every batch is the global batch.
-
-    Collectives follow from that: :meth:`all_reduce` reduces the values that ``DataParallel`` gathered from the
-    replicas (e.g. a per-replica loss of shape ``(num_devices,)`` becomes one number), :meth:`all_gather`,
-    :meth:`broadcast` and :meth:`reduce_boolean_decision` return their input, :meth:`barrier` does nothing.
-
-    ``strategy="dp"`` selects it. On a machine without CUDA, ``Fabric(strategy="dp")`` warns and runs ``"ddp"``
-    instead, as Lightning Fabric does; an instance given explicitly on the CPU wraps the module in
-    ``DataParallel``, which then calls the module directly (there is no device to replicate it on).
+    Each forward splits the batch across the devices and gathers the outputs on the first one (:attr:`root_device`).
+    There is one process, so nothing is launched and every batch is the global batch: :meth:`all_reduce` reduces
+    the values ``DataParallel`` gathered from the replicas, and the other collectives return their input.
+    ``strategy="dp"`` selects it; without CUDA, ``Fabric(strategy="dp")`` warns and runs ``"ddp"``, as in Lightning.
 
     Args:
         accelerator, checkpoint_io, precision: as for :class:`Strategy`.
-        parallel_devices: the CUDA devices to replicate the module on (``torch.device`` objects or CUDA indices, as
-            ``DataParallel``'s ``device_ids``); the first is the root device. Filled in by ``Fabric`` from
-            ``devices=`` when not given.
+        parallel_devices: the CUDA devices (or indices) to replicate the module on, the first being the root
+            device; filled in by ``Fabric`` from ``devices=``.
 
     Example::
 
@@ -132,10 +123,8 @@ class DataParallelStrategy(Strategy):
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
-        """Return ``batch`` as it is, or moved to ``device`` when one is given.
-
-        ``DataParallel`` scatters every input tensor to the devices itself, so without ``device`` there is
-        nothing to move (as in Lightning Fabric).
+        """Return ``batch`` as it is (``DataParallel`` scatters the inputs itself), or moved to ``device`` when one is
+        given.
 
         Example::
 
@@ -150,17 +139,12 @@ class DataParallelStrategy(Strategy):
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
-        """Reduce the elements of each tensor in ``tensor`` (a tensor or a collection) with ``reduce_op``.
+        """Reduce the elements of each tensor in ``tensor`` (a tensor or a collection) with ``reduce_op``, since they
+        are the values ``DataParallel`` gathered from its replicas.
 
-        The tensors here hold what ``DataParallel`` gathered from its replicas (one value per device for a
-        per-replica scalar), so the reduction is over their elements: each tensor becomes a new 0-dim tensor of
-        the same dtype and device. Not in place; the result keeps the collection's structure, other leaves are
-        left as they are. ``reduce_op`` is ``"mean"`` (default, ``"avg"``), ``"sum"``, ``"max"``, ``"min"``,
-        ``"product"`` or the matching ``ReduceOp``; ``None`` means ``"sum"``. An integer mean stays an integer,
-        truncated toward zero; on booleans ``sum``/``mean``/``max`` mean "any" and ``product``/``min`` "all".
-        ``group`` is ignored: there is one process.
-
-        Unlike Lightning Fabric's ``DataParallelStrategy``, which always averages, ``reduce_op`` is honoured.
+        Not in place: each tensor becomes a new 0-dim tensor of its dtype and device; other leaves are left as they
+        are. ``reduce_op`` as for ``Fabric.all_reduce`` (``None`` means ``"sum"``); on booleans ``sum``/``mean``/``max``
+        mean "any" and ``product``/``min`` "all". ``group`` is ignored. Lightning's always averages.
 
         Example::
 
