@@ -154,34 +154,19 @@ def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | N
 class SLURMEnvironment(_LauncherEnvironment):
     """Processes started by ``srun`` (directly or inside an ``sbatch`` script); fabric_lite starts none itself.
 
-    Reads ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``, ``SLURM_NTASKS`` (each when asked for; a missing one
-    is then a ``KeyError``, as in Lightning), the tasks per node (:meth:`tasks_per_node`), the nodes
-    (:meth:`num_nodes`), ``SLURM_NODELIST`` and ``SLURM_JOB_ID``. The main
-    address is ``MASTER_ADDR`` or else the first host of ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else
-    ``15000 +`` the last four digits of the job id (the same choice as Lightning, so every task computes the same
-    port without talking to the others).
+    Reads the ranks and world size from ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and ``SLURM_NTASKS``
+    (a missing one is a ``KeyError``, as in Lightning). The main address is ``MASTER_ADDR`` or else the first host of
+    ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else ``15000 +`` the last four digits of the job id, as in
+    Lightning, so that every task computes the same port without talking to the others.
 
-    Detected (by :meth:`detect`) only in a process that SLURM started as one task of a job step, that is under
-    ``srun``. Elsewhere inside a SLURM job fabric_lite starts the processes itself, as on any machine, instead of
-    waiting for tasks that SLURM will never start:
+    :meth:`detect` answers ``True`` only in a task that ``srun`` started: in a batch script without ``srun``, an
+    ``salloc`` shell or a single-task shell step (``srun --pty bash``), fabric_lite starts the processes itself
+    instead of waiting for tasks SLURM will never start. ``plugins=[SLURMEnvironment()]`` uses SLURM's variables in
+    any case. docs/troubleshooting.md ("SLURM") has the cases.
 
-    * the batch script itself (``python train.py`` in an ``sbatch`` script, without ``srun``),
-    * an ``salloc`` shell (``salloc -n 2``, then ``python train.py``),
-    * a single-task step of a job named ``bash`` or ``interactive``, such as the shell of ``srun --pty bash``
-      (Lightning's convention for interactive jobs).
-
-    A step of several tasks is SLURM's to manage whatever the job is called: ``salloc`` names its allocation
-    ``interactive``, and ``srun -n 2 python train.py`` run in it inherits that name (Lightning ignores SLURM there,
-    and every task starts its own processes). Task variables set by hand outside a job (``SLURM_NTASKS`` without
-    ``SLURM_JOB_ID``) count as in Lightning. Pass ``plugins=[SLURMEnvironment()]`` to use SLURM's variables in any
-    case.
-
-    Auto-requeue: with ``auto_requeue=True`` (the default) fabric_lite installs a handler for ``requeue_signal``
-    (default ``SIGUSR1``) in every process once the process is set up (``fabric.launch()``). When SLURM sends the
-    signal (``sbatch --signal=USR1@90`` sends it 90 s before the time limit), global rank 0 runs
-    ``scontrol requeue <job id>``: SLURM ends the job and queues it again (the batch script starts over, so resume
-    from your last checkpoint). The handler calls any handler that was installed before it; the other ranks only
-    keep running until SLURM ends them. ``auto_requeue=False`` installs nothing.
+    With ``auto_requeue=True`` every process installs a handler for ``requeue_signal`` at ``fabric.launch()``;
+    when it arrives, global rank 0 runs ``scontrol requeue <job id>``, so the job starts over (resume from your last
+    checkpoint). A handler installed before it is still called.
 
     Args:
         auto_requeue: Whether to requeue the job when ``requeue_signal`` arrives.
