@@ -49,16 +49,10 @@ def _free_port() -> int:
 class MPIEnvironment(_LauncherEnvironment):
     """Processes started by ``mpirun``/``mpiexec``, with ranks from MPI's ``COMM_WORLD`` (through ``mpi4py``).
 
-    * the global rank and the world size are ``COMM_WORLD``'s;
-    * the nodes are the distinct host names of all ranks, sorted: the node rank is this host's index, and the local
-      rank is the rank within a communicator split by node;
-    * rank 0 broadcasts its host name and a free port, which every rank uses to meet (the process group itself is
-      gloo or NCCL, as usual; MPI only tells the ranks).
-
-    Everything that needs MPI is a collective: every rank computes it the first time any of them asks, and then
-    keeps it. Detected (:meth:`detect`) when an MPI launcher's variables are set (``OMPI_COMM_WORLD_SIZE``,
-    ``PMI_SIZE``, ...), mpi4py can be imported, and ``COMM_WORLD`` has more than one process. mpi4py is optional:
-    ``pip install mpi4py`` (or the ``mpi`` extra).
+    The node rank is this host's index among the ranks' sorted host names; rank 0 broadcasts its host name and a
+    free port for the process group (gloo or NCCL, as usual: MPI only tells the ranks). An answer that needs MPI is
+    a collective the first time it is asked (then kept), so every rank must ask for it. Detected when an MPI
+    launcher's variables are set, mpi4py imports and ``COMM_WORLD`` has several processes (``pip install mpi4py``).
 
     Args:
         env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
