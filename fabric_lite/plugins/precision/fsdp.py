@@ -90,8 +90,7 @@ class FSDPPrecision(Precision):
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
-        """The loss scaler (a ``ShardedGradScaler``) with ``"16-mixed"``; ``None`` otherwise. Settable with
-        ``"16-mixed"`` (Lightning's plugin has it as a plain attribute), e.g. to a scaler with other settings.
+        """The loss scaler (a ``ShardedGradScaler``) with ``"16-mixed"``, settable as in Lightning; ``None`` otherwise.
 
         Raises:
             ValueError: setting one with another precision, which scales nothing.
@@ -112,15 +111,12 @@ class FSDPPrecision(Precision):
 
     @property
     def mixed_precision_config(self) -> FSDP1MixedPrecision:
-        """The dtypes of :attr:`precision`, as Lightning's plugin gives them: FSDP1's
-        ``torch.distributed.fsdp.MixedPrecision`` with ``param_dtype``, ``reduce_dtype`` and ``buffer_dtype`` all
-        the half type for ``"16-*"``/``"bf16-*"``, all float32 for ``"32-true"``.
+        """The dtypes of :attr:`precision` as FSDP1's ``MixedPrecision``, as Lightning's plugin gives them: the half
+        type throughout for ``"16-*"``/``"bf16-*"``, float32 for ``"32-true"``.
 
-        ``FSDPStrategy`` applies them through FSDP2's ``MixedPrecisionPolicy`` (:func:`mixed_precision_policy`):
-        units are all-gathered and gradients reduced in ``param_dtype``/``reduce_dtype``. FSDP2 has no
-        ``buffer_dtype``: buffers keep their dtype (the half type with ``"16-true"``/``"bf16-true"``, which convert
-        the module). Reading it with ``"16-true"``/``"bf16-true"`` warns, as Lightning's does, that everything
-        computes in the half type.
+        ``FSDPStrategy`` applies ``param_dtype`` and ``reduce_dtype`` through FSDP2's ``MixedPrecisionPolicy``
+        (:func:`mixed_precision_policy`); FSDP2 has no ``buffer_dtype``, so buffers keep theirs. Reading it with
+        ``"16-true"``/``"bf16-true"`` warns, as Lightning's does.
 
         Example::
 
