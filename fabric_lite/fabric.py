@@ -837,12 +837,10 @@ class Fabric:
         """Gather a tensor, a number, or every tensor/number in a (nested) collection from all processes.
 
         Not in place: new tensors of shape ``(world_size, *shape)`` are returned, in the same collection
-        structure; numbers are turned into tensors first (int32/float32/uint8, as in Lightning). Following
-        Lightning Fabric's documentation (its DDP strategy adds the dimension anyway), with a world size of 1 no
-        dimension is added. Every process must call it with the same shapes and dtypes; otherwise every process
-        raises ``ValueError`` naming each rank's shapes, instead of hanging or returning garbage. On CUDA the check
-        travels on the host (built from the tensors' shapes and dtypes) and the data stay on the device: no
-        host-device synchronisation, as with a raw ``torch.distributed`` call.
+        structure; numbers are turned into tensors first (int32/float32/uint8, as in Lightning). With a world size
+        of 1 no dimension is added, as Lightning documents. Every process must call it with the same shapes and
+        dtypes; otherwise every process raises ``ValueError`` naming each rank's shapes instead of hanging. On CUDA
+        this adds no host-device synchronisation.
 
         Args:
             sync_grads: make the result differentiable; each process's input receives the gradient of its slice.
