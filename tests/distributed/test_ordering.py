@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.helpers.harness import spawn_job
@@ -11,7 +14,9 @@ pytestmark = pytest.mark.distributed
 
 @pytest.mark.parametrize("local", [False, True])
 def test_rank_zero_runs_the_block_first(tmp_path, local: bool) -> None:
-    results = spawn_job("tests.helpers.jobs.ordering:rank_zero_first", 3, path=str(tmp_path / "log.txt"), local=local)
+    results = spawn_job(
+        "tests.distributed.test_ordering:rank_zero_first", 3, path=str(tmp_path / "log.txt"), local=local
+    )
     for text in results:
         lines = text.split()
         assert lines[0] == "0" and sorted(lines) == ["0", "1", "2"], text
@@ -25,3 +30,17 @@ def test_rank_zero_first_on_one_device_just_runs() -> None:
     with fabric.rank_zero_first():
         ran.append(True)
     assert ran == [True]
+
+
+# ------------------------------------------------- the job: run on every rank by tests/helpers/jobs/_runner.py
+
+
+def rank_zero_first(fabric, path: str, local: bool) -> str:
+    log = Path(path)
+    with fabric.rank_zero_first(local=local):
+        if fabric.global_rank == 0:
+            time.sleep(0.5)  # the others must wait for this, not run alongside it
+        with open(log, "a") as f:
+            f.write(f"{fabric.global_rank}\n")
+    fabric.barrier()
+    return log.read_text()

@@ -688,7 +688,7 @@ def test_empty_init_is_undone_after_an_exception():
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_an_unmarked_method_that_runs_submodules_with_gradients_raises_under_ddp() -> None:
-    results = spawn_job("tests.helpers.jobs.forward_methods:unmarked_methods", 2)
+    results = spawn_job("tests.distributed.test_wrappers:unmarked_methods", 2)
     for rank, seen in enumerate(results):
         assert seen["describe"] == "an agent"
         assert seen["act_no_grad"] == seen["marked"], seen
@@ -696,3 +696,43 @@ def test_an_unmarked_method_that_runs_submodules_with_gradients_raises_under_ddp
         assert "Agent.act()" in message and "mark_forward_method('act')" in message and "torch.no_grad()" in message
         assert seen["hooks_left"] == 0, f"rank {rank} kept the guard's hooks"
     assert results[0]["grad"] == results[1]["grad"]
+
+
+# ------------------------------------------------- the job: run on every rank by tests/helpers/jobs/_runner.py
+
+
+class Agent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).argmax(dim=-1)
+
+    def describe(self) -> str:
+        return "an agent"
+
+
+def unmarked_methods(fabric) -> dict:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    model = fabric.setup(Agent())
+    x = torch.full((2, 3), float(fabric.global_rank + 1))
+    seen: dict = {"describe": model.describe()}  # no submodule runs: fine
+    with torch.no_grad():
+        seen["act_no_grad"] = model.act(x).tolist()  # submodules run, no gradients: fine
+    try:
+        model.act(x)
+        seen["act_with_grad"] = "no error"
+    except RuntimeError as err:
+        seen["act_with_grad"] = str(err)
+    seen["hooks_left"] = sum(len(m._forward_pre_hooks) for m in model.module.modules())
+    model.mark_forward_method("act")
+    out = model.act(x)  # through DDP's forward now
+    seen["marked"] = out.tolist()
+    loss = model(x).sum()
+    fabric.backward(loss)
+    seen["grad"] = model.module.body.weight.grad.sum().item()  # averaged over ranks: the same on both
+    return seen

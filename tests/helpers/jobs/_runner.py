@@ -45,6 +45,7 @@ def main() -> None:
     # other test worker running its own jobs) one was seen to take over 30 s to be scheduled
     strategy = DDPStrategy(start_method="fork", timeout=timedelta(seconds=60))
     fabric = Fabric(accelerator="cpu", devices=nprocs, strategy=strategy)
+    importlib.import_module(target.split(":")[0])  # here, once: the forked ranks inherit it (a test module, often)
     results = fabric.launch(_run, target, kwargs)
     with open(out, "wb") as f:
         pickle.dump(results, f)
