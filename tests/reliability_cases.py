@@ -98,7 +98,7 @@ CASES: dict[int, tuple[str, tuple[str, ...]]] = {
         (
             "tests/unit/test_collectives_single.py::test_collectives_before_launch_raise",
             "tests/unit/test_collectives_single.py::test_single_",
-            "tests/distributed/test_misuse.py::test_collectives_and_setup_before_launch",
+            "tests/unit/test_misuse.py::test_collectives_and_setup_before_launch",
         ),
     ),
     13: (
@@ -113,23 +113,26 @@ CASES: dict[int, tuple[str, tuple[str, ...]]] = {
             "tests/unit/test_plan.py::test_precision_invalid",
         ),
     ),
-    14: ("misuse of the API: a precise error before any process waits", ("tests/distributed/test_misuse.py::test_",)),
+    14: (
+        "misuse of the API: a precise error before any process waits",
+        ("tests/unit/test_misuse.py::test_", "tests/distributed/test_misuse.py::test_"),
+    ),
     15: (
         "a save that fails mid-way (pickling error, interrupt, SIGKILL): the previous checkpoint intact, no temp",
         (
-            "tests/distributed/test_checkpoints.py::test_failed_pickling_leaves_the_previous_checkpoint",
-            "tests/distributed/test_checkpoints.py::test_interrupted_save_leaves_the_previous_checkpoint",
+            "tests/unit/test_checkpoints.py::test_failed_pickling_leaves_the_previous_checkpoint",
+            "tests/unit/test_checkpoints.py::test_interrupted_save_leaves_the_previous_checkpoint",
             "tests/distributed/test_checkpoints.py::test_sigkill_mid_write_leaves_the_previous_checkpoint",
             "tests/distributed/test_checkpoints.py::test_a_live_writers_temporary_file_is_left_alone",
-            "tests/distributed/test_checkpoints.py::test_first_failed_save_leaves_nothing",
+            "tests/unit/test_checkpoints.py::test_first_failed_save_leaves_nothing",
         ),
     ),
     16: (
         "a save that cannot be written raises on every rank with the path",
         (
-            "tests/distributed/test_checkpoints.py::test_path_under_a_regular_file",
-            "tests/distributed/test_checkpoints.py::test_path_that_is_a_folder",
-            "tests/distributed/test_checkpoints.py::test_disk_full_leaves_the_previous_checkpoint",
+            "tests/unit/test_checkpoints.py::test_path_under_a_regular_file",
+            "tests/unit/test_checkpoints.py::test_path_that_is_a_folder",
+            "tests/unit/test_checkpoints.py::test_disk_full_leaves_the_previous_checkpoint",
             "tests/distributed/test_checkpoints.py::test_really_full_filesystem",
             "tests/distributed/test_checkpoints.py::test_two_ranks_a_failed_save_raises_on_both",
         ),
@@ -137,24 +140,24 @@ CASES: dict[int, tuple[str, tuple[str, ...]]] = {
     17: (
         "loading a truncated, empty or foreign file: an error naming the path",
         (
-            "tests/distributed/test_checkpoints.py::test_corrupt_file_raises_naming_the_path",
-            "tests/distributed/test_checkpoints.py::test_foreign_file_raises_naming_the_path",
-            "tests/distributed/test_checkpoints.py::test_folder_instead_of_a_file",
-            "tests/distributed/test_checkpoints.py::test_missing_file",
+            "tests/unit/test_checkpoints.py::test_corrupt_file_raises_naming_the_path",
+            "tests/unit/test_checkpoints.py::test_foreign_file_raises_naming_the_path",
+            "tests/unit/test_checkpoints.py::test_folder_instead_of_a_file",
+            "tests/unit/test_checkpoints.py::test_missing_file",
         ),
     ),
     18: (
         "a malicious pickle is refused, its payload never runs, no silent retry",
         (
-            "tests/distributed/test_checkpoints.py::test_malicious_file_is_refused_and_its_payload_never_runs",
-            "tests/distributed/test_checkpoints.py::test_weights_only_false_loads_a_trusted_file",
+            "tests/unit/test_checkpoints.py::test_malicious_file_is_refused_and_its_payload_never_runs",
+            "tests/unit/test_checkpoints.py::test_weights_only_false_loads_a_trusted_file",
         ),
     ),
     19: (
         "strict loading names the missing keys; strict=False returns the remainder",
         (
-            "tests/distributed/test_checkpoints.py::test_strict_load_names_every_missing_key",
-            "tests/distributed/test_checkpoints.py::test_non_strict_load_restores_what_is_there",
+            "tests/unit/test_checkpoints.py::test_strict_load_names_every_missing_key",
+            "tests/unit/test_checkpoints.py::test_non_strict_load_restores_what_is_there",
         ),
     ),
     20: (

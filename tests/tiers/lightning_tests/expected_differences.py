@@ -147,7 +147,7 @@ EXPECTED: dict[str, Difference] = {
         " expects the command to be those three calls; fabric_lite's consolidate command checks its arguments and"
         " writes through consolidate_checkpoint (an atomic save; DeepSpeed folders and URLs too), which the mocks do"
         " not reach. Its first half (a missing folder: exit 2, 'Path ... does not exist') passes, held by"
-        " tests/distributed/test_cli.py::test_lightnings_command_objects_run_the_cli_and_exit_with_its_status",
+        " tests/unit/test_cli.py::test_lightnings_command_objects_run_the_cli_and_exit_with_its_status",
     ),
     "tests_fabric/test_cli.py::test_run_env_vars_unsupported_strategy[deepspeed_stage_3_offload]": Difference(
         "documented",
@@ -165,7 +165,7 @@ EXPECTED: dict[str, Difference] = {
     "tests_fabric/test_cli.py::test_run_torchrun_num_processes_launched": Difference(
         "documented",
         "the same command line as test_run_torchrun_defaults (port 29400, 127.0.0.1); the number of processes is"
-        " Lightning's (tests/distributed/test_cli.py::test_processes_launched_for_gpu_indices_as_lightnings_cli)",
+        " Lightning's (tests/unit/test_cli.py::test_processes_launched_for_gpu_indices_as_lightnings_cli)",
         section="Beyond the loop: where the other names differ",
     ),
     "tests_fabric/utilities/test_cloud_io.py::test_atomic_save_uses_write_for_azure": Difference(
