@@ -23,6 +23,11 @@ from tests.helpers.jobs.compile_jobs import STEPS, Net, train
 TOLERANCE = 1e-5
 
 
+@pytest.fixture
+def fabric() -> Fabric:
+    return Fabric(accelerator="cpu", devices=1)
+
+
 @pytest.fixture(scope="session")
 def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(tmp_path_factory.mktemp("inductor_cache"))

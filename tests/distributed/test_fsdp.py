@@ -53,6 +53,11 @@ def test_importing_loads_neither_fsdp_nor_dcp() -> None:
 
 
 @pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fsdp")
+
+
+@pytest.fixture(scope="module")
 def two_ranks(folder: Path) -> list[dict[str, Any]]:
     strategy = {"auto_wrap_policy": ["Block"]}
     return fsdp_job("train_and_save", 2, strategy=strategy, kwargs={"folder": str(folder)})

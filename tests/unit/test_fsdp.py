@@ -293,9 +293,3 @@ def test_recognising_sharded_checkpoints(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="is a file") as info:
         consolidate_checkpoint(plain, tmp_path / "out.pt")  # a non-FSDP checkpoint cannot be consolidated
     assert not (tmp_path / "out.pt").exists()
-
-
-# ---------------------------------------------------------------------------------------------- two ranks
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("fsdp")
