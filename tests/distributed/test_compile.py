@@ -4,6 +4,8 @@ module, with the user's settings; state dicts never carry ``_orig_mod.``; ``_Fab
 Most tests use the ``eager``/``aot_eager`` backends or a counting one (compiling takes well under a second); inductor,
 the default backend, runs in one single-process and one two-process test, with a compile cache in the session's
 temporary folder.
+
+The checks that start no process are in tests/unit/test_compile.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
   (a ``DistributedSampler`` needs no process group then).
 * Two ranks: one ``ddp_fork`` job (``observe``, at the end of this module) observes every case; the tests below
   check them.
+
+The checks that start no process are in tests/unit/test_dataloaders.py.
 """
 
 from __future__ import annotations

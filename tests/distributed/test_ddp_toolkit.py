@@ -4,6 +4,8 @@ Unit tests (no process) check the strategy's validation, the registry's aliases 
 alone. The distributed tests read one 2-rank gloo job (:mod:`tests.helpers.jobs.ddp_toolkit`), whose references are
 computed from the same rank-dependent inputs: the ranks' own gradients without DDP, one process's BatchNorm over
 the concatenated batch, the average of the ranks' local SGD steps.
+
+The checks that start no process are in tests/unit/test_ddp_toolkit.py.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Without a process group every utility is an identity or a no-op (tested here, in this process). With one, the
 2- and 3-rank gloo jobs of :mod:`tests.helpers.jobs.ddp_toolkit` check each utility against values built from the same
 rank-dependent inputs, subgroups of 2 of 3 ranks, and metric gathers over 5 and 82 samples.
+
+The checks that start no process are in tests/unit/test_distributed_utils.py.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Fabric's `_wrap_and_launch` does) and the deprecated `Fabric.sharded_model`.
 Unit tier: one process; the base `run`; the wrapping happens once per class, never on the instance. Distributed
 tier: `ddp_spawn` and `ddp` with 2 real gloo ranks and rank-dependent inputs (tests/helpers/scripts/fabric_run.py).
 Compat: Lightning's base `run` and `sharded_model` behave as ours (same return value, warning class and text).
+
+The checks that start no process are in tests/unit/test_fabric_run.py.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped int
   them in one process): ``process_group`` (a group, and a hybrid pair), ``sync_module_states``, ``ignored_modules`` and
   ``ignored_states``, ``forward_prefetch`` and the no-op flags, on two ranks; Lightning's
   ``_get_full_state_dict_context``.
+
+The checks that start no process are in tests/unit/test_fsdp.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """``progress_bar``: plain text lines (no control characters), tqdm on a terminal, silence on ranks other than 0.
 
 The tqdm tests need tqdm (the ``test`` extra, installed by ``.ci/setup``; ``pip install tqdm``) and skip without it.
+
+The checks that start no process are in tests/unit/test_progress.py.
 """
 
 from __future__ import annotations

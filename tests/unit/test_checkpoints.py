@@ -6,6 +6,8 @@
 * Saving is atomic: whatever fails, the previous file is byte-identical and no temporary file is left.
 * Two ranks (the job ``observe``, at the end of this module): one writer, no rank returns before the file is
   complete, identical state after loading, and a failed save raises on both ranks.
+
+The checks that start processes are in tests/distributed/test_checkpoints.py.
 """
 
 from __future__ import annotations

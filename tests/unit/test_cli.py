@@ -6,6 +6,8 @@ Launch tier: the console script and `python -m fabric_lite` start 2 CPU ranks th
 a failing rank ends the job with the root cause; `--max-restarts 1` after a killed rank resumes from the last
 checkpoint and ends with the weights of an uninterrupted run. Every launch is bounded, and every process it
 started (torchrun's workers live in sessions of their own) must be gone when it returns.
+
+The checks that start processes are in tests/distributed/test_cli.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Unit checks run in this process. The distributed checks run real gloo process gr
 call on 2 and 3 ranks (tests/helpers/scripts/collective_plugins.py, also run under Lightning Fabric for a side-by-side
 comparison), a user's ``CheckpointIO`` under DDP on 2 ranks, and FSDP on 2 ranks with ``FSDPPrecision`` against
 ``precision=`` (tests/helpers/scripts/checkpoint_io_plugins.py).
+
+The checks that start processes are in tests/distributed/test_collective_plugins.py.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
   (a ``DistributedSampler`` needs no process group then).
 * Two ranks: one ``ddp_fork`` job (``observe``, at the end of this module) observes every case; the tests below
   check them.
+
+The checks that start processes are in tests/distributed/test_dataloaders.py.
 """
 
 from __future__ import annotations

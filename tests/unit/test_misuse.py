@@ -4,6 +4,8 @@ Every misuse raises the exception class Lightning Fabric 2.6 raises for the same
 ``test_lightning_raises_the_same_classes``, which runs the same inputs under Lightning when it is installed), with a
 message that names the offending value or the fix. Every error is raised in this process, at once: no process is
 started, no store is opened and nothing waits (the ``no_processes`` fixture turns any attempt into a failure).
+
+The checks that start processes are in tests/distributed/test_misuse.py.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Checkpoints and logs on fsspec URLs (``memory://``, ``file://``), and the refusals: an unknown protocol, a
-protocol whose package is missing, fsspec itself missing. The real S3 server tier is tests/tiers/s3/test_s3.py."""
+protocol whose package is missing, fsspec itself missing. The real S3 server tier is tests/tiers/s3/test_s3.py.
+
+The checks that start processes are in tests/distributed/test_remote.py.
+"""
 
 from __future__ import annotations
 
