@@ -1,13 +1,11 @@
-"""`fabric-lite run`: the flags, how they reach `Fabric()`, and real launches through torch's elastic agent.
+"""`fabric-lite run`: real launches through torch's elastic agent.
 
-Unit tier (no process): the parser, flag validation (every bad flag fails before anything starts), the
-torchrun command line, and the table of CLI settings against `Fabric(...)` arguments in `resolve_plan`.
-Launch tier: the console script and `python -m fabric_lite` start 2 CPU ranks that run collectives and train;
-a failing rank ends the job with the root cause; `--max-restarts 1` after a killed rank resumes from the last
-checkpoint and ends with the weights of an uninterrupted run. Every launch is bounded, and every process it
-started (torchrun's workers live in sessions of their own) must be gone when it returns.
+The console script and `python -m fabric_lite` start 2 CPU ranks that run collectives and train; a failing rank ends
+the job with the root cause; `--max-restarts 1` after a killed rank resumes from the last checkpoint and ends with
+the weights of an uninterrupted run. Every launch is bounded, and every process it started (torchrun's workers live
+in sessions of their own) must be gone when it returns.
 
-The checks that start no process are in tests/unit/test_cli.py.
+The checks that start no process (the parser, flag validation, the settings table) are in tests/unit/test_cli.py.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """FSDPStrategy: sharded training on torch's ``fully_shard`` (FSDP2) and its checkpoints.
 
-Unit checks (no process): argument validation, the strategy names, the mixed-precision table, the wrap policy, and
-recognising sharded checkpoint folders. Distributed checks, on real gloo process groups on the CPU started by
-fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped into four launches:
+On real gloo process groups on the CPU started by fabric_lite's own script launcher
+(tests/helpers/jobs/fsdp_jobs.py), grouped into four launches:
 
 * two ranks: 10 steps match DistributedDataParallel (losses, clipped norms, parameters), each rank holds half of
   the parameters, ``no_backward_sync`` matches DDP's ``no_sync``, meta-device initialisation equals eager
@@ -13,7 +12,7 @@ fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped int
 * two ranks with ``16-mixed``, activation checkpointing, CPU offload and a size-based wrap policy.
 * Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` on two ranks gives exactly FULL_SHARD's losses,
   ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks and ``NO_SHARD`` on two match torch's plain ``fully_shard``; each
-  saves and loads sharded and full checkpoints. Unit checks map Lightning's other FSDP1-shaped arguments.
+  saves and loads sharded and full checkpoints.
 * FSDP1's arguments that Lightning passes through ``**kwargs`` (tests/unit/test_sharded_lightning_arguments.py checks
   them in one process): ``process_group`` (a group, and a hybrid pair), ``sync_module_states``, ``ignored_modules`` and
   ``ignored_states``, ``forward_prefetch`` and the no-op flags, on two ranks; Lightning's

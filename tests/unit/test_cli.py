@@ -1,13 +1,7 @@
-"""`fabric-lite run`: the flags, how they reach `Fabric()`, and real launches through torch's elastic agent.
+"""`fabric-lite run` without starting a process: the parser, flag validation (every bad flag fails before anything
+starts), the torchrun command line, and the table of CLI settings against `Fabric(...)` arguments in `resolve_plan`.
 
-Unit tier (no process): the parser, flag validation (every bad flag fails before anything starts), the
-torchrun command line, and the table of CLI settings against `Fabric(...)` arguments in `resolve_plan`.
-Launch tier: the console script and `python -m fabric_lite` start 2 CPU ranks that run collectives and train;
-a failing rank ends the job with the root cause; `--max-restarts 1` after a killed rank resumes from the last
-checkpoint and ends with the weights of an uninterrupted run. Every launch is bounded, and every process it
-started (torchrun's workers live in sessions of their own) must be gone when it returns.
-
-The checks that start processes are in tests/distributed/test_cli.py.
+The real launches through torch's elastic agent are in tests/distributed/test_cli.py.
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
-"""FSDPStrategy: sharded training on torch's ``fully_shard`` (FSDP2) and its checkpoints.
+"""FSDPStrategy checks that start no process: argument validation, the strategy names, the mixed-precision table,
+the wrap policy, and recognising sharded checkpoint folders.
 
-Unit checks (no process): argument validation, the strategy names, the mixed-precision table, the wrap policy, and
-recognising sharded checkpoint folders. Distributed checks, on real gloo process groups on the CPU started by
-fabric_lite's own script launcher (tests/helpers/jobs/fsdp_jobs.py), grouped into four launches:
-
-* two ranks: 10 steps match DistributedDataParallel (losses, clipped norms, parameters), each rank holds half of
-  the parameters, ``no_backward_sync`` matches DDP's ``no_sync``, meta-device initialisation equals eager
-  initialisation with the same seed, every misuse raises clearly, and sharded and full checkpoints are written
-  (atomically: a failed save leaves the previous one intact);
-* one and three ranks (``Fabric(strategy="fsdp")``): those checkpoints, their consolidation and a DDP checkpoint
-  load exactly, and the next step lands where it did on two ranks;
-* two ranks with ``16-mixed``, activation checkpointing, CPU offload and a size-based wrap policy.
-* Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` on two ranks gives exactly FULL_SHARD's losses,
-  ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks and ``NO_SHARD`` on two match torch's plain ``fully_shard``; each
-  saves and loads sharded and full checkpoints. Unit checks map Lightning's other FSDP1-shaped arguments.
-* FSDP1's arguments that Lightning passes through ``**kwargs`` (tests/unit/test_sharded_lightning_arguments.py checks
-  them in one process): ``process_group`` (a group, and a hybrid pair), ``sync_module_states``, ``ignored_modules`` and
-  ``ignored_states``, ``forward_prefetch`` and the no-op flags, on two ranks; Lightning's
-  ``_get_full_state_dict_context``.
-
-The checks that start processes are in tests/distributed/test_fsdp.py.
+The checks on real gloo process groups are in tests/distributed/test_fsdp.py.
 """
 
 from __future__ import annotations
