@@ -49,7 +49,8 @@ CASES: dict[int, tuple[str, tuple[str, ...]]] = {
     6: (
         "torchrun/SLURM settings disagree with Fabric(...): an error naming both, on every rank; no spawning",
         (
-            "tests/distributed/test_launchers.py::test_torchrun_mismatch_is_an_error_on_every_rank",
+            "tests/distributed/test_launchers.py::test_torchrun_mismatch_ends_the_job_with_the_error",
+            "tests/distributed/test_launchers.py::test_torchrun_mismatch_is_an_error_on_each_rank_without_waiting_for_a_peer",
             "tests/distributed/test_launchers.py::test_slurm_mismatch_is_an_error_on_every_rank",
             "tests/distributed/test_launchers.py::test_torchrun_starts_the_processes_not_fabric_lite",
             "tests/distributed/test_launchers.py::test_slurm_environment_runs_without_starting_processes",

@@ -121,14 +121,26 @@ def test_torchrun_starts_the_processes_not_fabric_lite() -> None:
 
 
 @pytest.mark.timeout(180)
-def test_torchrun_mismatch_is_an_error_on_every_rank() -> None:
+def test_torchrun_mismatch_ends_the_job_with_the_error() -> None:
     done = run_python(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT, "--devices", "3"],
         timeout=120,
     )
     assert done.returncode != 0
-    # both ranks fail before any collective, each naming both values
-    assert done.stderr.count("Fabric(devices=3) does not match torchrun's --nproc-per-node=2") >= 2, done.output
+    # the first rank to check ends the job: torchrun then stops the other, which may not have got that far
+    assert "Fabric(devices=3) does not match torchrun's --nproc-per-node=2" in done.stderr, done.output
+    assert "RESULT" not in done.stdout
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_mismatch_is_an_error_on_each_rank_without_waiting_for_a_peer(rank: int) -> None:
+    """Every rank fails before any collective, each naming both values: each is started alone, with the variables
+    torchrun sets, so a rank that waited for its peer would hang to the timeout instead of failing."""
+    torchrun = {"TORCHELASTIC_RUN_ID": "none", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+    torchrun |= {"LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    done = run_python([SCRIPT, "--devices", "3"], timeout=60, env=base_env(torchrun))
+    assert done.returncode != 0
+    assert done.stderr.count("Fabric(devices=3) does not match torchrun's --nproc-per-node=2") == 1, done.output
     assert "RESULT" not in done.stdout
 
 
