@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from fabric_lite._plan import Plan
+from fabric_lite._hooks import as_list
+from fabric_lite._plan import Machine, Plan, resolve_plan
 from fabric_lite.accelerators import ACCELERATOR_REGISTRY, ACCELERATORS, Accelerator
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
 from fabric_lite.plugins.precision import (
@@ -98,3 +101,33 @@ def build_strategy(
         devices, environment=plan.cluster_environment, num_nodes=plan.num_nodes, start_method=plan.start_method
     )
     return instance
+
+
+def plan_and_build(
+    accelerator: str | Accelerator,
+    strategy: str | Strategy,
+    devices: list[int] | str | int,
+    num_nodes: int,
+    precision: str | int | None,
+    plugins: Any,
+    machine: Machine,
+) -> tuple[Plan, Strategy]:
+    """``Fabric(...)``'s arguments decided (over ``os.environ`` and ``machine``) and built into the strategy, for
+    ``Fabric`` and Lightning's ``_Connector``. The plan's warnings are shown on global rank 0, pointing at the line
+    that created the object."""
+    plugin_list = as_list(plugins)
+    plan = resolve_plan(
+        accelerator=accelerator,
+        strategy=strategy,
+        devices=devices,
+        num_nodes=num_nodes,
+        precision=precision,
+        plugins=plugin_list,
+        env=os.environ,
+        machine=machine,
+    )
+    built = build_strategy(plan, strategy, accelerator, plugin_list)
+    if built.global_rank == 0:
+        for message in plan.warnings:
+            warnings.warn(message, UserWarning, stacklevel=3)  # the caller of Fabric(...) or _Connector(...)
+    return plan, built

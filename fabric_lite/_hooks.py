@@ -74,21 +74,21 @@ def call_hook(callbacks: list[Any], hook_name: str, args: tuple[Any, ...], kwarg
                 )
             continue
         try:
-            signature: inspect.Signature | None = inspect.signature(method)
+            signature = inspect.signature(method)
         except (TypeError, ValueError):  # some builtins have no signature: pass everything, as Lightning does
-            signature = None
-        accepted = kwargs if signature is None else accepted_kwargs(signature, kwargs)
-        if signature is not None:
-            # check the binding first, so that a TypeError raised inside the callback is never mistaken for it
-            try:
-                signature.bind(*args, **accepted)
-            except TypeError as err:
-                raise TypeError(
-                    f"fabric.call({hook_name!r}) cannot call {type(callback).__name__}.{hook_name}{signature} with"
-                    f" {len(args)} positional argument(s) and keyword(s) {sorted(accepted)}: {err}. Pass hook"
-                    " arguments by keyword (fabric.call(hook, name=value)): each callback then receives only the"
-                    " ones its signature names."
-                ) from None
+            method(*args, **kwargs)
+            continue
+        accepted = accepted_kwargs(signature, kwargs)
+        # check the binding first, so that a TypeError raised inside the callback is never mistaken for it
+        try:
+            signature.bind(*args, **accepted)
+        except TypeError as err:
+            raise TypeError(
+                f"fabric.call({hook_name!r}) cannot call {type(callback).__name__}.{hook_name}{signature} with"
+                f" {len(args)} positional argument(s) and keyword(s) {sorted(accepted)}: {err}. Pass hook"
+                " arguments by keyword (fabric.call(hook, name=value)): each callback then receives only the"
+                " ones its signature names."
+            ) from None
         method(*args, **accepted)
 
 
@@ -112,10 +112,9 @@ def finalize_loggers(loggers: list[Any], status: str) -> None:
         finalize: Callable[[str], Any] | None = getattr(logger, "finalize", None)
         if not callable(finalize):
             continue
-        if status == "success":
-            finalize(status)
-            continue
         try:
             finalize(status)
         except Exception as err:
+            if status == "success":
+                raise
             warnings.warn(f"{type(logger).__name__}.finalize({status!r}) failed: {err!r}", UserWarning, stacklevel=2)

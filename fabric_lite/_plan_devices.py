@@ -95,11 +95,6 @@ def _accelerator_class(accelerator: Any) -> type[Accelerator]:
     raise _invalid_accelerator(accelerator)
 
 
-def _kind_of(cls: type[Accelerator]) -> AcceleratorName | None:
-    """The built-in device kind ``cls`` derives from; ``None`` for an accelerator of its own kind."""
-    return next((kind for kind, base in _KINDS if issubclass(cls, base)), None)
-
-
 def accelerator_label(accelerator: Any) -> str:
     """How the user named the accelerator, for messages."""
     return repr(accelerator_name(accelerator)) if isinstance(accelerator, Accelerator) else repr(accelerator)
@@ -134,7 +129,8 @@ def resolve_accelerator(accelerator: Any, machine: Machine) -> tuple[Accelerator
     cls = _accelerator_class(accelerator)
     if issubclass(cls, XLAAccelerator) and not _xla._XLA_AVAILABLE:
         _xla_missing(f"Fabric(accelerator={accelerator_label(accelerator)})")
-    kind = _kind_of(cls)
+    # the built-in device kind the class derives from; None for an accelerator of its own kind
+    kind = next((kind for kind, base in _KINDS if issubclass(cls, base)), None)
     if kind == "cuda" and machine.cuda_devices == 0:
         raise _not_available(accelerator, cls, "torch sees no CUDA device on this machine", machine)
     if kind == "mps" and not machine.mps_available:

@@ -141,12 +141,10 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def _one_of(
-    flag: str, choices: Sequence[str], refused: Callable[[str], str | None] = lambda _: None
-) -> Callable[[str], str]:
-    """A ``type=`` for ``flag`` that takes one of ``choices``; anything else is a usage error in the words of
-    Lightning's ``fabric run`` (click's "Invalid value for ..."), with the choices and, from ``refused``, why a
-    known name is not one of them."""
+def _one_of(flag: str, choices: Sequence[str], refused: Callable[[str], str | None] = lambda _: None) -> dict[str, Any]:
+    """The ``type=`` and ``metavar=`` of ``flag``, which takes one of ``choices``; anything else is a usage error in
+    the words of Lightning's ``fabric run`` (click's "Invalid value for ..."), with the choices and, from
+    ``refused``, why a known name is not one of them."""
 
     def parse(text: str) -> str:
         if text in choices:
@@ -159,7 +157,7 @@ def _one_of(
         )
 
     parse.__name__ = flag.lstrip("-")
-    return parse
+    return {"type": parse, "metavar": "{" + ",".join(choices) + "}"}
 
 
 def _refused_strategy(name: str) -> str | None:
@@ -228,14 +226,12 @@ class _CommandParser(argparse.ArgumentParser):
 #: ``fabric-lite run``'s settings: each flag with what ``argparse`` takes for it
 _RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
     ("--accelerator", {
-        "type": _one_of("--accelerator", _ACCELERATOR_CHOICES),
-        "metavar": "{" + ",".join(_ACCELERATOR_CHOICES) + "}",
+        **_one_of("--accelerator", _ACCELERATOR_CHOICES),
         "help": "the hardware to run on; 'auto' picks CUDA, then MPS, then the CPU (e.g. --accelerator cpu)."
         " Default: what Fabric(accelerator=...) in the script says, else 'auto'.",
     }),
     ("--strategy", {
-        "type": _one_of("--strategy", CLI_STRATEGIES, _refused_strategy),
-        "metavar": "{" + ",".join(CLI_STRATEGIES) + "}",
+        **_one_of("--strategy", CLI_STRATEGIES, _refused_strategy),
         "help": "how the processes work together (e.g. --strategy ddp). Default: what Fabric(strategy=...) in the"
         " script says, else 'auto' (ddp for several processes). Strategies that start their own processes"
         " (ddp_spawn, ...) are set in the script's Fabric(...).",
@@ -264,8 +260,7 @@ _RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
         f" nodes {DEFAULT_MULTI_NODE_PORT}; on one node a free port that torchrun picks itself (no port clash).",
     }),
     ("--precision", {
-        "type": _one_of("--precision", CLI_PRECISIONS),
-        "metavar": "{" + ",".join(CLI_PRECISIONS) + "}",
+        **_one_of("--precision", CLI_PRECISIONS),
         "help": "numeric precision (e.g. --precision bf16-mixed). Default: what Fabric(precision=...) in the script"
         " says, else '32-true'.",
     }),

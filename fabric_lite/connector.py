@@ -20,16 +20,14 @@ Example::
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterable
 from dataclasses import replace
 
 import torch
 
-from fabric_lite._build import build_strategy
+from fabric_lite._build import plan_and_build
 from fabric_lite._cli_env import launched_by_cli
-from fabric_lite._hooks import as_list
-from fabric_lite._plan import Machine, resolve_plan
+from fabric_lite._plan import Machine
 from fabric_lite.accelerators.accelerator import Accelerator
 from fabric_lite.plugins.environments import ClusterEnvironment
 from fabric_lite.plugins.io.checkpoint_io import CheckpointIO
@@ -60,23 +58,9 @@ class _Connector:
         precision: str | int | None = "32-true",
         plugins: _PLUGIN_INPUT | Iterable[_PLUGIN_INPUT] | None = None,
     ) -> None:
-        plugin_list = as_list(plugins)
         detected = Machine.detect()
         machine = replace(detected, interactive=_IS_INTERACTIVE or detected.interactive)
-        plan = resolve_plan(
-            accelerator=accelerator,
-            strategy=strategy,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            plugins=plugin_list,
-            env=os.environ,
-            machine=machine,
-        )
-        self.strategy: Strategy = build_strategy(plan, strategy, accelerator, plugin_list)
-        if self.strategy.global_rank == 0:
-            for message in plan.warnings:
-                warnings.warn(message, UserWarning, stacklevel=2)
+        plan, self.strategy = plan_and_build(accelerator, strategy, devices, num_nodes, precision, plugins, machine)
         assert self.strategy.accelerator is not None  # the build step always sets it
         self.accelerator: Accelerator = self.strategy.accelerator
         self.precision: Precision = self.strategy.precision

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import warnings
 from collections.abc import Callable, Generator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
@@ -17,12 +16,12 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
-from fabric_lite._build import build_strategy
+from fabric_lite._build import plan_and_build
 from fabric_lite._cli_env import launched_by_cli
 from fabric_lite._compile import take_apart_compiled, uncompiled
-from fabric_lite._hooks import as_list, call_hook, configure_callbacks, configure_loggers, finalize_loggers
+from fabric_lite._hooks import call_hook, configure_callbacks, configure_loggers, finalize_loggers
 from fabric_lite._metrics_gather import LoaderRegistry, gather_for_metrics
-from fabric_lite._plan import Machine, resolve_debug, resolve_plan
+from fabric_lite._plan import Machine, resolve_debug
 from fabric_lite.accelerators import Accelerator
 from fabric_lite.loggers._folder import _agree_on_versions, _attach_rank
 from fabric_lite.loggers._metrics import _check_metrics, _to_scalars
@@ -144,19 +143,9 @@ class Fabric:
         loggers: Any | list[Any] | None = None,
         debug: bool | None = None,
     ) -> None:
-        plugin_list = as_list(plugins)
-        plan = resolve_plan(
-            accelerator=accelerator,
-            strategy=strategy,
-            devices=devices,
-            num_nodes=num_nodes,
-            precision=precision,
-            plugins=plugin_list,
-            env=os.environ,
-            machine=Machine.detect(),
+        self._plan, self._strategy = plan_and_build(
+            accelerator, strategy, devices, num_nodes, precision, plugins, Machine.detect()
         )
-        self._plan = plan
-        self._strategy: Strategy = build_strategy(plan, strategy, accelerator, plugin_list)
         if resolve_debug(debug, os.environ) and isinstance(self._strategy, ParallelStrategy):
             self._strategy.debug_collectives = True
         self._callbacks = configure_callbacks(callbacks)
@@ -166,9 +155,6 @@ class Fabric:
         self._launched = False
         self._environment_ready = False
         self._dataloaders = LoaderRegistry()  # for gather_for_metrics
-        if self.global_rank == 0:
-            for message in plan.warnings:
-                warnings.warn(message, UserWarning, stacklevel=2)
         cli = launched_by_cli(os.environ)
         if cli or not _trait(self._strategy, "is_parallel"):
             # this process is set up here, not by launch(): `fabric-lite run` started it and its peers, or it runs
@@ -853,11 +839,7 @@ class Fabric:
         self._validate_launched()
         if isinstance(data, Tensor):
             return self._strategy.all_gather(convert_to_tensors(data, self.device), group=group, sync_grads=sync_grads)
-        strategy = self._strategy
-        if _takes_collections(strategy, "all_gather"):
-            return _on_tensors(data, self.device, lambda tensors: strategy.all_gather(tensors, group, sync_grads))
-        gather = partial(strategy.all_gather, group=group, sync_grads=sync_grads)
-        return _on_tensors(data, self.device, lambda tensors: [gather(tensor) for tensor in tensors])
+        return _on_tensors(data, self.device, self._strategy, "all_gather", group=group, sync_grads=sync_grads)
 
     def gather_for_metrics(self, data: Any, dataloader: Any | None = None) -> Any:
         """Gather per-sample results (e.g. predictions and targets) from every process, for a metric over exactly
@@ -916,11 +898,7 @@ class Fabric:
             )
         # the strategy returns the list it was given, reduced in place, or (DataParallel) a list of new tensors; the
         # result is a new collection holding them, as in Lightning
-        strategy = self._strategy
-        if _takes_collections(strategy, "all_reduce"):
-            return _on_tensors(data, self.device, lambda tensors: strategy.all_reduce(tensors, group, reduce_op))
-        reduce = partial(strategy.all_reduce, group=group, reduce_op=reduce_op)
-        return _on_tensors(data, self.device, lambda tensors: [reduce(tensor) for tensor in tensors])
+        return _on_tensors(data, self.device, self._strategy, "all_reduce", group=group, reduce_op=reduce_op)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """``all`` of the processes' decisions (``any`` with ``all=False``), in one collective.
@@ -1087,20 +1065,20 @@ def _trait(obj: object, name: str) -> bool:
     return getattr(obj.__class__, name, False) is True
 
 
-def _takes_collections(strategy: object, collective: str) -> bool:
-    """Whether the strategy's ``collective`` method takes a collection's tensors in one call (fabric_lite's do, with
-    one collective per dtype); one of a strategy of your own, or of a stand-in, gets one tensor per call, as in
-    Lightning (see :func:`fabric_lite.strategies.strategy._takes_collections`)."""
-    method = getattr(type(strategy), collective, None)
-    return getattr(method, "_takes_collections", False) is True
-
-
-def _on_tensors(data: Any, device: torch.device, collective: Callable[[list[Tensor]], list[Tensor]]) -> Any:
+def _on_tensors(data: Any, device: torch.device, strategy: Strategy, collective: str, **kwargs: Any) -> Any:
     """``data`` (a nested collection) with its numbers converted to tensors on ``device`` and all its tensors run
-    through ``collective`` as one flat list: the collection is walked once, and the results are put back in place."""
+    through the strategy's method ``collective`` (with ``kwargs``): the collection is walked once, and the results are
+    put back in place.
+
+    fabric_lite's strategies take the tensors as one flat list (one collective per dtype); a strategy of your own, or
+    a stand-in, gets one tensor per call, as in Lightning (see
+    :func:`fabric_lite.strategies.strategy._takes_collections`)."""
     leaves, spec = flatten(data)
     converted = convert_leaves(leaves, device)
-    results = iter(collective([x for x in converted if isinstance(x, Tensor)]))
+    tensors = [x for x in converted if isinstance(x, Tensor)]
+    method = getattr(strategy, collective)
+    takes_list = getattr(getattr(type(strategy), collective, None), "_takes_collections", False) is True
+    results = iter(method(tensors, **kwargs) if takes_list else [method(tensor, **kwargs) for tensor in tensors])
     return unflatten(spec, [next(results) if isinstance(leaf, Tensor) else leaf for leaf in converted])
 
 

@@ -596,7 +596,7 @@ def _unwrap_compiled(obj: Any) -> tuple[Any, Compiler | None]:
         module, compiler = _unwrap_compiled(torch.compile(model))  # model, its settings
         module, compiler = _unwrap_compiled(model)  # model, None
     """
-    return unwrap_compiled(obj) if is_compiled(obj) else (obj, None)
+    return unwrap_compiled(obj)
 
 
 def is_wrapped(obj: object) -> bool:

@@ -26,6 +26,13 @@ def accelerator_name(cls: type[Accelerator] | Accelerator) -> str:
     return str(name) if isinstance(name, str) else str(name())
 
 
+def _undefined(method: str) -> NotImplementedError:
+    """The error of a device method that an accelerator must define to be used by name in ``Fabric``."""
+    return NotImplementedError(
+        f"This accelerator does not define {method}(devices): define it as a static method (see CPUAccelerator)."
+    )
+
+
 class Accelerator(ABC):
     """A kind of device (CPU, CUDA GPU, Apple MPS). Subclasses are stateless.
 
@@ -55,10 +62,7 @@ class Accelerator(ABC):
         Raises:
             NotImplementedError: the subclass does not say; it must define this to be used by name in ``Fabric``.
         """
-        raise NotImplementedError(
-            "This accelerator does not define parse_devices(devices): define it as a static method (see"
-            " CPUAccelerator)."
-        )
+        raise _undefined("parse_devices")
 
     @staticmethod
     def get_parallel_devices(devices: Any) -> Any:
@@ -67,10 +71,7 @@ class Accelerator(ABC):
         Raises:
             NotImplementedError: the subclass does not say; it must define this to be used by name in ``Fabric``.
         """
-        raise NotImplementedError(
-            "This accelerator does not define get_parallel_devices(devices): define it as a static method (see"
-            " CPUAccelerator)."
-        )
+        raise _undefined("get_parallel_devices")
 
     @staticmethod
     @abstractmethod

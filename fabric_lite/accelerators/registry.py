@@ -56,9 +56,7 @@ class _AcceleratorRegistry(dict[str, dict[str, Any]]):
             self[name] = data
             return accelerator
 
-        if accelerator is not None:
-            return do_register(accelerator)
-        return do_register
+        return do_register(accelerator) if accelerator is not None else do_register
 
     def get(self, name: str, default: Any | None = None) -> Any:
         """A new instance of the accelerator registered under ``name``, built with its ``init_params``; ``default``

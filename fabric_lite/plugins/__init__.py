@@ -15,6 +15,7 @@ from fabric_lite.plugins.environments import (
     XLAEnvironment,
 )
 from fabric_lite.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO, XLACheckpointIO
+from fabric_lite.plugins.precision import _LAZY as _PRECISION_LAZY
 from fabric_lite.plugins.precision import (
     DeepSpeedPrecision,
     DoublePrecision,
@@ -30,16 +31,8 @@ from fabric_lite.utilities._lazy import lazy_getattr
 if TYPE_CHECKING:
     from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
 
-# Lightning's former names of XLAPrecision, deprecated, are imported when asked for too
-__getattr__ = lazy_getattr(
-    __name__,
-    {
-        "BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes",
-        "TPUBf16Precision": "fabric_lite.plugins.precision.tpu_bf16",
-        "TPUPrecision": "fabric_lite.plugins.precision.tpu",
-        "XLABf16Precision": "fabric_lite.plugins.precision.xlabf16",
-    },
-)
+# the precision plugins imported on first use there (Lightning's former names of XLAPrecision among them)
+__getattr__ = lazy_getattr(__name__, _PRECISION_LAZY)
 
 __all__ = [
     "AsyncCheckpointIO",

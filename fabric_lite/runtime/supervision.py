@@ -112,7 +112,7 @@ class RootCause:
         secondary = self._secondary
         waited = waited or self.clock() - self._secondary_at >= self.window
         if self.cause is None and secondary is not None and waited:
-            self.cause = self._early[0] if self._early else secondary
+            self.cause = self.early_exit or secondary
         return self.cause
 
     @property
@@ -164,7 +164,7 @@ def describe(exit: RankExit, *, rank0_finished: bool = False, traceback: bool = 
     traceback was printed already)."""
     who = f"rank {exit.rank}"
     if exit.local_rank is not None or exit.pid is not None:
-        who += f" ({', '.join(part for part in _where(exit))})"
+        who += f" ({', '.join(_where(exit))})"
     if exit.code == 0:
         return (
             f"{who} exited with code 0 while the other ranks were still running: they then lost their peer in a"

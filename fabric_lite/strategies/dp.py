@@ -15,8 +15,7 @@ from fabric_lite.plugins.precision import Precision
 from fabric_lite.runtime.collectives import ops
 from fabric_lite.strategies._backward_sync import _SyncBlocker
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
-from fabric_lite.utilities._tree import flatten, unflatten
-from fabric_lite.utilities.apply_func import move_data_to_device
+from fabric_lite.utilities.apply_func import apply_to_collection, move_data_to_device
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 
@@ -152,11 +151,7 @@ class DataParallelStrategy(Strategy):
             strategy.all_reduce({"loss": torch.tensor([1.0, 3.0]), "n": 3}, reduce_op="sum")
             # {"loss": tensor(4.), "n": 3}
         """
-        op = _replica_reduce_op(reduce_op)
-        if isinstance(tensor, Tensor):
-            return _reduce_replicas(tensor, op)  # type: ignore[return-value]
-        leaves, spec = flatten(tensor)
-        return unflatten(spec, [_reduce_replicas(x, op) if isinstance(x, Tensor) else x for x in leaves])  # type: ignore[no-any-return]
+        return apply_to_collection(tensor, Tensor, _reduce_replicas, _replica_reduce_op(reduce_op))  # type: ignore[no-any-return]
 
     @override
     @_takes_collections

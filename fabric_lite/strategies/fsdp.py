@@ -297,8 +297,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     @override
     def setup_environment(self) -> None:
         super().setup_environment()
-        if isinstance(self.precision, FSDPPrecision):  # its autocast (and created scaler) follow this device
-            self.precision._set_device_type(self.root_device.type)
+        self.precision._set_device_type(self.root_device.type)  # its autocast (and created scaler) follow this device
 
     def _fully_shard_kwargs(self, ignored: set[torch.nn.Parameter]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

@@ -28,7 +28,8 @@ from fabric_lite.runtime.collectives import ops
 from fabric_lite.strategies._backward_sync import _SyncBlocker
 from fabric_lite.strategies._horovod_ops import BROADCAST_NAME, HorovodAllGatherGrad, all_gather, all_reduce_
 from fabric_lite.strategies.strategy import Strategy, _takes_collections
-from fabric_lite.utilities._tree import flatten, unflatten
+from fabric_lite.utilities._tree import flatten
+from fabric_lite.utilities.apply_func import apply_to_collection
 from fabric_lite.utilities.exceptions import InvalidReduceOpError
 from fabric_lite.utilities.rank_zero import rank_zero_only
 from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
@@ -394,9 +395,7 @@ class HorovodStrategy(Strategy):
         self._check_group("all_gather", group)
         if not self._initialised or self.world_size == 1:
             return tensor
-        leaves, spec = ([tensor], None) if isinstance(tensor, Tensor) else flatten(tensor)
-        gathered = [self._gather_one(x, sync_grads) if isinstance(x, Tensor) else x for x in leaves]
-        return gathered[0] if spec is None else unflatten(spec, gathered)
+        return apply_to_collection(tensor, Tensor, self._gather_one, sync_grads)
 
     def _gather_one(self, tensor: Tensor, sync_grads: bool) -> Tensor:
         if sync_grads:

@@ -161,11 +161,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
         """Refuse a precision the strategy does not run, in ``Fabric(...)`` (before ``16-mixed`` on the CPU would
         become ``bf16-mixed``)."""
-        if precision not in _PRECISIONS:
-            raise ValueError(
-                f"ModelParallelStrategy does not support Fabric(..., precision={precision!r}): choose one of"
-                f" {', '.join(_PRECISIONS)}."
-            )
+        _check_precision(precision)
 
     @property
     @override
@@ -174,12 +170,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @precision.setter
     def precision(self, precision: Precision | None) -> None:
-        name = getattr(precision, "precision", "32-true") if precision is not None else "32-true"
-        if name not in _PRECISIONS:
-            raise ValueError(
-                f"ModelParallelStrategy does not support Fabric(..., precision={name!r}): choose one of"
-                f" {', '.join(_PRECISIONS)}."
-            )
+        _check_precision(getattr(precision, "precision", "32-true"))  # None: the default, "32-true"
         self._precision = precision
 
     @property
@@ -358,6 +349,15 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
             f" data_parallel_size={self._data_parallel_size!r}, tensor_parallel_size={self._tensor_parallel_size!r},"
             f" data_parallel_replicate_size={self._replicate_size},"
             f" save_distributed_checkpoint={self._save_distributed_checkpoint})"
+        )
+
+
+def _check_precision(name: str) -> None:
+    """Refuse a precision that the strategy does not run (one of :data:`_PRECISIONS`)."""
+    if name not in _PRECISIONS:
+        raise ValueError(
+            f"ModelParallelStrategy does not support Fabric(..., precision={name!r}): choose one of"
+            f" {', '.join(_PRECISIONS)}."
         )
 
 

@@ -428,16 +428,21 @@ class Strategy(ABC):
                 self.checkpoint_io.save_checkpoint(checkpoint=checkpoint, path=path, storage_options=storage_options)
         except Exception as err:
             error, message = err, f"{type(err).__name__}: {err}"
-        message = self._share_save_outcome(message)
-        if error is not None:
-            raise error
-        if message is not None:
-            raise CheckpointError(f"Rank 0 failed to save the checkpoint: {message}")
+        self._raise_shared_outcome(error, message, "Rank 0 failed to save the checkpoint")
 
     def _share_save_outcome(self, message: str | None) -> str | None:
         """Rank 0's outcome of :meth:`save_checkpoint` (``None``, or the error it raised), on every process: a
         broadcast from rank 0 in a strategy of several processes; ``message`` itself in one process."""
         return message
+
+    def _raise_shared_outcome(self, error: Exception | None, message: str | None, failure: str) -> None:
+        """Raise this process's own ``error``, if any; else, where rank 0's ``message`` (shared with every process by
+        :meth:`_share_save_outcome`) says that it failed, a :class:`CheckpointError` starting with ``failure``."""
+        message = self._share_save_outcome(message)
+        if error is not None:
+            raise error
+        if message is not None:
+            raise CheckpointError(f"{failure}: {message}")
 
     def _async_io(self) -> AsyncCheckpointIO | None:
         """The :class:`AsyncCheckpointIO` this strategy saves through, if any (read directly: strategies that refuse
@@ -461,11 +466,7 @@ class Strategy(ABC):
             io.wait()
         except CheckpointError as err:
             error, message = err, str(err)
-        message = self._share_save_outcome(message)
-        if error is not None:
-            raise error
-        if message is not None:
-            raise CheckpointError(f"Rank 0's checkpoint was not saved: {message}")
+        self._raise_shared_outcome(error, message, "Rank 0's checkpoint was not saved")
 
     def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
         """After an error in training: wait up to ``timeout`` seconds for the write in flight, and print its error

@@ -56,14 +56,19 @@ class _DeviceDtypeModuleMixin(Module):
             return torch.device("cuda", torch.cuda.current_device())
         return device
 
+    def _recorded(
+        self, moved: Self, device: torch.device | None = None, dtype: str | torch.dtype | None = None
+    ) -> Self:
+        """``moved`` (this module, after a move or cast), with ``device`` and ``dtype`` recorded where given."""
+        _update_properties(self, device=device, dtype=dtype)
+        return moved
+
     @override
     def to(self, *args: Any, **kwargs: Any) -> Self:
         """:meth:`torch.nn.Module.to`, recording the device and dtype it moves to."""
         # the arguments as nn.Module.to reads them: a device and a dtype, each given or None
         device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
-        moved = super().to(*args, **kwargs)
-        _update_properties(self, device=device, dtype=dtype)
-        return moved
+        return self._recorded(super().to(*args, **kwargs), device=device, dtype=dtype)
 
     @override
     def cuda(self, device: torch.device | int | None = None) -> Self:
@@ -72,44 +77,32 @@ class _DeviceDtypeModuleMixin(Module):
             device = torch.device("cuda", torch.cuda.current_device())
         elif isinstance(device, int):
             device = torch.device("cuda", device)
-        moved = super().cuda(device=device)
-        _update_properties(self, device=device)
-        return moved
+        return self._recorded(super().cuda(device=device), device=device)
 
     @override
     def cpu(self) -> Self:
         """:meth:`torch.nn.Module.cpu`, recording the device."""
-        moved = super().cpu()
-        _update_properties(self, device=torch.device("cpu"))
-        return moved
+        return self._recorded(super().cpu(), device=torch.device("cpu"))
 
     @override
     def type(self, dst_type: str | torch.dtype) -> Self:
         """:meth:`torch.nn.Module.type`, recording the dtype."""
-        cast = super().type(dst_type=dst_type)
-        _update_properties(self, dtype=dst_type)
-        return cast
+        return self._recorded(super().type(dst_type=dst_type), dtype=dst_type)
 
     @override
     def float(self) -> Self:
         """:meth:`torch.nn.Module.float`, recording the dtype."""
-        cast = super().float()
-        _update_properties(self, dtype=torch.float)
-        return cast
+        return self._recorded(super().float(), dtype=torch.float)
 
     @override
     def double(self) -> Self:
         """:meth:`torch.nn.Module.double`, recording the dtype."""
-        cast = super().double()
-        _update_properties(self, dtype=torch.double)
-        return cast
+        return self._recorded(super().double(), dtype=torch.double)
 
     @override
     def half(self) -> Self:
         """:meth:`torch.nn.Module.half`, recording the dtype."""
-        cast = super().half()
-        _update_properties(self, dtype=torch.half)
-        return cast
+        return self._recorded(super().half(), dtype=torch.half)
 
 
 def _update_properties(

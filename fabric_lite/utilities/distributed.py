@@ -111,9 +111,7 @@ def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_g
         return tensor
     # one small collective first, so that different shapes raise on every rank instead of crashing gloo
     collectives.check_collective("all_gather", [tensor], group, tensor.device)
-    if sync_grads:
-        return AllGatherGrad.apply(tensor, group)  # type: ignore[no-any-return,no-untyped-call]
-    with torch.no_grad():
+    with contextlib.nullcontext() if sync_grads else torch.no_grad():
         return AllGatherGrad.apply(tensor, group)  # type: ignore[no-any-return,no-untyped-call]
 
 

@@ -58,8 +58,8 @@ def _slurm_interactive(env: Mapping[str, str]) -> bool:
 
 def _several_task_step(env: Mapping[str, str]) -> bool:
     """Whether ``srun`` started this process as one task of a step of several, whose tasks are the ranks."""
-    step_tasks = _step_tasks(env)
-    return _in_srun_step(env) and step_tasks is not None and step_tasks > 1
+    step_tasks = env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", ""))
+    return _in_srun_step(env) and step_tasks.strip().isdigit() and int(step_tasks) > 1
 
 
 def _started_by_srun(env: Mapping[str, str]) -> bool:
@@ -121,11 +121,6 @@ def _uniform_count(spec: str) -> int | None:
     ``"2,1"`` gives ``None``."""
     counts = {int(m) for m in re.findall(r"(\d+)(?:\(x\d+\))?", spec)}
     return counts.pop() if len(counts) == 1 else None
-
-
-def _step_tasks(env: Mapping[str, str]) -> int | None:
-    value = env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", ""))
-    return int(value) if value.strip().isdigit() else None
 
 
 def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | None:

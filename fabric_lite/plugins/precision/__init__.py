@@ -22,16 +22,15 @@ from fabric_lite.utilities._lazy import lazy_getattr
 if TYPE_CHECKING:
     from fabric_lite.plugins.precision.bitsandbytes import BitsandbytesPrecision
 
-# Lightning's former names of XLAPrecision, deprecated, are imported when asked for too
-__getattr__ = lazy_getattr(
-    __name__,
-    {
-        "BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes",
-        "TPUBf16Precision": "fabric_lite.plugins.precision.tpu_bf16",
-        "TPUPrecision": "fabric_lite.plugins.precision.tpu",
-        "XLABf16Precision": "fabric_lite.plugins.precision.xlabf16",
-    },
-)
+#: what is imported on first use, here and in ``fabric_lite.plugins``; Lightning's former names of XLAPrecision,
+#: deprecated, are imported when asked for too
+_LAZY = {
+    "BitsandbytesPrecision": "fabric_lite.plugins.precision.bitsandbytes",
+    "TPUBf16Precision": "fabric_lite.plugins.precision.tpu_bf16",
+    "TPUPrecision": "fabric_lite.plugins.precision.tpu",
+    "XLABf16Precision": "fabric_lite.plugins.precision.xlabf16",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 __all__ = [
     "BitsandbytesPrecision",

@@ -105,7 +105,7 @@ class TransformerEnginePrecision(_TrueDtypePrecision):
         self._desired_input_dtype = dtype
 
     def convert_module(self, module: Module) -> Module:
-        if any(_is_transformer_engine_layer(layer) for layer in module.modules()):
+        if any("transformer_engine.pytorch" in type(layer).__module__ for layer in module.modules()):
             # the user built the model with Transformer Engine layers (or under init_module): leave it as it is
             if self.replace_layers is True:
                 rank_zero_info(
@@ -144,10 +144,6 @@ class TransformerEnginePrecision(_TrueDtypePrecision):
             stack.enter_context(torch.autocast(device_type="cuda", dtype=self.fallback_compute_dtype))
             stack.enter_context(te.fp8_autocast(enabled=True, fp8_recipe=self.recipe))
             yield
-
-
-def _is_transformer_engine_layer(module: Module) -> bool:
-    return "transformer_engine.pytorch" in type(module).__module__
 
 
 def _replace_layers(module: Module) -> None:

@@ -85,9 +85,7 @@ class _BackgroundSave:
         thread = self._thread
         if thread is not None:
             thread.join(timeout)
-            if thread.is_alive():
-                return False
-        return True
+        return thread is None or not thread.is_alive()
 
     def wait(self) -> None:
         """Block until the write in flight is done.

@@ -31,7 +31,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -505,25 +505,20 @@ def read_metadata(folder: Folder) -> Any:
         ) from err
 
 
+def _key_paths(metadata: Any) -> Iterator[tuple[str, Any]]:
+    """Each flat key of a checkpoint's DCP metadata with its path in the saved state dict (``None`` if unknown)."""
+    planner_data = metadata.planner_data or {}
+    return ((flat_key, planner_data.get(flat_key)) for flat_key in metadata.state_dict_metadata)
+
+
 def top_level_keys(metadata: Any) -> list[str]:
     """The top-level entries of a checkpoint (``"model"``, ``"step"``, ...) from its DCP metadata."""
-    keys: dict[str, None] = {}
-    planner_data = metadata.planner_data or {}
-    for flat_key in metadata.state_dict_metadata:
-        path = planner_data.get(flat_key)
-        keys[str(path[0]) if path else flat_key] = None
-    return list(keys)
+    return list(dict.fromkeys(str(path[0]) if path else flat_key for flat_key, path in _key_paths(metadata)))
 
 
 def entry_keys(metadata: Any, entry: str) -> set[str]:
     """The keys of top-level entry ``entry`` (e.g. a module's parameter names) in a checkpoint's DCP metadata."""
-    planner_data = metadata.planner_data or {}
-    found = set()
-    for flat_key in metadata.state_dict_metadata:
-        path = planner_data.get(flat_key)
-        if path and str(path[0]) == entry and len(path) > 1:
-            found.add(str(path[1]))
-    return found
+    return {str(path[1]) for _, path in _key_paths(metadata) if path and str(path[0]) == entry and len(path) > 1}
 
 
 def read_entries(folder: Folder, keys: list[str] | None) -> dict[str, Any]:

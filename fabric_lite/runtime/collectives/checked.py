@@ -169,9 +169,7 @@ def _exchange(
     message = torch.frombuffer(raw, dtype=torch.uint8)
     if device.type != "cpu":
         message = message.to(device)
-    gathered = torch.empty(world_size * _MESSAGE_BYTES, dtype=torch.uint8, device=device)
-    _all_gather_flat(gathered, message, group)
-    rows = gathered.view(world_size, _MESSAGE_BYTES)
+    rows = _all_gather_flat(message, group, world_size)
     heads = rows[:, :_SIGNATURE_BYTES]
     signatures = (heads if heads.device.type == "cpu" else heads.cpu()).numpy()
     if not (signatures == signatures[0]).all():

@@ -92,9 +92,8 @@ class _AllGatherGrad(torch.autograd.Function):
     def forward(ctx: Any, tensor: Tensor, group: Any | None = None) -> Tensor:
         ctx.group = group
         world_size = dist.get_world_size(group)
-        out = torch.empty(world_size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        _all_gather_flat(out, tensor.detach().contiguous().reshape(-1), group)
-        return out.view(world_size, *tensor.shape)
+        rows = _all_gather_flat(tensor.detach().contiguous().reshape(-1), group, world_size)
+        return rows.view(world_size, *tensor.shape)
 
     @staticmethod
     def backward(ctx: Any, *grad_output: Tensor) -> tuple[Tensor, None]:
@@ -121,9 +120,7 @@ def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
     meta[0] = tensor.dim()
     meta[1] = _DTYPE_CODE[tensor.dtype]
     meta[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    metas = torch.empty(world_size * meta.numel(), dtype=torch.int64, device=tensor.device)
-    _all_gather_flat(metas, meta, group)
-    rows = metas.view(world_size, -1).cpu()
+    rows = _all_gather_flat(meta, group, world_size).cpu()
     if bool((rows[:, :2] != rows[0, :2]).any()):
         ranks = dist.get_process_group_ranks(group) if group is not None else range(world_size)
         table = "\n".join(
@@ -138,8 +135,5 @@ def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
     largest = tuple(max(shape[d] for shape in shapes) for d in range(ndim))
     padded = torch.zeros(largest, dtype=tensor.dtype, device=tensor.device)
     padded[tuple(slice(0, n) for n in tensor.shape)] = tensor
-    numel = padded.numel()
-    out = torch.empty(world_size * numel, dtype=tensor.dtype, device=tensor.device)
-    _all_gather_flat(out, padded.reshape(-1), group)
-    gathered = out.view(world_size, *largest)
+    gathered = _all_gather_flat(padded.reshape(-1), group, world_size).view(world_size, *largest)
     return [gathered[r][tuple(slice(0, n) for n in shape)] for r, shape in enumerate(shapes)]

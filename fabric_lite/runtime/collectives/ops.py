@@ -176,22 +176,19 @@ def _columns(rows: Tensor, buffers: Sequence[Tensor]) -> Iterator[Tensor]:
         offset += size
 
 
-def _all_gather_flat(output: Tensor, flat: Tensor, group: Any) -> None:
-    """Gather the 1-D ``flat`` of every rank into the 1-D ``output`` of ``world_size * flat.numel()`` elements."""
+def _all_gather_flat(flat: Tensor, group: Any, world_size: int) -> Tensor:
+    """Gather the 1-D ``flat`` of every rank of ``group`` (``world_size`` ranks): ``(world_size, flat.numel())``, one
+    row per rank."""
+    output = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
     # torch >= 2.12 renames all_gather_into_tensor to all_gather_single, deprecating the old name
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(output, flat, group)
+    return output.view(world_size, -1)
 
 
 def _gather_buffers(buffers: Sequence[Tensor], group: Any, world_size: int) -> list[Tensor]:
     """All-gather each buffer (one per device and dtype) flat: ``(world_size, numel)`` each."""
-    outs = []
-    for buffer in buffers:
-        flat = buffer.reshape(-1)
-        out = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
-        _all_gather_flat(out, flat, group)
-        outs.append(out.view(world_size, -1))
-    return outs
+    return [_all_gather_flat(buffer.reshape(-1), group, world_size) for buffer in buffers]
 
 
 # ---------------------------------------------------------------------------------------------- reductions

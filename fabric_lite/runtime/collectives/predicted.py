@@ -309,9 +309,7 @@ def _reduce_planned(
         if plan.flagged:  # one more word: 1 from a rank with real data, 0 from one without
             parts.append(torch.tensor([int(aliases is not None)], dtype=torch.int64).view(torch.uint8))
         message = parts[0] if len(parts) == 1 else torch.cat(parts)
-        gathered = torch.empty(world_size * message.numel(), dtype=torch.uint8)
-        _all_gather_flat(gathered, message, group.group)
-        rows = gathered.view(world_size, -1)
+        rows = _all_gather_flat(message, group.group, world_size)
         if plan.flagged:
             clean = bool((rows[:, -8:].view(torch.int64) == 1).all())
             if not clean and aliases is None:

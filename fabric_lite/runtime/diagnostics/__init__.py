@@ -144,9 +144,9 @@ class RankDiagnostics:
         trail = self.trail
         return trail.enter(checked, trail.describe(description), 2) if trail is not None else -1
 
-    def exit(self, slot: int) -> None:
+    def exit(self, slot: int, state: int = _trail.DONE) -> None:
         if self.trail is not None and slot >= 0:
-            self.trail.exit(slot)
+            self.trail.exit(slot, state)
 
     def failed(self, slot: int, name: str, err: BaseException, debug: bool = False) -> None:
         """A collective raised ``err``: mark its record failed, raise :class:`CollectiveTimeoutError` (with the hang
@@ -160,8 +160,7 @@ class RankDiagnostics:
                 # fabric_lite's own launchers see a death themselves, and report it; under the others, this rank does
                 self._report_lost_peer(name, seq, err)
         finally:
-            if trail is not None and slot >= 0:
-                trail.exit(slot, _trail.FAILED)
+            self.exit(slot, _trail.FAILED)
 
     def raise_if_timed_out(self, name: str, err: BaseException, seq: int | None = None, debug: bool = False) -> None:
         """Raise the error for a collective that timed out, naming it and, where the store can tell, the missing

@@ -339,10 +339,8 @@ class ReportOnTerm:
         return True
 
     def _on_signal(self, signum: int) -> None:
-        if signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) == self._on_term:
-            self._terminate()
-
-    def _terminate(self) -> None:
+        if signum != signal.SIGTERM or signal.getsignal(signal.SIGTERM) != self._on_term:
+            return
         with self.lock:
             views = read_trails(self.run_dir)
             if any(rank != self.own_rank and not _alive(view) for rank, view in views.items()):

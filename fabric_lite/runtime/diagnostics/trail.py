@@ -32,6 +32,7 @@ import os
 import signal
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -95,20 +96,12 @@ def trail_enabled() -> bool:
 
 def run_dir_base() -> str:
     """Where run folders go: ``/dev/shm`` (memory, never written to disk) when writable, else the temp folder."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else _tempdir()
-
-
-def _tempdir() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
 def make_run_dir() -> str:
     """A new, empty run folder for a job started by one of fabric_lite's launchers (which removes it after), once
     the folders of earlier jobs that nobody removed (a launcher killed with SIGKILL) are swept away."""
-    import tempfile
-
     base = run_dir_base()
     sweep_run_dirs(base)
     return tempfile.mkdtemp(prefix=f"fabric_lite-{os.getuid()}-", dir=base)
@@ -147,7 +140,7 @@ def derived_run_dir(environ: Any) -> str:
         for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RESTART_COUNT")
     ]
     digest = hashlib.blake2b("|".join(parts).encode(), digest_size=6).hexdigest()
-    return os.path.join(_tempdir(), f"fabric_lite-{os.getuid()}-run-{digest}")
+    return os.path.join(tempfile.gettempdir(), f"fabric_lite-{os.getuid()}-run-{digest}")
 
 
 #: stack signals this process set to ``SIG_IGN`` when it closed a trail: a later trail may register them again

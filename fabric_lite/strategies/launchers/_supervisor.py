@@ -1,4 +1,10 @@
-"""Supervision of the script launcher's child processes, from rank 0.
+"""Supervision of a launcher's ranks, from the launching process.
+
+The machinery both launchers share is here, over a thin :class:`Rank` adapter per kind of process: watching the ranks
+until :class:`~fabric_lite.runtime.supervision.RootCause` names the root cause (:func:`watch`), reporting where every
+rank was (:func:`report`), passing a signal on (:func:`forward_signal`) and stopping the ranks (:func:`stop`). The
+script launcher's :class:`ProcessSupervisor` applies it from rank 0, as follows (the spawn launcher's is
+``multiprocessing._supervise``).
 
 The job ends when its first rank fails, and the report names that rank as the root cause:
 
@@ -29,8 +35,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fabric_lite.runtime.diagnostics.hang_report import collect, print_report, wait_for_reporter, without_block
 from fabric_lite.runtime.supervision import RankExit, RootCause, describe, is_secondary
@@ -40,17 +47,155 @@ from fabric_lite.strategies.launchers.launcher import ForwardSignals
 _MAX_REPORT = 60_000
 
 
+class Rank(Protocol):
+    """A rank's process as a supervisor sees it: a thin adapter over ``subprocess.Popen`` or
+    ``multiprocessing.Process``.
+
+    Attributes:
+        rank: its global rank.
+        local_rank: its local rank.
+    """
+
+    rank: int
+    local_rank: int
+
+    @property
+    def pid(self) -> int:
+        """Its process id."""
+
+    def poll(self) -> int | None:
+        """Its exit code (negative: the signal that ended it), or ``None`` while it runs."""
+
+    def join(self, timeout: float | None) -> None:
+        """Wait for it to exit, ``timeout`` seconds at most."""
+
+    def error(self) -> str | None:
+        """What it reported of its failure (its traceback), if anything; read once, when it has failed."""
+
+
+def rank_exit(rank: Rank, code: int) -> RankExit:
+    """The end of ``rank`` with exit code ``code``, for the verdict."""
+    error = rank.error() if code > 0 else None
+    return RankExit(rank.rank, code, error or None, rank.local_rank, rank.pid)
+
+
+def watch(
+    ranks: Sequence[Rank],
+    verdict: RootCause,
+    between: Callable[[], None],
+    *,
+    stopped: Callable[[], bool] = lambda: False,
+    job_running: Callable[[], bool] = lambda: True,
+) -> RankExit | None:
+    """Tell ``verdict`` of every rank's end, calling ``between`` between the rounds, until it names the root cause
+    (returned); ``None`` once every rank has exited with code 0, or ``stopped()``.
+
+    ``job_running()``: whether a rank that ends now ends while the job is still meant to run.
+    """
+    seen: set[int] = set()
+    while not stopped():
+        running = False
+        for rank in ranks:
+            code = rank.poll()
+            if code is None:
+                running = True
+            elif rank.rank not in seen:
+                seen.add(rank.rank)
+                verdict.saw(rank_exit(rank, code), job_running=job_running())
+        cause = verdict.decide()
+        if cause is not None or not (running or verdict.failed):
+            return cause
+        between()
+    return None
+
+
+def report(
+    run_dir: str | None, reason: str, ranks: Sequence[Rank], world_size: int | None, own_rank: int | None = None
+) -> None:
+    """Print where every rank was (the hang report, from the trails in ``run_dir``), unless a rank has printed it
+    already; ``own_rank`` is this process's rank, if it is one."""
+    if run_dir is None:
+        return
+    codes = {r.rank: code for r in ranks if (code := r.poll()) is not None}
+    pids = {r.rank: r.pid for r in ranks}
+    if own_rank is not None:
+        pids[own_rank] = os.getpid()
+    print_report(
+        lambda: collect(run_dir, reason=reason, exit_codes=codes, pids=pids, world_size=world_size, own_rank=own_rank),
+        to_stderr,
+    )
+
+
+def forward_signal(ranks: Sequence[Rank], signum: int, grace: float, run_dir: str | None = None) -> None:
+    """Pass ``signum`` on to every running rank, wait up to ``grace`` seconds for them to exit, then :func:`stop`
+    what is left."""
+    for rank in ranks:
+        _send_signal(rank, signum)
+    _join_all(ranks, grace)  # for the ranks to act on the signal themselves (e.g. save a checkpoint on SIGTERM)
+    stop(ranks, 1.0, run_dir)
+
+
+def stop(ranks: Sequence[Rank], grace: float, run_dir: str | None = None) -> None:
+    """SIGTERM every running rank, wait up to ``grace`` seconds, then SIGKILL what is left (a rank reporting where
+    every rank was, in ``run_dir``, is let finish first)."""
+    alive = [rank for rank in ranks if rank.poll() is None]
+    wait_for_reporter(run_dir, {rank.pid: rank.join for rank in alive})
+    for rank in alive:
+        _send_signal(rank, signal.SIGTERM)
+    _join_all(alive, grace)
+    for rank in alive:
+        if rank.poll() is None:
+            _send_signal(rank, signal.SIGKILL)
+            rank.join(None)
+
+
+def _send_signal(rank: Rank, signum: int) -> None:
+    """Send ``signum`` to ``rank`` unless it has exited (and so may have given its pid to another process)."""
+    if rank.poll() is None:
+        with contextlib.suppress(OSError):
+            os.kill(rank.pid, signum)
+
+
+def _join_all(ranks: Sequence[Rank], timeout: float) -> None:
+    """Wait for every rank to exit, ``timeout`` seconds in all at most."""
+    deadline = time.monotonic() + timeout
+    for rank in ranks:
+        rank.join(max(0.0, deadline - time.monotonic()))
+
+
+def to_stderr(message: str) -> None:
+    """Write ``message`` to stderr, ending in one newline; a stderr closed at exit is no error."""
+    try:
+        sys.stderr.write(message.rstrip("\n") + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- the script launcher
 @dataclass
 class Child:
-    """A process started by the launcher, and the read end of the pipe it reports its error into."""
+    """A process started by the script launcher, and the read end of the pipe it reports its error into (a
+    :class:`Rank` over ``Popen``)."""
 
-    global_rank: int
+    rank: int
     local_rank: int
     process: subprocess.Popen[bytes]
     error_fd: int
 
-    def read_error(self) -> str:
-        """What the child wrote into its error pipe (empty if nothing)."""
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def join(self, timeout: float | None) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=timeout)
+
+    def error(self) -> str:
+        """What the child wrote into its error pipe (empty if nothing), less the hang report it printed itself."""
         chunks = []
         while True:
             try:
@@ -60,25 +205,7 @@ class Child:
             if not chunk:
                 break
             chunks.append(chunk)
-        return b"".join(chunks).decode(errors="replace")
-
-
-def _joiner(process: subprocess.Popen[bytes]) -> Callable[[float], None]:
-    """``process``'s wait as a ``join(timeout)`` that returns when the time is up."""
-
-    def join(timeout: float) -> None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=timeout)
-
-    return join
-
-
-def _stderr(message: str) -> None:
-    try:
-        sys.stderr.write(message.rstrip("\n") + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+        return without_block(b"".join(chunks).decode(errors="replace")).rstrip()
 
 
 def record_child_errors(error_fd: int) -> None:
@@ -146,16 +273,8 @@ class ProcessSupervisor:
         """SIGTERM or SIGINT reached rank 0: tell every child, give them a grace period, then end them."""
         name = signal.Signals(signum).name
         self._claim(f"the job received {name}; it was passed on to every rank.")
-        _stderr(f"fabric_lite: received {name}; passing it on to the other ranks.")
-        for child in self.children:
-            if child.process.poll() is None:
-                with contextlib.suppress(OSError):
-                    child.process.send_signal(signum)
-        # the ranks get the grace period to act on the signal themselves (e.g. save a checkpoint on SIGTERM)
-        deadline = time.monotonic() + self.grace
-        while any(c.process.poll() is None for c in self.children) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self.terminate_children(grace=1.0)
+        to_stderr(f"fabric_lite: received {name}; passing it on to the other ranks.")
+        forward_signal(self.children, signum, self.grace, self.run_dir)
 
     def arm_exit_handler(self) -> None:
         """Register :meth:`wait_at_exit`; call it after the process group exists, so that it runs before the
@@ -164,40 +283,21 @@ class ProcessSupervisor:
 
     # ------------------------------------------------------------------ watching
     def _run(self) -> None:
-        verdict = self._verdict
-        seen: set[int] = set()
-        while self.failure is None:
-            running = False
-            for child in self.children:
-                code = child.process.poll()
-                if code is None:
-                    running = True
-                elif child.global_rank not in seen:
-                    seen.add(child.global_rank)
-                    verdict.saw(self._exit(child, code), job_running=not self._main_exiting.is_set())
-            cause = verdict.decide()
-            if cause is not None:
-                self._on_failure(cause)
-                return
-            if not running and not verdict.failed:
-                return
-            time.sleep(self.poll_interval)
-
-    @staticmethod
-    def _exit(child: Child, code: int) -> RankExit:
-        # the child printed its traceback itself: the hang report in it is not repeated
-        error = without_block(child.read_error()).rstrip() if code > 0 else None
-        return RankExit(child.global_rank, code, error or None, child.local_rank, child.process.pid)
+        cause = watch(
+            self.children,
+            self._verdict,
+            lambda: time.sleep(self.poll_interval),
+            stopped=lambda: self.failure is not None,
+            job_running=lambda: not self._main_exiting.is_set(),
+        )
+        if cause is not None:
+            self._on_failure(cause)
 
     def _early_exit(self) -> RankExit | None:
         """The first child that exited with code 0 while the others still ran, if any: called once another rank has
         lost its peer, so a child that has exited with code 0 by now left early, even if the watching thread had not
         noticed it yet."""
-        early = self._verdict.early_exit
-        if early is not None:
-            return early
-        child = next((c for c in self.children if c.process.poll() == 0), None)
-        return None if child is None else RankExit(child.global_rank, 0, None, child.local_rank, child.process.pid)
+        return self._verdict.early_exit or next((rank_exit(c, 0) for c in self.children if c.poll() == 0), None)
 
     def _claim(self, description: str) -> bool:
         """Record the root cause; only the first claim counts, later failures are its consequences."""
@@ -211,53 +311,24 @@ class ProcessSupervisor:
         description = describe(cause, rank0_finished=self._rank0_finished)
         if not self._claim(description):
             return
-        _stderr(
+        to_stderr(
             f"\nfabric_lite: the job failed. Root cause: {description}\n"
             "fabric_lite: stopping the other ranks; errors they report from now on are consequences of this failure."
         )
-        self._report(f"rank {cause.rank} ended ({description.splitlines()[0]})")
-        self.terminate_children()
+        reason = f"rank {cause.rank} ended ({description.splitlines()[0]})"
+        report(self.run_dir, reason, self.children, self.world_size, own_rank=0)
+        stop(self.children, self.grace, self.run_dir)
         # rank 0 usually fails on its own right away (its next collective loses its peer); if it is busy
         # elsewhere, end it so that the job does not outlive its failure
         if self._main_exiting.wait(self.grace):
             return
-        _stderr(f"fabric_lite: rank 0 did not stop within {self.grace:.0f} s of the failure; exiting.")
+        to_stderr(f"fabric_lite: rank 0 did not stop within {self.grace:.0f} s of the failure; exiting.")
         self._remove_run_dir()
         os._exit(1)
-
-    def _report(self, reason: str) -> None:
-        """Print where every rank was (the hang report), unless a rank has printed it already."""
-        run_dir = self.run_dir
-        if run_dir is None:
-            return
-        codes = {c.global_rank: c.process.returncode for c in self.children if c.process.returncode is not None}
-        pids = {0: os.getpid(), **{c.global_rank: c.process.pid for c in self.children}}
-        print_report(
-            lambda: collect(
-                run_dir, reason=reason, exit_codes=codes, pids=pids, world_size=self.world_size, own_rank=0
-            ),
-            _stderr,
-        )
 
     def _remove_run_dir(self) -> None:
         if self.run_dir is not None:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-
-    def terminate_children(self, grace: float = 3.0) -> None:
-        """SIGTERM every running child, wait up to ``grace`` seconds, then SIGKILL what is left (a child reporting
-        where every rank was is let finish first)."""
-        alive = [c.process for c in self.children if c.process.poll() is None]
-        wait_for_reporter(self.run_dir, {p.pid: _joiner(p) for p in alive})
-        for process in alive:
-            with contextlib.suppress(OSError):
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for process in alive:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
     # ------------------------------------------------------------------ rank 0 exiting
     def wait_at_exit(self) -> None:
@@ -274,30 +345,28 @@ class ProcessSupervisor:
                     self._thread.join(0.05)
                 early = self._early_exit()
                 if early is not None and self._claim(describe(early)):
-                    _stderr(f"\nfabric_lite: the job failed. Root cause: {self.failure}")
+                    to_stderr(f"\nfabric_lite: the job failed. Root cause: {self.failure}")
             if isinstance(rank0_error, KeyboardInterrupt):
                 cause = "the job was interrupted (SIGINT / Ctrl+C); every rank was told."
             else:
                 message = without_block(str(rank0_error), "").rstrip()
                 cause = f"rank 0 failed: {type(rank0_error).__name__}: {message} (traceback above)."
             if self._claim(cause):
-                _stderr(
+                to_stderr(
                     f"\nfabric_lite: the job failed. Root cause: {self.failure}\nfabric_lite: stopping the other ranks."
                 )
-                self.terminate_children()
+                stop(self.children, self.grace, self.run_dir)
         else:
             self._rank0_finished = True
             self.teardown()
         while self._thread.is_alive():
             self._thread.join(0.1)
         for child in self.children:
-            if child.process.poll() is None:
-                child.process.wait()
-        for child in self.children:
+            child.join(None)
             with contextlib.suppress(OSError):
                 os.close(child.error_fd)
         self._remove_run_dir()
         if self.failure is not None and rank0_error is None:
-            _stderr(f"fabric_lite: exiting with code 1: {self.failure.splitlines()[0]}")
+            to_stderr(f"fabric_lite: exiting with code 1: {self.failure.splitlines()[0]}")
             sys.stdout.flush()
             os._exit(1)

@@ -9,8 +9,6 @@ import multiprocessing.connection
 import os
 import pickle
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -23,17 +21,10 @@ from typing_extensions import override
 
 from fabric_lite.runtime import rendezvous
 from fabric_lite.runtime.diagnostics import trail as _trail
-from fabric_lite.runtime.diagnostics.hang_report import (
-    BLOCK_START,
-    collect,
-    find_block,
-    how_it_ended,
-    print_report,
-    signal_name,
-    wait_for_reporter,
-)
+from fabric_lite.runtime.diagnostics.hang_report import BLOCK_START, find_block
 from fabric_lite.runtime.run import RunContext
-from fabric_lite.runtime.supervision import RankExit, RootCause
+from fabric_lite.runtime.supervision import RootCause, how_it_ended, signal_name
+from fabric_lite.strategies.launchers._supervisor import forward_signal, report, stop, to_stderr, watch
 from fabric_lite.strategies.launchers.launcher import ForwardSignals, Launcher, die_with_launcher
 from fabric_lite.utilities._tree import flatten
 from fabric_lite.utilities.distributed import _set_num_threads_if_needed
@@ -120,18 +111,12 @@ class MultiProcessingLauncher(Launcher):
             processes = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
                 worker, args=worker_args, nprocs=strategy.num_processes, start_method=self._start_method, join=False
             )
-            received: list[Any] = []
-            _supervise(
-                processes,
-                results,
-                received,
-                run_dir=run_dir,
-                first_rank=strategy.global_rank,
-                world=strategy.world_size,
+            payload = _supervise(
+                processes, results, run_dir=run_dir, first_rank=strategy.global_rank, world=strategy.world_size
             )
-            if not received:
+            if payload is None:
                 return None  # global rank 0 runs on another node
-            return pickle.loads(received[0])
+            return pickle.loads(payload)
         finally:
             results.close()
             del store
@@ -236,17 +221,45 @@ def _unshare_modules(data: Any) -> None:
                     tensor.data = tensor.data.clone()
 
 
+@dataclass
+class _SpawnedRank:
+    """A worker as the supervisor sees it (a :class:`~fabric_lite.strategies.launchers._supervisor.Rank` over a
+    ``multiprocessing`` process); ``local_rank`` is its index among this node's workers."""
+
+    rank: int
+    local_rank: int
+    process: Any  # a started multiprocessing process
+    error_file: str  # where torch.multiprocessing has the worker pickle its traceback
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)  # a started process has one
+
+    def poll(self) -> int | None:
+        return self.process.exitcode  # type: ignore[no-any-return]
+
+    def join(self, timeout: float | None) -> None:
+        self.process.join(timeout)
+
+    def error(self) -> str | None:
+        try:
+            with open(self.error_file, "rb") as f:
+                return str(pickle.load(f))
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+
+
 def _supervise(
     processes: Any,
     results: Any,
-    received: list[Any],
     window: float = 1.0,
     grace: float = 3.0,
     run_dir: str | None = None,
     first_rank: int = 0,
     world: int | None = None,
-) -> None:
-    """Wait for the workers, reading rank 0's result as it comes; on a failure, end the job with its root cause.
+) -> bytes | None:
+    """Wait for the workers and return rank 0's pickled result (``None`` where rank 0 runs on another node), read as it
+    comes; on a failure, end the job with its root cause.
 
     ``torch.multiprocessing`` would report whichever failed worker it noticed first, often a rank that only lost
     its peer ("Connection closed by peer"). Here, as in the script launcher, a failure that only reports a lost peer
@@ -254,117 +267,67 @@ def _supervise(
     rank was is reported from the trails in ``run_dir`` (unless a rank reported it already); ``first_rank`` is the
     global rank of the first worker, ``world`` the number of ranks.
     """
-    workers = processes.processes
-    error_files = processes.error_files
-
-    def pass_on(signum: int) -> None:  # SIGTERM/SIGINT to the launching process: tell every worker, then end them
-        for worker in workers:
-            if worker.is_alive() and worker.pid is not None:
-                os.kill(worker.pid, signum)
-        deadline = time.monotonic() + grace  # a grace period to act on the signal (e.g. save a checkpoint)
-        for worker in workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-        _stop(workers, 1.0)
+    ranks = [
+        _SpawnedRank(first_rank + i, i, process, processes.error_files[i])
+        for i, process in enumerate(processes.processes)
+    ]
+    received: list[bytes] = []
 
     def drain() -> None:
         if not received and not results.empty():
             received.append(results.get())
 
-    def trace(index: int) -> str | None:
-        try:
-            with open(error_files[index], "rb") as f:
-                return str(pickle.load(f))
-        except (OSError, EOFError, pickle.UnpicklingError):
-            return None
+    def between() -> None:
+        multiprocessing.connection.wait([r.process.sentinel for r in ranks if r.poll() is None], 0.05)
+        drain()
 
-    verdict = RootCause(window=window)
-    seen: set[int] = set()
-    signals = ForwardSignals(pass_on)
+    signals = ForwardSignals(lambda signum: forward_signal(ranks, signum, grace))
     signals.install()
     try:
-        while True:
+        drain()
+        cause = watch(ranks, RootCause(window=window), between)
+        if cause is None:
             drain()
-            for i, worker in enumerate(workers):
-                if worker.exitcode is not None and i not in seen:
-                    seen.add(i)
-                    error = trace(i) if worker.exitcode > 0 else None
-                    verdict.saw(RankExit(i, worker.exitcode, error, i, worker.pid))
-            cause = verdict.decide()
-            if cause is not None and cause.code == 0:
-                # the others lost a peer that had returned early: that worker is the cause
-                _stop(workers, grace)
-                raise mp.ProcessExitedException(  # type: ignore[attr-defined]
-                    f"process {cause.rank} exited with code 0 while the other processes were still running: they"
-                    " then lost their peer in a collective. Every process must run the same collectives; none may"
-                    " return early.",
-                    cause.rank,
-                    workers[cause.rank].pid,
-                    0,
-                )
-            if cause is not None:
-                root = cause.rank
-                break
-            if all(w.exitcode == 0 for w in workers):
-                drain()
-                return
-            multiprocessing.connection.wait([w.sentinel for w in workers if w.exitcode is None] or [], 0.05)
-        if run_dir is not None:
-            _report(run_dir, workers, root, first_rank, world)
-            wait_for_reporter(run_dir, {w.pid: w.join for w in workers if w.pid is not None and w.exitcode is None})
-        _stop(workers, grace)
-        failed_worker = workers[root]
-        text = trace(root)
+            return received[0] if received else None
+        root = next(rank for rank in ranks if rank.rank == cause.rank)
+        index = root.local_rank  # torch.multiprocessing names a worker by its index
+        if cause.code == 0:
+            # the others lost a peer that had returned early: that worker is the cause
+            stop(ranks, grace)
+            raise mp.ProcessExitedException(  # type: ignore[attr-defined]
+                f"process {index} exited with code 0 while the other processes were still running: they then lost"
+                " their peer in a collective. Every process must run the same collectives; none may return early.",
+                index,
+                root.pid,
+                0,
+            )
+        report(run_dir, f"rank {cause.rank} {how_it_ended(cause.code)}", ranks, world)
+        stop(ranks, grace, run_dir)
+        text = root.error()
         if run_dir is not None and (text is None or BLOCK_START not in text):
             # ranks that timed out together: the one that reported is not always the one reported as the cause
-            blocks = [find_block(trace(i) or "") for i in range(len(workers))]
+            blocks = (find_block(rank.error() or "") for rank in ranks)
             block = next((b for b in blocks if b), None)
             if block:
-                print(block, file=sys.stderr, flush=True)
+                to_stderr(block)
         if text is not None:
             raise mp.ProcessRaisedException(  # type: ignore[attr-defined]
-                f"\n\n-- Process {root} terminated with the following error:\n{text}", root, failed_worker.pid
+                f"\n\n-- Process {index} terminated with the following error:\n{text}", index, root.pid
             )
-        code = failed_worker.exitcode
+        code = cause.code
         if code < 0:
             name = signal_name(code) or f"signal {-code}"
             raise mp.ProcessExitedException(  # type: ignore[attr-defined]
-                f"process {root} terminated with signal {name}", root, failed_worker.pid, code, name
+                f"process {index} terminated with signal {name}", index, root.pid, code, name
             )
         raise mp.ProcessExitedException(  # type: ignore[attr-defined]
-            f"process {root} terminated with exit code {code}", root, failed_worker.pid, code
+            f"process {index} terminated with exit code {code}", index, root.pid, code
         )
     finally:
         signals.restore()
-        for path in error_files:
+        for path in processes.error_files:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-
-
-def _report(run_dir: str, workers: list[Any], root: int, first_rank: int, world: int | None) -> None:
-    """Print where every rank was when worker ``root`` ended (the hang report), unless a rank printed it already."""
-    print_report(
-        lambda: collect(
-            run_dir,
-            reason=f"rank {first_rank + root} {how_it_ended(workers[root].exitcode)}",
-            exit_codes={first_rank + i: w.exitcode for i, w in enumerate(workers) if w.exitcode is not None},
-            pids={first_rank + i: w.pid for i, w in enumerate(workers) if w.pid is not None},
-            world_size=world,
-        ),
-        lambda block: print(block, file=sys.stderr, flush=True),
-    )
-
-
-def _stop(workers: list[Any], grace: float) -> None:
-    """SIGTERM every live worker, wait up to ``grace`` seconds, then SIGKILL what is left."""
-    for worker in workers:
-        if worker.is_alive():
-            worker.terminate()
-    deadline = time.monotonic() + grace
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-        if worker.is_alive():
-            worker.kill()
-            worker.join()
 
 
 @dataclass(frozen=True)
