@@ -3,6 +3,8 @@ says how many ranks arrived, and a teardown that lets gloo's threads finish firs
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -20,13 +22,42 @@ log = get_logger(__name__)
 _JOINED_KEY = "fabric_lite/joined"
 #: how long the teardown sleeps after destroying a group (see :func:`destroy_process_group`)
 _WORKER_DRAIN_SECONDS = 0.05
+#: connections the listening socket queues before the store's server accepts them
+_BACKLOG = 2048
+
+
+def listen(environment: ClusterEnvironment, rank: int) -> socket.socket:
+    """A socket listening on the environment's main port (0 picks a free one) on every interface, as the store's own
+    server would: :func:`create_store` hosts the store on it.
+
+    A launcher that forks its workers binds the port with this before the fork and hosts the store after it. The
+    store's server thread looks up the address of every client that connects, under a lock of the C library's
+    resolver; a worker forked while that thread held the lock inherits it locked, and hangs in its own first
+    lookup, which is when it connects to the store.
+
+    Raises:
+        RuntimeError: the port is in use; the message names the address and port and what to change.
+    """
+    address, port = environment.main_address, environment.main_port
+    try:
+        if socket.has_dualstack_ipv6():
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=_BACKLOG)
+        return socket.create_server(("", port), backlog=_BACKLOG)
+    except OSError as err:
+        raise _unreachable(rank, "host", address, port, err) from err
 
 
 def create_store(
-    environment: ClusterEnvironment, rank: int, world_size: int, timeout: timedelta, *, is_master: bool
+    environment: ClusterEnvironment,
+    rank: int,
+    world_size: int,
+    timeout: timedelta,
+    *,
+    is_master: bool,
+    listener: socket.socket | None = None,
 ) -> Any:
-    """The job's ``TCPStore`` at the environment's main address and port: hosted here (``is_master``; port 0 picks a
-    free one) or reached.
+    """The job's ``TCPStore`` at the environment's main address and port: hosted here (``is_master``, on ``listener``
+    or on a socket that :func:`listen` opens now; the store takes the socket over) or reached.
 
     Raises:
         RuntimeError: the port is missing (a rank that must reach the store), in use, or unreachable; the message
@@ -38,16 +69,32 @@ def create_store(
             f"Rank {rank} cannot reach the main process: MASTER_PORT is not set. Start every node with the same"
             " MASTER_ADDR and MASTER_PORT."
         )
+    fd = None
+    if is_master:
+        listener = listener or listen(environment, rank)
+        port = listener.getsockname()[1]
+        fd = listener.detach()
     try:
         return dist.TCPStore(  # type: ignore[attr-defined]
-            address, port, world_size=world_size, is_master=is_master, timeout=timeout, wait_for_workers=False
+            address,
+            port,
+            world_size=world_size,
+            is_master=is_master,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=fd,
         )
     except (RuntimeError, OSError) as err:
-        role = "host" if is_master else "reach"
-        raise RuntimeError(
-            f"Rank {rank} could not {role} the rendezvous store at {address}:{port} ({err}). If the port is in use,"
-            " pick a free MASTER_PORT (or unset it to let fabric_lite choose one)."
-        ) from err
+        if fd is not None:
+            os.close(fd)
+        raise _unreachable(rank, "host" if is_master else "reach", address, port, err) from err
+
+
+def _unreachable(rank: int, role: str, address: str, port: int, err: Exception) -> RuntimeError:
+    return RuntimeError(
+        f"Rank {rank} could not {role} the rendezvous store at {address}:{port} ({err}). If the port is in use,"
+        " pick a free MASTER_PORT (or unset it to let fabric_lite choose one)."
+    )
 
 
 def form_process_group(

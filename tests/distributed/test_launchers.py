@@ -76,6 +76,46 @@ def test_spawn_and_fork_return_rank_zero_result(strategy: str) -> None:
     assert launcher_result[0]["pid"] == rows[0]["pid"]
 
 
+_FORK_BESIDE_NO_STORE = """
+import os
+
+import torch
+import torch.multiprocessing as mp
+
+from fabric_lite import Fabric
+
+
+def threads():
+    return sorted(open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task"))
+
+
+start_processes = mp.start_processes
+
+
+def recording(*args, **kwargs):
+    print("AT FORK", threads(), flush=True)
+    return start_processes(*args, **kwargs)
+
+
+mp.start_processes = recording
+fabric = Fabric(accelerator="cpu", devices=3, strategy="ddp_fork")
+print("RESULT", fabric.launch(lambda fabric: fabric.all_reduce(torch.tensor(1.0), reduce_op="sum").item()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the threads from /proc")
+def test_fork_launcher_forks_before_the_store_has_a_server_thread() -> None:
+    """The store's server thread looks up each client's address under the C library's resolver lock; a worker
+    forked while it held that lock hung in its own first lookup, connecting to the store (a 3-rank job in CI: "2 of
+    3 ranks joined"). The launcher now forks its workers first and hosts the store after."""
+    done = run_python(["-c", _FORK_BESIDE_NO_STORE], timeout=90)
+    assert done.returncode == 0, done.output
+    at_fork = [line for line in done.stdout.splitlines() if line.startswith("AT FORK")]
+    assert len(at_fork) == 1, done.output
+    assert "pt_tcpstore" not in at_fork[0], at_fork[0]  # torch names the server thread pt_tcpstore_uv
+    assert "RESULT 3.0" in done.stdout, done.output
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 def test_new_interpreters_start_as_a_fork_would(start_method: str) -> None:

@@ -91,12 +91,14 @@ class MultiProcessingLauncher(Launcher):
         strategy = self._strategy
         environment = strategy.cluster_environment
         strategy._set_world_ranks()  # in this process: the global rank of this node's first worker
-        store = None
+        listener = None
         port = environment.main_port
         if strategy.node_rank == 0:
-            # held here for the whole job: the port is bound before any worker starts
-            store = rendezvous.create_store(environment, 0, strategy.world_size, strategy.timeout, is_master=True)
-            port = store.port
+            # the port is bound before any worker starts, and the store hosted on it once they all have (see
+            # rendezvous.listen: a worker forked beside the store's server thread can hang); held for the whole job
+            listener = rendezvous.listen(environment, 0)
+            port = listener.getsockname()[1]
+        store = None
         context = mp.get_context(self._start_method)
         results = context.SimpleQueue()  # rank 0's return value; read while joining, so a large one cannot block
         # the ranks' trails of collectives, read here when a rank dies (the workers get the strategy, and so the
@@ -111,6 +113,15 @@ class MultiProcessingLauncher(Launcher):
             processes = mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
                 worker, args=worker_args, nprocs=strategy.num_processes, start_method=self._start_method, join=False
             )
+            if listener is not None:
+                try:
+                    store = rendezvous.create_store(
+                        environment, 0, strategy.world_size, strategy.timeout, is_master=True, listener=listener
+                    )
+                except BaseException:
+                    for process in processes.processes:
+                        process.kill()
+                    raise
             payload = _supervise(
                 processes, results, run_dir=run_dir, first_rank=strategy.global_rank, world=strategy.world_size
             )
@@ -120,6 +131,8 @@ class MultiProcessingLauncher(Launcher):
         finally:
             results.close()
             del store
+            if listener is not None:
+                listener.close()  # where the store did not take it over
             strategy.attach_run(None)
             shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -41,8 +41,8 @@ def dump_all_ranks(fabric: Fabric, result: Any, out: str) -> None:
 
 def main() -> None:
     target, nprocs, kwargs, out = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
-    # the process group must form within a minute: forked ranks need no imports, but on a loaded 2-core machine (the
-    # other test worker running its own jobs) one was seen to take over 30 s to be scheduled
+    # the process group must form within a minute: forked ranks need no imports; the minute covers a loaded 2-core
+    # machine (the other test worker running its own jobs)
     strategy = DDPStrategy(start_method="fork", timeout=timedelta(seconds=60))
     fabric = Fabric(accelerator="cpu", devices=nprocs, strategy=strategy)
     importlib.import_module(target.split(":")[0])  # here, once: the forked ranks inherit it (a test module, often)
