@@ -72,7 +72,10 @@ class RootCause:
     """The verdict on a job from the ends of its ranks, the same under every launcher.
 
     * A primary failure (a real exception, a signal, a non-zero exit that reported nothing) is the root cause at once.
-    * A secondary failure (its error only says that a peer went away) waits ``window`` seconds for a primary one.
+    * A secondary failure (its error only says that a peer went away) waits ``window`` seconds for a primary one,
+      and up to ``patience`` seconds while a rank that has reported an error is still exiting (``exiting``): the
+      rank that really failed reports at once, but may close its connections, and so fail the others, seconds
+      before its process ends (on a loaded machine).
     * When it has waited, a rank that exited with code 0 while the others still ran is the root cause (they lost
       it in a collective: a rank returned early), else the first secondary failure.
 
@@ -86,6 +89,7 @@ class RootCause:
     """
 
     window: float = 1.0
+    patience: float = 30.0
     clock: Callable[[], float] = time.monotonic
     #: the root cause, once decided
     cause: RankExit | None = None
@@ -106,11 +110,12 @@ class RootCause:
         elif self._secondary is None:
             self._secondary, self._secondary_at = exit, self.clock()
 
-    def decide(self, *, waited: bool = False) -> RankExit | None:
+    def decide(self, *, waited: bool = False, exiting: bool = False) -> RankExit | None:
         """The root cause, or ``None`` while no failure has been seen or a secondary one is still waiting
-        (``waited``: stop waiting, as at the launching process's own failure)."""
+        (``waited``: stop waiting, as at the launching process's own failure; ``exiting``: a rank that has reported
+        an error has not ended yet)."""
         secondary = self._secondary
-        waited = waited or self.clock() - self._secondary_at >= self.window
+        waited = waited or self.clock() - self._secondary_at >= (self.patience if exiting else self.window)
         if self.cause is None and secondary is not None and waited:
             self.cause = self.early_exit or secondary
         return self.cause

@@ -72,6 +72,28 @@ def test_a_lone_secondary_failure_is_the_root_cause_after_the_window() -> None:
     assert verdict.decide() == lost
 
 
+def test_a_secondary_failure_waits_longer_for_a_rank_that_has_reported_and_is_exiting() -> None:
+    """The rank that really failed reports at once but may close its connections (failing the others) seconds
+    before its process ends: the verdict waits for it up to ``patience``, not only ``window``, and no longer."""
+    clock = Clock()
+    verdict = RootCause(window=1.0, patience=30.0, clock=clock)
+    lost = RankExit(rank=0, code=1, error=LOST_PEER)
+    verdict.saw(lost)
+    clock.now += 29.9
+    assert verdict.decide(exiting=True) is None
+    assert verdict.decide(exiting=False) == lost  # past the window, and nobody is exiting: the lost peer it is
+
+
+@pytest.mark.parametrize("exiting", [True, False])
+def test_the_wait_for_an_exiting_rank_is_bounded(exiting: bool) -> None:
+    clock = Clock()
+    verdict = RootCause(window=1.0, patience=30.0, clock=clock)
+    lost = RankExit(rank=0, code=1, error=LOST_PEER)
+    verdict.saw(lost)
+    clock.now += 30.0
+    assert verdict.decide(exiting=exiting) == lost
+
+
 def test_the_launching_process_failing_stops_the_wait() -> None:
     verdict = RootCause(window=60.0, clock=Clock())
     lost = RankExit(rank=1, code=1, error=LOST_PEER)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol
 
 from fabric_lite.runtime.diagnostics.hang_report import collect, print_report, wait_for_reporter, without_block
@@ -72,6 +74,9 @@ class Rank(Protocol):
     def error(self) -> str | None:
         """What it reported of its failure (its traceback), if anything; read once, when it has failed."""
 
+    def reported(self) -> bool:
+        """Whether it has reported an error (which :meth:`error` reads once it has ended)."""
+
 
 def rank_exit(rank: Rank, code: int) -> RankExit:
     """The end of ``rank`` with exit code ``code``, for the verdict."""
@@ -94,15 +99,16 @@ def watch(
     """
     seen: set[int] = set()
     while not stopped():
-        running = False
+        running = exiting = False
         for rank in ranks:
             code = rank.poll()
             if code is None:
                 running = True
+                exiting = exiting or (verdict.failed and rank.reported())
             elif rank.rank not in seen:
                 seen.add(rank.rank)
                 verdict.saw(rank_exit(rank, code), job_running=job_running())
-        cause = verdict.decide()
+        cause = verdict.decide(exiting=exiting)
         if cause is not None or not (running or verdict.failed):
             return cause
         between()
@@ -194,6 +200,13 @@ class Child:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=timeout)
 
+    def reported(self) -> bool:
+        """Whether the pipe holds a report (asked while the child runs: it holds the write end, so no end of file)."""
+        try:
+            return bool(select.select([self.error_fd], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
     def error(self) -> str:
         """What the child wrote into its error pipe (empty if nothing), less the hang report it printed itself."""
         chunks = []
@@ -209,22 +222,31 @@ class Child:
 
 
 def record_child_errors(error_fd: int) -> None:
-    """In a child: on exit after an unhandled exception, write its traceback into the pipe rank 0 reads."""
+    """In a child: write the traceback of an unhandled exception into the pipe rank 0 reads, as soon as Python
+    reports it (before the exit handlers close the process group; from an exit handler where another
+    ``sys.excepthook`` took the report)."""
     try:
         os.set_blocking(error_fd, False)  # never block at exit, whatever happens to the reader
     except OSError:
         return
+    written: list[BaseException] = []
 
-    def write() -> None:
-        exc = getattr(sys, "last_value", None)
-        if exc is None:
+    def write(exc: BaseException | None) -> None:
+        if exc is None or written:
             return
+        written.append(exc)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         data = text.encode(errors="replace")[-_MAX_REPORT:]
         with contextlib.suppress(OSError):
             os.write(error_fd, data)
 
-    atexit.register(write)
+    def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        write(exc)
+        previous(kind, exc, tb)
+
+    previous = sys.excepthook
+    sys.excepthook = hook
+    atexit.register(lambda: write(getattr(sys, "last_value", None)))
 
 
 class ProcessSupervisor:
@@ -339,9 +361,13 @@ class ProcessSupervisor:
         rank0_error = getattr(sys, "last_value", None)
         if rank0_error is not None:
             if is_secondary(rank0_error):
-                # rank 0 lost a peer: the child that went away is the root cause; give it time to exit
-                deadline = time.monotonic() + self.grace
-                while self.failure is None and self._thread.is_alive() and time.monotonic() < deadline:
+                # rank 0 lost a peer: the child that went away is the root cause; give it time to exit (more while
+                # a child that has reported its error is still exiting)
+                start = time.monotonic()
+                while self.failure is None and self._thread.is_alive():
+                    exiting = any(child.poll() is None and child.reported() for child in self.children)
+                    if time.monotonic() - start >= (self._verdict.patience if exiting else self.grace):
+                        break
                     self._thread.join(0.05)
                 early = self._early_exit()
                 if early is not None and self._claim(describe(early)):

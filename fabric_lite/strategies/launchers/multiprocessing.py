@@ -254,6 +254,12 @@ class _SpawnedRank:
     def join(self, timeout: float | None) -> None:
         self.process.join(timeout)
 
+    def reported(self) -> bool:
+        try:
+            return os.path.getsize(self.error_file) > 0
+        except OSError:
+            return False
+
     def error(self) -> str | None:
         try:
             with open(self.error_file, "rb") as f:

@@ -51,6 +51,7 @@ def emit(line: str) -> None:
 
 
 def fail(mode: str, rank: int, fabric: Fabric) -> None:
+    emit(f"FAILING rank={rank} at={time.time()}")  # the tests time the job's end from here
     if mode == "raise":
         raise ValueError(f"boom on rank {rank}")
     if mode == "sigkill":
