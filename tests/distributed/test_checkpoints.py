@@ -1,9 +1,9 @@
-"""Checkpoints: ``Fabric.save``/``load``/``load_raw`` and the safe file layer under them (RELIABILITY.md 15-20).
+"""Checkpoints across processes: a killed writer, a really full disk, and two ranks (RELIABILITY.md 15, 16 and 20).
 
-* Round trips on one device: objects restored in place, plain values written back, the remainder returned.
-* Loading is safe: ``weights_only`` by default, never a silent retry without it, and a clear error naming the path
-  for empty, truncated, foreign or missing files.
-* Saving is atomic: whatever fails, the previous file is byte-identical and no temporary file is left.
+* A writer killed with SIGKILL mid-write leaves the previous checkpoint intact; the next save removes the dead
+  writer's temporary file and leaves alone those of a live writer or of another host.
+* A save onto a tmpfs too small for it fails naming the path and keeps the previous file (skipped where ``unshare``
+  or mounting a tmpfs is not allowed).
 * Two ranks (the job ``observe``, at the end of this module): one writer, no rank returns before the file is
   complete, identical state after loading, and a failed save raises on both ranks.
 

@@ -1,10 +1,12 @@
-"""Plugins beyond precision: collectives (``fabric_lite.plugins.collectives``), checkpoint IO
-(``fabric_lite.plugins.io`` and ``checkpoint_io=`` on the strategies) and ``FSDPPrecision``.
+"""Plugins beyond precision on real gloo process groups: ``TorchCollective``, a user's ``CheckpointIO`` and
+``FSDPPrecision``.
 
-Unit checks run in this process. The distributed checks run real gloo process groups: every ``TorchCollective``
-call on 2 and 3 ranks (tests/helpers/scripts/collective_plugins.py, also run under Lightning Fabric for a side-by-side
-comparison), a user's ``CheckpointIO`` under DDP on 2 ranks, and FSDP on 2 ranks with ``FSDPPrecision`` against
-``precision=`` (tests/helpers/scripts/checkpoint_io_plugins.py).
+* Every ``TorchCollective`` call on 2 and 3 ranks, and a group that leaves a rank out
+  (tests/helpers/scripts/collective_plugins.py); the same results under Lightning Fabric, side by side (skipped
+  without its venv: run ``.ci/setup``).
+* A user's ``CheckpointIO`` under DDP on 2 ranks: only rank 0 writes, and every rank loads the complete file.
+* FSDP on 2 ranks with ``FSDPPrecision`` trains bit for bit as with ``precision=``
+  (tests/helpers/scripts/checkpoint_io_plugins.py).
 
 The checks that start no process are in tests/unit/test_collective_plugins.py.
 """

@@ -1,9 +1,13 @@
-"""``torch.compile`` with Fabric: a compiled module is set up uncompiled and compiled again around the strategy's
-module, with the user's settings; state dicts never carry ``_orig_mod.``; ``_FabricModule`` adds no graph break.
+"""``torch.compile`` with Fabric under inductor, the default backend, on two processes, and against Lightning Fabric.
 
-Most tests use the ``eager``/``aot_eager`` backends or a counting one (compiling takes well under a second); inductor,
-the default backend, runs in one single-process and one two-process test, with a compile cache in the session's
-temporary folder.
+* One process: a model compiled with inductor trains to the losses of the eager one.
+* Two processes: compiled DDP (inductor) trains as eager DDP, DDP itself is what gets compiled, and the backend,
+  ``no_backward_sync``, ``mark_forward_method`` and checkpoints work; FSDP (``aot_eager``) compiles each sharded
+  block, not the root.
+* Side by side with Lightning Fabric (skipped without its venv: run ``.ci/setup``): the same losses, graphs and
+  checkpoint keys.
+
+Inductor compiles with a cache in the session's temporary folder.
 
 The checks that start no process are in tests/unit/test_compile.py.
 """

@@ -1,10 +1,10 @@
-"""``setup_dataloaders`` and the sampler helpers behind it.
+"""``setup_dataloaders`` on two ranks: the sampler each kind of loader gets, and what every rank iterates.
 
-* One device: the loader's sampler is left alone, batches (dicts, tuples) are moved to the device.
-* The helpers (``distributed_sampler``, ``replace_sampler``), in this process with explicit ``num_replicas``/``rank``
-  (a ``DistributedSampler`` needs no process group then).
-* Two ranks: one ``ddp_fork`` job (``observe``, at the end of this module) observes every case; the tests below
-  check them.
+One ``ddp_fork`` job (``observe``, at the end of this module) observes every case; the tests check them: a random
+sampler becomes a shuffling ``DistributedSampler`` whose shards are disjoint, cover the data and reshuffle each epoch;
+a sequential one stays ordered; the loader's generator seeds the sampler; worker settings are kept and seeded per
+rank; custom samplers and batch samplers are wrapped or made again, or refused with the fix; an iterable dataset, an
+existing ``DistributedSampler`` and ``use_distributed_sampler=False`` leave the loader alone.
 
 The checks that start no process are in tests/unit/test_dataloaders.py.
 """

@@ -1,9 +1,8 @@
-"""The DDP toolkit: DDP arguments, strategy aliases, sync batchnorm, communication hooks, post-local SGD, backward sync.
+"""The DDP toolkit on 2 gloo ranks: communication hooks, post-local SGD, sync batchnorm, backward sync, DDP arguments.
 
-Unit tests (no process) check the strategy's validation, the registry's aliases and the CPU sync batchnorm layer
-alone. The distributed tests read one 2-rank gloo job (:mod:`tests.helpers.jobs.ddp_toolkit`), whose references are
-computed from the same rank-dependent inputs: the ranks' own gradients without DDP, one process's BatchNorm over
-the concatenated batch, the average of the ranks' local SGD steps.
+The tests read one 2-rank job (:mod:`tests.helpers.jobs.ddp_toolkit`, shared through tests/helpers/toolkit_results.py),
+whose references are computed from the same rank-dependent inputs: the ranks' own gradients without DDP, one
+process's BatchNorm over the concatenated batch, the average of the ranks' local SGD steps.
 
 The checks that start no process are in tests/unit/test_ddp_toolkit.py.
 """

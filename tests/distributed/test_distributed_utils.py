@@ -1,8 +1,9 @@
-"""``fabric_lite.utilities.distributed`` and ``Fabric.gather_for_metrics``.
+"""``fabric_lite.utilities.distributed`` and ``Fabric.gather_for_metrics`` on 2 and 3 gloo ranks.
 
-Without a process group every utility is an identity or a no-op (tested here, in this process). With one, the
-2- and 3-rank gloo jobs of :mod:`tests.helpers.jobs.ddp_toolkit` check each utility against values built from the same
-rank-dependent inputs, subgroups of 2 of 3 ranks, and metric gathers over 5 and 82 samples.
+The 2- and 3-rank jobs of :mod:`tests.helpers.jobs.ddp_toolkit` check each utility against values built from the same
+rank-dependent inputs: gathers with and without gradients, tensors of uneven shapes and the errors that name every
+rank, ``sync_ddp`` with each reduce op, the infinite barrier, subgroups of 2 of 3 ranks, and metric gathers over 5
+and 82 samples that see every sample once.
 
 The checks that start no process are in tests/unit/test_distributed_utils.py.
 """

@@ -1,9 +1,10 @@
-"""`Fabric.run` (subclass and override: calling `run` starts the processes and runs the body in each, as Lightning
-Fabric's `_wrap_and_launch` does) and the deprecated `Fabric.sharded_model`.
+"""`Fabric.run` launching for real (calling `run` starts the processes and runs the body in each, as Lightning
+Fabric's `_wrap_and_launch` does), and Lightning's own `run` and `sharded_model`.
 
-Unit tier: one process; the base `run`; the wrapping happens once per class, never on the instance. Distributed
-tier: `ddp_spawn` and `ddp` with 2 real gloo ranks and rank-dependent inputs (tests/helpers/scripts/fabric_run.py).
-Compat: Lightning's base `run` and `sharded_model` behave as ours (same return value, warning class and text).
+* `ddp_spawn` and `ddp` with 2 real gloo ranks and rank-dependent inputs (tests/helpers/scripts/fabric_run.py): under
+  `ddp_spawn` only the launching process returns, with rank 0's result; under `ddp` every process gets its own.
+* Compat: Lightning's base `run` and `sharded_model` behave as ours (same return value, warning class and text);
+  skipped without the Lightning Fabric venv.
 
 The checks that start no process are in tests/unit/test_fabric_run.py.
 """

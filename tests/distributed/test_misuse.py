@@ -1,9 +1,10 @@
-"""Misuse of the public API (RELIABILITY.md case 14, plus Lightning Fabric's own checks).
+"""Misuse of the public API that needs processes of its own to show (RELIABILITY.md case 14).
 
-Every misuse raises the exception class Lightning Fabric 2.6 raises for the same input (see ``LIGHTNING`` below and
-``test_lightning_raises_the_same_classes``, which runs the same inputs under Lightning when it is installed), with a
-message that names the offending value or the fix. Every error is raised in this process, at once: no process is
-started, no store is opened and nothing waits (the ``no_processes`` fixture turns any attempt into a failure).
+* A ``ddp_spawn`` script without an ``if __name__ == "__main__":`` guard fails promptly with an error that names the
+  guard, and its launch never returns.
+* ``test_lightning_raises_the_same_classes`` runs the inputs of tests/unit/test_misuse.py under Lightning Fabric and
+  checks that it raises the classes in ``LIGHTNING`` (skipped without its venv: run ``.ci/setup`` or set
+  ``LIGHTNING_PYTHON``).
 
 The checks that start no process are in tests/unit/test_misuse.py.
 """

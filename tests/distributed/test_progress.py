@@ -1,6 +1,9 @@
-"""``progress_bar``: plain text lines (no control characters), tqdm on a terminal, silence on ranks other than 0.
+"""``progress_bar`` in new processes: without tqdm, and silence on ranks other than 0.
 
-The tqdm tests need tqdm (the ``test`` extra, installed by ``.ci/setup``; ``pip install tqdm``) and skip without it.
+* In a fresh interpreter where tqdm cannot be imported, fabric_lite still imports, ``backend="auto"`` falls back to
+  plain lines, and ``backend="tqdm"`` says what to install.
+* Two ranks: only rank 0 shows progress, whether the rank comes from ``fabric=`` or from ``torch.distributed``, and
+  every rank still gets every item.
 
 The checks that start no process are in tests/unit/test_progress.py.
 """

@@ -1,5 +1,10 @@
-"""Checkpoints and logs on fsspec URLs (``memory://``, ``file://``), and the refusals: an unknown protocol, a
-protocol whose package is missing, fsspec itself missing. The real S3 server tier is tests/tiers/s3/test_s3.py.
+"""Checkpoints on fsspec URLs in new processes: fsspec missing, two ranks on ``file://``, FSDP on ``memory://``.
+
+* In a fresh interpreter: without fsspec, local paths still work and a URL gives the install hint; local and
+  ``file://`` saves and loads never import fsspec.
+* Two ranks on a ``file://`` URL: save and load agree across ranks, and a failed save raises on both, naming the path.
+* A sharded (DCP) FSDP checkpoint on a ``memory://`` URL, on one rank: save, replace, a failed save that keeps the
+  previous checkpoint, load. The real S3 server tier is tests/tiers/s3/test_s3.py.
 
 The checks that start no process are in tests/unit/test_remote.py.
 """

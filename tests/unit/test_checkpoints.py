@@ -1,11 +1,11 @@
-"""Checkpoints: ``Fabric.save``/``load``/``load_raw`` and the safe file layer under them (RELIABILITY.md 15-20).
+"""Checkpoints in this process: ``Fabric.save``/``load``/``load_raw`` and the safe file layer (RELIABILITY.md 15-19).
 
-* Round trips on one device: objects restored in place, plain values written back, the remainder returned.
-* Loading is safe: ``weights_only`` by default, never a silent retry without it, and a clear error naming the path
-  for empty, truncated, foreign or missing files.
-* Saving is atomic: whatever fails, the previous file is byte-identical and no temporary file is left.
-* Two ranks (the job ``observe``, at the end of this module): one writer, no rank returns before the file is
-  complete, identical state after loading, and a failed save raises on both ranks.
+* Round trips on one device: objects restored in place, plain values written back, the remainder returned; strict
+  loading names every missing key, ``strict=False`` restores what is there, and ``filter`` keeps chosen entries.
+* Loading is safe: ``weights_only`` by default, never a silent retry without it (a malicious pickle's payload never
+  runs), and a clear error naming the path for empty, truncated, foreign or missing files and for a folder.
+* Saving is atomic: whatever fails (pickling, an interrupt, a full disk, a path under a file or on a folder), the
+  previous file is byte-identical and no temporary file is left; a new file gets the permissions the umask allows.
 
 The checks that start processes are in tests/distributed/test_checkpoints.py.
 """

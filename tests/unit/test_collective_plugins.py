@@ -1,10 +1,12 @@
-"""Plugins beyond precision: collectives (``fabric_lite.plugins.collectives``), checkpoint IO
+"""Plugins beyond precision, in this process: collectives (``fabric_lite.plugins.collectives``), checkpoint IO
 (``fabric_lite.plugins.io`` and ``checkpoint_io=`` on the strategies) and ``FSDPPrecision``.
 
-Unit checks run in this process. The distributed checks run real gloo process groups: every ``TorchCollective``
-call on 2 and 3 ranks (tests/helpers/scripts/collective_plugins.py, also run under Lightning Fabric for a side-by-side
-comparison), a user's ``CheckpointIO`` under DDP on 2 ranks, and FSDP on 2 ranks with ``FSDPPrecision`` against
-``precision=`` (tests/helpers/scripts/checkpoint_io_plugins.py).
+* Collectives: ``SingleDeviceCollective`` is an identity, ``Collective`` is abstract with Lightning's methods, and
+  ``TorchCollective`` converts reduce ops, passes its lists to torch as given and needs the default group first.
+* Checkpoint IO: ``TorchCheckpointIO`` keeps the safe save and load guarantees; a user's ``CheckpointIO``, given as a
+  plugin or to the strategy, carries ``Fabric.save``/``load``; the strategies take ``checkpoint_io`` where
+  Lightning's do, and FSDP refuses one.
+* ``FSDPPrecision``: the mixed-precision policy, scaler and hooks of each precision name, and its use as a plugin.
 
 The checks that start processes are in tests/distributed/test_collective_plugins.py.
 """

@@ -1,9 +1,9 @@
-"""``torch.compile`` with Fabric: a compiled module is set up uncompiled and compiled again around the strategy's
-module, with the user's settings; state dicts never carry ``_orig_mod.``; ``_FabricModule`` adds no graph break.
+"""``torch.compile`` with Fabric in this process, with the ``eager`` backend or a counting one.
 
-Most tests use the ``eager``/``aot_eager`` backends or a counting one (compiling takes well under a second); inductor,
-the default backend, runs in one single-process and one two-process test, with a compile cache in the session's
-temporary folder.
+A compiled module is set up uncompiled and compiled again around the strategy's module (``DataParallel`` too) with
+the user's settings, ``fullgraph`` included, or kept as it is with ``_reapply_compile=False``; state dicts never carry
+``_orig_mod.``, so compiled and eager checkpoints load into each other; ``_FabricModule`` adds no graph break, and a
+method marked with ``mark_forward_method`` runs compiled.
 
 The checks that start processes are in tests/distributed/test_compile.py.
 """

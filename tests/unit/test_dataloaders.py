@@ -1,10 +1,11 @@
-"""``setup_dataloaders`` and the sampler helpers behind it.
+"""``setup_dataloaders`` and the sampler helpers behind it, in this process.
 
-* One device: the loader's sampler is left alone, batches (dicts, tuples) are moved to the device.
-* The helpers (``distributed_sampler``, ``replace_sampler``), in this process with explicit ``num_replicas``/``rank``
-  (a ``DistributedSampler`` needs no process group then).
-* Two ranks: one ``ddp_fork`` job (``observe``, at the end of this module) observes every case; the tests below
-  check them.
+* One device: the loader's sampler is left alone, batches (dicts, tuples) are moved to the device unless
+  ``move_to_device=False``, ``set_epoch`` is called on every iteration, and Lightning's ``worker_init_fn`` is added
+  only after ``seed_everything(workers=True)``.
+* The helpers (``distributed_sampler``, ``replace_sampler``), with explicit ``num_replicas``/``rank`` (a
+  ``DistributedSampler`` needs no process group then): the shuffle and seed are kept, shards are disjoint and cover
+  the dataset, a custom sampler is wrapped, and a loader is made again with its settings or refused with the fix.
 
 The checks that start processes are in tests/distributed/test_dataloaders.py.
 """

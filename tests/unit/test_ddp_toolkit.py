@@ -1,9 +1,9 @@
-"""The DDP toolkit: DDP arguments, strategy aliases, sync batchnorm, communication hooks, post-local SGD, backward sync.
+"""The DDP toolkit in this process: DDP arguments, strategy aliases, hook settings, backward sync, sync batchnorm.
 
-Unit tests (no process) check the strategy's validation, the registry's aliases and the CPU sync batchnorm layer
-alone. The distributed tests read one 2-rank gloo job (:mod:`tests.helpers.jobs.ddp_toolkit`), whose references are
-computed from the same rank-dependent inputs: the ranks' own gradients without DDP, one process's BatchNorm over
-the concatenated batch, the average of the ranks' local SGD steps.
+The strategy's validation (every bad argument is refused with the fix), the registry's ``find_unused_parameters``
+aliases, the arguments that reach ``DistributedDataParallel`` (mocked), pickling a hook state for spawn,
+``no_backward_sync``'s module check, and the CPU sync batchnorm layer alone: a plain BatchNorm without a process
+group, converted in place with its parameters and state dict keys.
 
 The checks that start processes are in tests/distributed/test_ddp_toolkit.py.
 """

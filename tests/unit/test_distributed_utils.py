@@ -1,8 +1,8 @@
-"""``fabric_lite.utilities.distributed`` and ``Fabric.gather_for_metrics``.
+"""``fabric_lite.utilities.distributed`` and ``Fabric.gather_for_metrics`` in this process.
 
-Without a process group every utility is an identity or a no-op (tested here, in this process). With one, the
-2- and 3-rank gloo jobs of :mod:`tests.helpers.jobs.ddp_toolkit` check each utility against values built from the same
-rank-dependent inputs, subgroups of 2 of 3 ranks, and metric gathers over 5 and 82 samples.
+Without a process group every utility is an identity or a no-op, and ``gather_for_metrics`` returns its data.
+``init_dist_connection`` creates a one-rank gloo group and then reuses it, needs ``MASTER_PORT`` for several
+processes, and registers an NCCL group, not a gloo one, to be destroyed at exit.
 
 The checks that start processes are in tests/distributed/test_distributed_utils.py.
 """

@@ -1,9 +1,9 @@
-"""`Fabric.run` (subclass and override: calling `run` starts the processes and runs the body in each, as Lightning
-Fabric's `_wrap_and_launch` does) and the deprecated `Fabric.sharded_model`.
+"""`Fabric.run` in one process (subclass and override, as with Lightning Fabric's `_wrap_and_launch`) and the
+deprecated `Fabric.sharded_model`.
 
-Unit tier: one process; the base `run`; the wrapping happens once per class, never on the instance. Distributed
-tier: `ddp_spawn` and `ddp` with 2 real gloo ranks and rank-dependent inputs (tests/helpers/scripts/fabric_run.py).
-Compat: Lightning's base `run` and `sharded_model` behave as ours (same return value, warning class and text).
+A subclass's `run` sets up the environment and runs its body here; the base `run` does nothing and returns None; the
+wrapping happens once per class, never on the instance, and the body pickles for spawn. `sharded_model` warns as
+Lightning's does and is the strategy's sharded context, where it has one.
 
 The checks that start processes are in tests/distributed/test_fabric_run.py.
 """

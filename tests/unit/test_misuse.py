@@ -1,9 +1,9 @@
 """Misuse of the public API (RELIABILITY.md case 14, plus Lightning Fabric's own checks).
 
-Every misuse raises the exception class Lightning Fabric 2.6 raises for the same input (see ``LIGHTNING`` below and
-``test_lightning_raises_the_same_classes``, which runs the same inputs under Lightning when it is installed), with a
-message that names the offending value or the fix. Every error is raised in this process, at once: no process is
-started, no store is opened and nothing waits (the ``no_processes`` fixture turns any attempt into a failure).
+Every misuse raises the exception class Lightning Fabric 2.6 raises for the same input (``LIGHTNING`` below, which
+tests/distributed/test_misuse.py checks against Lightning when it is installed), with a message that names the
+offending value or the fix. Every error is raised in this process, at once: no process is started, no store is
+opened and nothing waits (the ``no_processes`` fixture turns any attempt into a failure).
 
 The checks that start processes are in tests/distributed/test_misuse.py.
 """

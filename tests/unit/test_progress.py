@@ -1,6 +1,8 @@
-"""``progress_bar``: plain text lines (no control characters), tqdm on a terminal, silence on ranks other than 0.
+"""``progress_bar`` in one process: plain text lines (no control characters), tqdm on a terminal, disabled bars.
 
-The tqdm tests need tqdm (the ``test`` extra, installed by ``.ci/setup``; ``pip install tqdm``) and skip without it.
+The plain lines show the count, rate, elapsed time, ETA and postfix, also when the loop ends early or is updated by
+hand; a bad argument names its value. The tqdm tests need tqdm (the ``test`` extra, installed by ``.ci/setup``;
+``pip install tqdm``) and skip without it.
 
 The checks that start processes are in tests/distributed/test_progress.py.
 """

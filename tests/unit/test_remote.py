@@ -1,5 +1,10 @@
-"""Checkpoints and logs on fsspec URLs (``memory://``, ``file://``), and the refusals: an unknown protocol, a
-protocol whose package is missing, fsspec itself missing. The real S3 server tier is tests/tiers/s3/test_s3.py.
+"""Checkpoints and logs on fsspec URLs (``memory://``, ``file://``) in this process, and the refusals: an unknown
+protocol, a protocol whose package is missing.
+
+Saving, loading, consolidating and the CSV and TensorBoard loggers on URLs; errors that name the URL; a failed save
+that keeps the previous checkpoint, and a failed copy into place that says where the new one is; never a folder named
+after a URL. The module needs fsspec (``pip install 'fabric-lite[remote]'``) and skips without it. The real S3
+server tier is tests/tiers/s3/test_s3.py.
 
 The checks that start processes are in tests/distributed/test_remote.py.
 """
