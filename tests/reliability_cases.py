@@ -15,6 +15,7 @@ CASES: dict[int, tuple[str, tuple[str, ...]]] = {
         (
             "tests/distributed/test_launchers.py::test_a_raising_rank_ends_the_job_and_is_reported_as_root_cause",
             "tests/distributed/test_launchers.py::test_three_ranks_middle_rank_fails",
+            "tests/distributed/test_launchers.py::test_a_child_reports_its_error_before_its_exit_handlers_run",
             "tests/distributed/test_launchers.py::test_spawn_failure_reports_the_worker_traceback",
         ),
     ),
@@ -213,6 +214,7 @@ CASES: dict[int, tuple[str, tuple[str, ...]]] = {
         (
             "tests/distributed/test_launchers.py::test_busy_master_port_fails_at_once_naming_the_port",
             "tests/distributed/test_launchers.py::test_a_rank_that_never_starts_is_reported_with_how_many_joined",
+            "tests/distributed/test_launchers.py::test_fork_launcher_forks_before_the_store_has_a_server_thread",
         ),
     ),
     29: (

@@ -9,12 +9,13 @@ script launcher's :class:`ProcessSupervisor` applies it from rank 0, as follows 
 The job ends when its first rank fails, and the report names that rank as the root cause:
 
 * A daemon thread in rank 0 polls the children. A child that exits non-zero or dies by a signal is a failure;
-  its traceback (written by the child at exit into a pipe inherited from rank 0, see
+  its traceback (written by the child, as Python reports it, into a pipe inherited from rank 0, see
   :func:`record_child_errors`; no file is involved, so nothing is left behind even if rank 0 is killed) or its
   signal is reported.
 * An error that only says a peer went away ("Connection closed by peer", a collective timing out) is
   *secondary*: it is what the survivors of a crash see. A secondary failure is reported only if no primary one
-  (a real exception, a signal, a non-zero exit without a traceback) shows up within a short window.
+  (a real exception, a signal, a non-zero exit without a traceback) shows up within a short window, or, while a
+  child that has written its traceback is still exiting, until it has exited (30 s at most).
 * When rank 0 itself raises, its exit handler decides: a secondary error waits for the child that really
   failed; a primary error is the root cause.
 * After a failure every other child is stopped (SIGTERM, a grace period, SIGKILL). If rank 0 is busy elsewhere
