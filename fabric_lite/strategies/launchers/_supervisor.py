@@ -100,20 +100,24 @@ def watch(
     """
     seen: set[int] = set()
     while not stopped():
-        running = exiting = False
+        running = False
         for rank in ranks:
             code = rank.poll()
             if code is None:
                 running = True
-                exiting = exiting or (verdict.failed and rank.reported())
             elif rank.rank not in seen:
                 seen.add(rank.rank)
                 verdict.saw(rank_exit(rank, code), job_running=job_running())
-        cause = verdict.decide(exiting=exiting)
+        cause = verdict.decide(exiting=verdict.failed and exiting(ranks))
         if cause is not None or not (running or verdict.failed):
             return cause
         between()
     return None
+
+
+def exiting(ranks: Sequence[Rank]) -> bool:
+    """Whether a rank that has reported an error is still running (on its way out)."""
+    return any(rank.poll() is None and rank.reported() for rank in ranks)
 
 
 def report(
@@ -366,8 +370,8 @@ class ProcessSupervisor:
                 # a child that has reported its error is still exiting)
                 start = time.monotonic()
                 while self.failure is None and self._thread.is_alive():
-                    exiting = any(child.poll() is None and child.reported() for child in self.children)
-                    if time.monotonic() - start >= (self._verdict.patience if exiting else self.grace):
+                    limit = self._verdict.patience if exiting(self.children) else self.grace
+                    if time.monotonic() - start >= limit:
                         break
                     self._thread.join(0.05)
                 early = self._early_exit()
