@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -42,6 +43,13 @@ class Completed:
     @property
     def output(self) -> str:
         return f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}"
+
+    def seconds_after(self, line_start: str) -> float:
+        """From the time on the first stdout line that starts with ``line_start`` (ending ``at=<time.time()>``) to
+        the process's exit: how fast a job ended after that moment, whatever its processes took to start."""
+        found = re.search(rf"^{re.escape(line_start)}.*?\bat=([0-9.]+)$", self.stdout, re.MULTILINE)
+        assert found, f"no line starting {line_start!r}\n{self.output}"
+        return self.ended_at - float(found.group(1))
 
 
 def _session_members(sid: int) -> list[int]:
