@@ -14,7 +14,8 @@ else (the client) imports normally and meets fabric_lite.
 
 This module imports neither torch nor Lightning: the hook is installed at interpreter start-up when
 ``FABRIC_LITE_AS_LIGHTNING=1`` (see ``fabric_lite-as-lightning.pth``), and costs nothing until a ``lightning``
-name is imported.
+name is imported. The real ``lightning`` package's own code, which imports the rest of Lightning, runs when the
+program first uses more of it than Lightning Fabric's names (:meth:`LightningFinder.defer_top_level`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import sys
+import threading
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -113,6 +116,9 @@ class _InternalLoader(importlib.abc.Loader):
 
     def exec_module(self, module: types.ModuleType) -> None:
         module.__dict__["__builtins__"] = _INTERNAL_BUILTINS
+        if module.__name__ == "lightning":
+            self._finder.defer_top_level(module, self._loader)
+            return
         self._loader.exec_module(module)
         if "._graveyard" in module.__name__:
             # Lightning's graveyard registers old module paths in sys.modules by their literal client names
@@ -120,8 +126,6 @@ class _InternalLoader(importlib.abc.Loader):
             for key in [k for k in sys.modules if _split(k, "lightning.fabric") or _split(k, "lightning_fabric")]:
                 if getattr(sys.modules[key], "__name__", "").startswith(tuple(ORIGINAL_NAMES.values())):
                     del sys.modules[key]
-        if module.__name__ == "lightning":
-            self._finder.adopt_top_level(module)
 
     def __getattr__(self, name: str) -> Any:
         # get_source, get_filename, is_package, get_resource_reader, ...: the real loader's
@@ -204,6 +208,33 @@ class _ClientPackageLoader(importlib.abc.Loader):
 
         module.__dict__["__getattr__"] = __getattr__  # PEP 562: attributes it lacks
         fabric_lite._as_lightning_fabric()  # what importing Lightning Fabric does to the process, on each execution
+        _set_up_logger()
+
+
+def _set_up_logger() -> None:
+    """What importing Lightning Fabric does to its package logger, for ``lightning.fabric``, where fabric_lite's
+    modules log under the hook: level INFO, and where the root logger has no handler, a handler of its own instead of
+    propagating, so that its INFO messages ("Seed set to 42") are printed, as Lightning prints them."""
+    logger = logging.getLogger("lightning.fabric")
+    logger.setLevel(logging.INFO)
+    if not logging.getLogger().hasHandlers() and not logger.handlers:
+        logger.addHandler(logging.StreamHandler())
+        logger.propagate = False
+
+
+class _ImportedLoader(importlib.abc.Loader):
+    """Gives a module that was imported while its own import was being looked up the module already in
+    ``sys.modules`` (the real ``lightning`` package's code, run on the way, imports ``lightning.pytorch``)."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self._module = module
+        self._own_spec = module.__spec__
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return self._module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__ = self._own_spec  # importlib gave it this loader's spec
 
 
 class _StandInLightningLoader(importlib.abc.Loader):
@@ -232,6 +263,9 @@ class LightningFinder(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         #: every module name this finder gave a spec for (what uninstall removes from sys.modules)
         self.names: set[str] = set()
+        #: the real ``lightning`` package and its loader while its code has not run yet (:meth:`defer_top_level`)
+        self._deferred: tuple[types.ModuleType, importlib.abc.Loader] | None = None
+        self._lock = threading.RLock()
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: types.ModuleType | None = None
@@ -258,6 +292,10 @@ class LightningFinder(importlib.abc.MetaPathFinder):
         lightning = sys.modules.get("lightning")
         if top == "lightning" and lightning is not None and not getattr(lightning, "__file__", None):
             raise ModuleNotFoundError(_NOT_INSTALLED.format(name=fullname), name=fullname)
+        if top == "lightning" and fullname != "lightning" and self._deferred is not None:
+            self.complete_top_level()  # the package's code runs before its first module, as without the hook
+            if fullname in sys.modules:
+                return importlib.machinery.ModuleSpec(fullname, _ImportedLoader(sys.modules[fullname]))
         real = self._real_spec(fullname, path)
         if real is None or real.loader is None:
             return real
@@ -281,6 +319,38 @@ class LightningFinder(importlib.abc.MetaPathFinder):
                     fullname, found.origin, submodule_search_locations=list(found.submodule_search_locations)
                 )
         return importlib.machinery.PathFinder.find_spec(fullname, path)
+
+    def defer_top_level(self, module: types.ModuleType, loader: importlib.abc.Loader) -> None:
+        """Hold back the code of the real ``lightning`` package, imported as the parent of ``lightning.fabric``, until
+        the program uses more of it: one of its attributes beyond the Fabric names (``lightning.Trainer``,
+        ``lightning.__version__``) or another of its modules (``lightning.pytorch``).
+
+        That code imports the Trainer, ``LightningModule`` and with them the real Lightning Fabric and
+        ``torch._dynamo``: seconds of CPU, which a program that uses only Lightning Fabric's names would pay in
+        every process it starts, for modules it never touches.
+        """
+
+        def __getattr__(name: str) -> Any:  # PEP 562: every name the package's code would have defined
+            self.complete_top_level()
+            try:
+                return module.__dict__[name]
+            except KeyError:
+                raise AttributeError(f"module 'lightning' has no attribute {name!r}") from None
+
+        module.__dict__["__getattr__"] = __getattr__
+        self._deferred = (module, loader)
+        self.adopt_top_level(module)
+
+    def complete_top_level(self) -> None:
+        """Run the code of the real ``lightning`` package held back by :meth:`defer_top_level`, once."""
+        with self._lock:
+            if self._deferred is None:
+                return
+            module, loader = self._deferred
+            self._deferred = None
+            del module.__dict__["__getattr__"]
+            loader.exec_module(module)
+            self.adopt_top_level(module)
 
     def adopt_top_level(self, module: types.ModuleType) -> None:
         """Give the top-level ``lightning`` package (real or stand-in) fabric_lite's Fabric names and

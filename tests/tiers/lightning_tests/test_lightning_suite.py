@@ -12,6 +12,8 @@ this file named, or ``FABRIC_LITE_LIGHTNING_TESTS=1``, which also makes a failed
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers.harness import optional_venv, run_python
@@ -65,3 +67,38 @@ def test_lightnings_own_suite_passes_on_fabric_lite(
     print(f"Lightning's tests_fabric on fabric_lite: {suite.summary(outcomes)}\n{text}")
     assert not result.unexpected and not result.stale, f"{text}\n--- pytest's output (end) ---\n{done.stdout[-20000:]}"
     assert len(result.passed) >= MIN_SHARE * result.total, text
+
+
+#: run under the hook and on Lightning: what ``from lightning.fabric import ...`` loads, and what then loads the rest
+LAZY_TOP_LEVEL = r"""
+import json, sys
+from lightning.fabric import Fabric, seed_everything
+seed_everything(42)
+out = {"after_fabric": ["lightning.pytorch" in sys.modules, "torch._dynamo" in sys.modules]}
+import lightning
+out["version"] = lightning.__version__
+out["after_version"] = "lightning.pytorch" in sys.modules
+from lightning.pytorch import Trainer
+out["trainer"] = lightning.Trainer is Trainer and lightning.pytorch.Trainer is Trainer
+out["fabric"] = lightning.Fabric is Fabric
+print("LAZY " + json.dumps(out))
+"""
+
+
+def test_lightning_fabric_alone_leaves_the_rest_of_lightning_unrun(lightning_tests_python: str) -> None:
+    """Under the hook, a program that imports only Lightning Fabric's names does not pay for the real ``lightning``
+    package's own code (the Trainer, ``LightningModule``, the real Lightning Fabric, ``torch._dynamo``); the first
+    use of anything else of it (``lightning.__version__``, ``lightning.pytorch``) runs that code, as importing it
+    would. And the INFO messages are printed as Lightning prints them."""
+    seen = {}
+    for impl in ("lightning", "fabric_lite"):
+        env = suite.environment(impl, suite.VENV / "unused-outcomes.json")
+        done = run_python(["-c", LAZY_TOP_LEVEL], python=lightning_tests_python, env=env, timeout=120)
+        assert done.returncode == 0, done.output
+        seen[impl] = (json.loads(done.stdout.split("LAZY ", 1)[1]), done.stderr)
+    (lightning, lightning_err), (ours, our_err) = seen["lightning"], seen["fabric_lite"]
+    assert lightning["after_fabric"] == [True, True]  # Lightning's own import runs all of it
+    assert ours["after_fabric"] == [False, False]
+    assert ours["version"] == lightning["version"] == "2.6.6" and ours["after_version"] and lightning["after_version"]
+    assert ours["trainer"] and lightning["trainer"] and ours["fabric"] and lightning["fabric"]
+    assert "Seed set to 42" in lightning_err.splitlines() and "Seed set to 42" in our_err.splitlines(), our_err
