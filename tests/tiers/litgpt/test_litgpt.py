@@ -2,9 +2,10 @@
 hook (``FABRIC_LITE_AS_LIGHTNING=1``), with Lightning's numbers.
 
 Every command below runs twice in ``.venv-litgpt`` (built by ``.ci/setup-litgpt``): once as published, on Lightning
-Fabric 2.6.6, and once with the hook on, on fabric_lite. Both start from the same tiny model, tokenizer and data,
-made locally (``tests/helpers/litgpt/tiny.py``: no download), with one CPU thread per process (several threads make CPU
-backward passes differ in the last bits from run to run, in either library).
+Fabric 2.6.6, and once with the hook on, on fabric_lite (the one-process commands of a library one after another in
+one interpreter, through litgpt's own ``main()``: :mod:`tests.helpers.litgpt.commands`). Both start from the same
+tiny model, tokenizer and data, made locally (``tests/helpers/litgpt/tiny.py``: no download), with one CPU thread per
+process (several threads make CPU backward passes differ in the last bits from run to run, in either library).
 
 * litgpt's entry points on one process: ``litgpt pretrain`` (and resumed from its checkpoint, also across the two
   libraries), ``finetune_lora``, ``finetune_full``, ``finetune_adapter``, ``finetune_adapter_v2`` and ``generate``:
@@ -30,12 +31,14 @@ from typing import Any
 import pytest
 
 from tests.helpers.harness import Completed, base_env, optional_venv, run_python
+from tests.helpers.litgpt.commands import holds_tensors, split
 from tests.helpers.litgpt.tiny import BLOCK_SIZE
 from tests.tiers.litgpt import own_tests
 
 pytestmark = pytest.mark.litgpt
 
 VENV = own_tests.VENV
+COMMANDS = "tests.helpers.litgpt.commands"
 IMPLS = ("lightning", "fabric_lite")
 NICE = own_tests.NICE
 FINETUNE = ("finetune_lora", "finetune_full", "finetune_adapter", "finetune_adapter_v2")
@@ -134,29 +137,11 @@ def files(folder: Path) -> list[str]:
 
 def digests(paths: list[Path], python: str) -> list[dict[str, str]]:
     """Every tensor of each checkpoint file (or of each file in a sharded folder) by an MD5 of its bytes; other values
-    by their ``repr``. One process reads them all: a start of Python with torch costs seconds of CPU."""
-    code = (
-        "import sys, json, hashlib, torch\n"
-        "def walk(obj, key, out):\n"
-        "    if isinstance(obj, torch.Tensor):\n"
-        "        data = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()\n"
-        "        out[key] = f'{tuple(obj.shape)} {obj.dtype} ' + hashlib.md5(data).hexdigest()\n"
-        "    elif isinstance(obj, dict):\n"
-        "        for k, v in obj.items(): walk(v, f'{key}/{k}', out)\n"
-        "    elif isinstance(obj, (list, tuple)):\n"
-        "        for i, v in enumerate(obj): walk(v, f'{key}/{i}', out)\n"
-        "    else:\n"
-        "        out[key] = repr(obj)\n"
-        "found = []\n"
-        "for path in sys.argv[1:]:\n"
-        "    out = {}\n"
-        "    walk(torch.load(path, map_location='cpu', weights_only=True), '', out)\n"
-        "    found.append(out)\n"
-        "print('DIGEST ' + json.dumps(found))\n"
-    )
+    by their ``repr`` (:func:`tests.helpers.litgpt.commands.digest`). One process reads them all: a start of Python
+    with torch costs seconds of CPU."""
     if not paths:
         return []
-    done = run_python(["-c", code, *map(str, paths)], python=python, timeout=120, env=base_env())
+    done = run_python(["-m", COMMANDS, "digest", *map(str, paths)], python=python, timeout=120, env=base_env())
     assert done.returncode == 0, done.output
     return json.loads(done.stdout.split("DIGEST ", 1)[1])  # type: ignore[no-any-return]
 
@@ -172,28 +157,40 @@ def metrics(path: Path) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def runs(litgpt_python: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every entry point, once on each library, in folders of their own; their outputs by command."""
+    """Every entry point, on each library in a folder of its own: what each command printed, and the tensors of every
+    checkpoint they wrote. The commands of one library run in one interpreter, one after another, each through
+    litgpt's own ``main()`` (:mod:`tests.helpers.litgpt.commands`)."""
+    resume = ["pretrain", "--config=pretrain.yaml", f"--train.max_tokens={9 * 4 * BLOCK_SIZE}", "--resume=auto"]
+    generate = ["generate", "checkpoint", "--prompt=the cat", "--max_new_tokens=16", "--top_k=4"]
+    steps: list[list[Any]] = [
+        ["tiny"],
+        ["litgpt", "pretrain", ["pretrain", "--config=pretrain.yaml"]],
+        ["copy", "out/pretrain", "out/pretrain-6"],  # for the cross-library resume
+        ["litgpt", "resume", resume],
+        *(["litgpt", c, [c, "checkpoint", f"--out_dir=out/{c}", *_FINETUNE_ARGS]] for c in FINETUNE),
+        ["litgpt", "generate", generate],
+        # the merged LoRA weights, with the fine-tuning's prompt style
+        ["litgpt", "generate_lora", [generate[0], "out/finetune_lora/final", *generate[2:]]],
+    ]
     out: dict[str, Any] = {}
     for impl in IMPLS:
         folder = tmp_path_factory.mktemp(impl)
-        run_python(
-            ["-m", "tests.helpers.litgpt.tiny", str(folder)], python=litgpt_python, env=_env("lightning"), timeout=120
+        done = run_python(
+            ["-m", COMMANDS, str(folder), json.dumps(steps)],
+            env=_env(impl),
+            python=litgpt_python,
+            timeout=1500,
+            nice=NICE,
         )
-        printed = {}
-        printed["pretrain"] = _litgpt(litgpt_python, impl, folder, "pretrain", "--config=pretrain.yaml")
-        shutil.copytree(folder / "out" / "pretrain", folder / "out" / "pretrain-6")  # for the cross-library resume
-        resume = ["pretrain", "--config=pretrain.yaml", f"--train.max_tokens={9 * 4 * BLOCK_SIZE}", "--resume=auto"]
-        printed["resume"] = _litgpt(litgpt_python, impl, folder, *resume)
-        for command in FINETUNE:
-            _args = [command, "checkpoint", f"--out_dir=out/{command}", *_FINETUNE_ARGS]
-            printed[command] = _litgpt(litgpt_python, impl, folder, *_args)
-        generate = ["generate", "checkpoint", "--prompt=the cat", "--max_new_tokens=16", "--top_k=4"]
-        printed["generate"] = _litgpt(litgpt_python, impl, folder, *generate)
-        generate[1] = "out/finetune_lora/final"  # the merged LoRA weights, with the fine-tuning's prompt style
-        printed["generate_lora"] = _litgpt(litgpt_python, impl, folder, *generate)
-        for command, done in printed.items():  # kept beside the run, to read when a comparison fails
-            (folder / f"{command}.stdout").write_text(done.stdout)
-        out[impl] = {"folder": folder, "printed": printed}
+        assert done.returncode == 0, f"litgpt's commands on {impl} failed\n{done.output}"
+        printed = {
+            name: Completed(done.argv, 0, text, done.stderr, done.seconds) for name, text in split(done.stdout).items()
+        }
+        assert list(printed) == [step[1] for step in steps if step[0] == "litgpt"], done.output
+        for command, text in printed.items():  # kept beside the run, to read when a comparison fails
+            (folder / f"{command}.stdout").write_text(text.stdout)
+        found = json.loads(done.stdout.split("\nDIGESTS ", 1)[1])
+        out[impl] = {"folder": folder, "printed": printed, "digests": found}
     return out
 
 
@@ -205,14 +202,12 @@ def _same_printed(runs: dict[str, Any], command: str) -> list[str]:
     return lines["lightning"]
 
 
-def _same_files_and_checkpoints(runs: dict[str, Any], subfolder: str, python: str) -> None:
+def _same_files_and_checkpoints(runs: dict[str, Any], subfolder: str) -> None:
     trees = {impl: runs[impl]["folder"] / "out" / subfolder for impl in IMPLS}
     listed = {impl: files(tree) for impl, tree in trees.items()}
     assert listed["fabric_lite"] == listed["lightning"]
-    tensors = [
-        n for n in listed["lightning"] if n.endswith((".pth", ".lora", ".adapter", ".adapter_v2")) or ".pth." in n
-    ]
-    read = {impl: dict(zip(tensors, digests([trees[impl] / n for n in tensors], python))) for impl in IMPLS}
+    tensors = [n for n in listed["lightning"] if holds_tensors(Path(n).name)]
+    read = {impl: {n: runs[impl]["digests"][f"{subfolder}/{n}"] for n in tensors} for impl in IMPLS}
     for name in listed["lightning"]:
         a, b = (trees[impl] / name for impl in IMPLS)
         if name in tensors:
@@ -224,14 +219,14 @@ def _same_files_and_checkpoints(runs: dict[str, Any], subfolder: str, python: st
             assert texts[1] == texts[0], f"{subfolder}/{name} differs"
 
 
-def test_pretrain_prints_writes_and_saves_what_lightning_does(runs: dict[str, Any], litgpt_python: str) -> None:
+def test_pretrain_prints_writes_and_saves_what_lightning_does(runs: dict[str, Any]) -> None:
     lines = _same_printed(runs, "pretrain")
     losses = [line for line in lines if "loss train:" in line]
     assert len(losses) == 6 and any("Final evaluation | val loss:" in line for line in lines), lines
-    _same_files_and_checkpoints(runs, "pretrain-6", litgpt_python)
+    _same_files_and_checkpoints(runs, "pretrain-6")
 
 
-def test_pretrain_resumes_from_its_checkpoint(runs: dict[str, Any], litgpt_python: str) -> None:
+def test_pretrain_resumes_from_its_checkpoint(runs: dict[str, Any]) -> None:
     lines = _same_printed(runs, "resume")
     assert "Resuming training from '<run>/out/pretrain/step-00000006/lit_model.pth'" in "\n".join(lines) or any(
         "Resuming training from <run>/out/pretrain/step-00000006/lit_model.pth" in line for line in lines
@@ -241,7 +236,7 @@ def test_pretrain_resumes_from_its_checkpoint(runs: dict[str, Any], litgpt_pytho
         "iter 16 step 8",
         "iter 18 step 9",
     ]
-    _same_files_and_checkpoints(runs, "pretrain", litgpt_python)
+    _same_files_and_checkpoints(runs, "pretrain")
 
 
 # a niced litgpt run (12 s alone) beside the other worker's jobs took over 120 s in CI: the bound covers its own
@@ -271,12 +266,10 @@ def test_a_pretrain_checkpoint_resumes_on_the_other_library(
 
 
 @pytest.mark.parametrize("command", FINETUNE)
-def test_finetuning_prints_writes_and_saves_what_lightning_does(
-    runs: dict[str, Any], litgpt_python: str, command: str
-) -> None:
+def test_finetuning_prints_writes_and_saves_what_lightning_does(runs: dict[str, Any], command: str) -> None:
     lines = _same_printed(runs, command)
     assert sum("loss train:" in line for line in lines) == 8 and any("Final evaluation" in x for x in lines), lines
-    _same_files_and_checkpoints(runs, command, litgpt_python)
+    _same_files_and_checkpoints(runs, command)
 
 
 @pytest.mark.parametrize("command", ["generate", "generate_lora"])
