@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractContextManager
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from torch import Tensor
-from torch.nn import Module, Parameter
-from torch.optim import Optimizer
-from typing_extensions import override
 
 from fabric_lite.plugins.precision.amp import MixedPrecision
 from fabric_lite.plugins.precision.half import HalfPrecision
@@ -24,6 +20,27 @@ if TYPE_CHECKING:
 
 #: the precisions FSDPPrecision runs (``FSDPStrategy`` runs no other)
 FSDP_PRECISIONS = ("32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed")
+
+
+#: the hooks FSDPPrecision hands to the precision family that does the work (``_impl``): every public method of
+#: Precision but ``backward_context``, which counts this plugin's own running ``fabric.backward`` calls
+_FAMILY_HOOKS = [
+    name
+    for name, value in vars(Precision).items()
+    if callable(value) and not name.startswith("_") and name != "backward_context"
+]
+
+
+def _delegated(hook: str) -> Callable[..., Any]:
+    """``Precision.<hook>`` (its signature) as a call of the same hook of ``self._impl``; set in the class body, so
+    that ``Precision.__init_subclass__`` sees the hooks overridden."""
+
+    @functools.wraps(getattr(Precision, hook), assigned=("__name__",))
+    def delegate(self: FSDPPrecision, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._impl, hook)(*args, **kwargs)
+
+    delegate.__qualname__ = f"FSDPPrecision.{hook}"
+    return delegate
 
 
 class FSDPPrecision(Precision):
@@ -134,77 +151,9 @@ class FSDPPrecision(Precision):
         return FSDP1MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
     # every hook is the matching fabric_lite precision family's
-    @override
-    def convert_module(self, module: Module) -> Module:
-        return self._impl.convert_module(module)
-
-    @override
-    def tensor_init_context(self) -> AbstractContextManager[Any]:
-        return self._impl.tensor_init_context()
-
-    @override
-    def module_init_context(self) -> AbstractContextManager[Any]:
-        return self._impl.module_init_context()
-
-    @override
-    def forward_context(self) -> AbstractContextManager[Any]:
-        return self._impl.forward_context()
-
-    @override
-    def convert_input(self, data: Any) -> Any:
-        return self._impl.convert_input(data)
-
-    @override
-    def convert_output(self, data: Any) -> Any:
-        return self._impl.convert_output(data)
-
-    @override
-    def pre_backward(self, tensor: Tensor, module: Module | None) -> Any:
-        return self._impl.pre_backward(tensor, module)
-
-    @override
-    def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
-        self._impl.backward(tensor, model, *args, **kwargs)
-
-    @override
-    def post_backward(self, tensor: Tensor, module: Module | None) -> Any:
-        return self._impl.post_backward(tensor, module)
-
-    @override
-    def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        return self._impl.optimizer_step(optimizer, **kwargs)
-
-    @override
-    def main_params(self, optimizer: Optimizer) -> Iterator[Parameter]:
-        return self._impl.main_params(optimizer)
-
-    @override
-    def unscale_gradients(self, optimizer: Optimizer) -> None:
-        self._impl.unscale_gradients(optimizer)
-
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        return self._impl.state_dict()
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._impl.load_state_dict(state_dict)
-
-    @override
-    def teardown(self) -> None:
-        self._impl.teardown()
-
-    @override
-    def requires_fabric_backward(self) -> bool:
-        return self._impl.requires_fabric_backward()
-
-    @override
-    def skips_nonfinite_steps(self) -> bool:
-        return self._impl.skips_nonfinite_steps()
-
-    @override
-    def changes_forward(self) -> bool:
-        return self._impl.changes_forward()
+    for _hook in _FAMILY_HOOKS:
+        locals()[_hook] = _delegated(_hook)
+    del _hook
 
 
 def _dtype_of(precision: str) -> torch.dtype:
