@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fabric_lite.accelerators.xla import XLAAccelerator
-from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 
 
 class TPUAccelerator(XLAAccelerator):
@@ -17,9 +14,7 @@ class TPUAccelerator(XLAAccelerator):
         TPUAccelerator()  # LightningDeprecationWarning, then ModuleNotFoundError: ... needs torch_xla ...
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        rank_zero_deprecation("The `TPUAccelerator` class is deprecated. Lightning renamed it `XLAAccelerator`.")
-        return super().__new__(cls, *args, **kwargs)
+    _deprecated = "The `TPUAccelerator` class is deprecated. Lightning renamed it `XLAAccelerator`."
 
 
 __all__ = ["TPUAccelerator"]

@@ -8,12 +8,13 @@ says what is missing, before anything starts.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 from typing_extensions import override
 
 from fabric_lite.accelerators.accelerator import Accelerator
 from fabric_lite.utilities.imports import _Availability
+from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 
 _XLA_AVAILABLE = _Availability("torch_xla", "1.13")
 _XLA_GREATER_EQUAL_2_1 = _Availability("torch_xla", "2.1")
@@ -43,7 +44,13 @@ class _NeedsXLA:
     base class's own checks, abstract methods included); the class itself stays usable in ``isinstance``,
     ``issubclass`` and ``Mock(spec=...)``."""
 
+    #: for Lightning's former names of the XLA classes: the deprecation warned before the error (``{name}``: the
+    #: class's name)
+    _deprecated: ClassVar[str | None] = None
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls._deprecated is not None:
+            rank_zero_deprecation(cls._deprecated.format(name=cls.__name__))
         _xla_missing(cls.__name__)
 
     @classmethod

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from fabric_lite.strategies.single_xla import SingleDeviceXLAStrategy
-from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 
 
 class SingleTPUStrategy(SingleDeviceXLAStrategy):
@@ -18,9 +17,10 @@ class SingleTPUStrategy(SingleDeviceXLAStrategy):
         SingleTPUStrategy(0)  # LightningDeprecationWarning, then ModuleNotFoundError: ... needs torch_xla ...
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        rank_zero_deprecation("The 'single_tpu' strategy is deprecated. Lightning renamed it 'single_xla'.")
-        return super().__new__(cls, *args, **kwargs)
+    _deprecated = "The 'single_tpu' strategy is deprecated. Lightning renamed it 'single_xla'."
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Any arguments, as in Lightning; building one raises (``__new__``)."""
 
 
 __all__ = ["SingleTPUStrategy"]

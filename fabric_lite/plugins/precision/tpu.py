@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from fabric_lite.plugins.precision.xla import XLAPrecision
-from fabric_lite.utilities.rank_zero import rank_zero_deprecation
 
 
 class TPUPrecision(XLAPrecision):
@@ -18,9 +17,7 @@ class TPUPrecision(XLAPrecision):
         TPUPrecision()  # LightningDeprecationWarning, then ModuleNotFoundError: ... needs torch_xla ...
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        rank_zero_deprecation("The `TPUPrecision` class is deprecated. Lightning replaced it by `XLAPrecision`.")
-        return super().__new__(cls, *args, **kwargs)
+    _deprecated = "The `TPUPrecision` class is deprecated. Lightning replaced it by `XLAPrecision`."
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Any arguments, as in Lightning; building one raises (``__new__``)."""
