@@ -6,7 +6,6 @@ import faulthandler
 import os
 import signal
 import sys
-from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -23,8 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") and main is not None and not hasattr(main, "__file__"):
         main.__file__ = pytest.__file__
     if config.pluginmanager.hasplugin("xdist"):
-        # hand the modules out in the order of their folders (_FOLDER_ORDER below), not by their number of tests
-        config.option.loadscopereorder = False
+        config.pluginmanager.register(_Scheduling(), "fabric-lite-scheduling")
 
 
 @pytest.fixture(autouse=True)
@@ -58,30 +56,43 @@ def _restore_environment():  # type: ignore[no-untyped-def]
         pytest.fail("the test left a torch.distributed process group initialised")
 
 
-# ------------------------------------------------------------------ the reliability tier and its report
+# ------------------------------------------------------------------ options, and the order of the modules under -n 2
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--reliability-report",
         action="store_true",
         help="after the run, print one row per RELIABILITY.md case: result, longest test, time to fail",
     )
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help="after a whole run, record each module's wall time in tests/durations.json (how -n 2 orders them)",
+    )
 
 
-# The folder decides how a module runs (tests/unit, tests/distributed, tests/compat, tests/gpu, tests/tiers/<tier>).
-# Under the README's `-n 2 --dist loadfile` every module is one unit of work, run whole on one pytest-xdist worker: a
-# module-scoped fixture that runs multi-process jobs (tens of seconds) runs once, and the tests of a tier that share an
-# outside resource (a SLURM cluster, network namespaces, an S3 server, an MPI install) never run side by side. The
-# units are handed out in this order of their folders, the long multi-process ones first, so that the workers end
-# together instead of one running a long module alone at the end.
-_FOLDER_ORDER = ("tiers", "distributed", "compat", "gpu", "unit")
+class _Scheduling:
+    """``--dist loadfile`` hands the modules out longest first (tests/helpers/schedule.py), by their recorded times."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> object:
+        if config.getvalue("dist") != "loadfile":
+            return None
+        from tests.helpers.schedule import LongestFirstScheduling
+
+        return LongestFirstScheduling(config, log)
 
 
-def _folder_rank(item: pytest.Item) -> int:
-    tests = Path(__file__).parent
-    folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
-    return _FOLDER_ORDER.index(folder) if folder in _FOLDER_ORDER else len(_FOLDER_ORDER)
+_MODULE_SECONDS: dict[str, float] = {}
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.getoption("--store-durations") and not hasattr(session.config, "workerinput"):
+        from tests.helpers.schedule import store_durations
+
+        store_durations(_MODULE_SECONDS)
+
+
+# ------------------------------------------------------------------ the reliability tier and its report
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.reliability_cases import cases_of
 
@@ -89,8 +100,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         cases = cases_of(item.nodeid)
         if cases:
             item.add_marker(pytest.mark.reliability(*cases))
-    if hasattr(config, "workerinput"):  # a pytest-xdist worker: the order in which units of work are handed out
-        items.sort(key=_folder_rank)
 
 
 _RELIABILITY_RUNS: dict[str, dict[str, object]] = {}
@@ -99,6 +108,8 @@ _RELIABILITY_RUNS: dict[str, dict[str, object]] = {}
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     from tests.reliability_cases import cases_of
 
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
     if not cases_of(report.nodeid):
         return
     run = _RELIABILITY_RUNS.setdefault(report.nodeid, {"outcome": "passed", "seconds": 0.0, "properties": {}})
