@@ -46,11 +46,15 @@ def _time_bound(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(autouse=True)
 def _restore_environment():  # type: ignore[no-untyped-def]
-    """Every test leaves os.environ as it found it, and no default process group behind."""
-    saved = dict(os.environ)
+    """Every test leaves os.environ and the rank that rank_zero_only reads (a strategy set up in the test process sets
+    it) as it found them, and no default process group behind."""
+    from fabric_lite.utilities.rank_zero import rank_zero_only
+
+    saved, rank = dict(os.environ), rank_zero_only.rank  # type: ignore[attr-defined]
     yield
     os.environ.clear()
     os.environ.update(saved)
+    rank_zero_only.rank = rank  # type: ignore[attr-defined]
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
         pytest.fail("the test left a torch.distributed process group initialised")
