@@ -61,8 +61,8 @@ class LongestFirstScheduling(LoadFileScheduling):
         return left
 
     def _assign_work_unit(self, node: Any) -> None:
-        by_length = sorted(self.workqueue, key=lambda module: expected_seconds(module, self.durations))
         others = [self._seconds_left(other) for other in self.nodes if other is not node]
         free_first = not others or self._seconds_left(node) <= min(others)
-        self.workqueue.move_to_end(by_length[-1] if free_first else by_length[0], last=False)
+        pick = max if free_first else min
+        self.workqueue.move_to_end(pick(self.workqueue, key=lambda m: expected_seconds(m, self.durations)), last=False)
         super()._assign_work_unit(node)
