@@ -1,7 +1,7 @@
 """Saving without stopping: ``AsyncCheckpointIO`` against blocking saves, side by side in one run, on two CPU ranks.
 
     python benchmarks/bench_async_checkpoint.py            # 4 x Linear(4096, 4096): 268 MB (several minutes)
-    python benchmarks/bench_async_checkpoint.py --quick    # 4 x Linear(2048, 2048): 67 MB, one repeat (smoke run)
+    python benchmarks/bench_async_checkpoint.py --quick    # 4 x Linear(1024, 1024): 17 MB, one repeat (smoke run)
 
 Two strategies, each in one pair of processes (``OMP_NUM_THREADS=1``): ``ddp`` (``ddp_spawn``) saves one file, rank 0
 writes it; ``fsdp`` (``FSDPStrategy(start_method="fork")``: its spawn cannot pickle the strategy) a sharded folder,
@@ -132,13 +132,13 @@ def run(fabric: Fabric, strategy: str, width: int, depth: int, steps: int, repea
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a 67 MB model, one repeat (smoke run)")
+    parser.add_argument("--quick", action="store_true", help="a 17 MB model, one repeat (smoke run)")
     parser.add_argument("--strategies", default="ddp,fsdp")
     parser.add_argument("--out", default=None, help="also write the rows as JSON to this file")
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
-    width, depth, steps, repeats, batch = (2048, 4, 12, 1, 8) if args.quick else (4096, 4, 14, 3, 8)
+    width, depth, steps, repeats, batch = (1024, 4, 12, 1, 8) if args.quick else (4096, 4, 14, 3, 8)
     folder = REPO / "benchmarks" / "out" / "async_checkpoint"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

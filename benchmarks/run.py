@@ -25,7 +25,7 @@ time, which has no raw counterpart, the interquartile range in seconds). The fig
 * ``startup/first_all_reduce``: from before the launch of two processes until the parent holds the result of their
   first ``all_reduce`` (``bench_startup.py``).
 * ``memory/*``: peak memory of training a 34M-parameter MLP (``bench_memory.py``).
-* ``async_save/*``: ``AsyncCheckpointIO`` against blocking saves of a 268 MB model (``--quick``: 67 MB), two ranks,
+* ``async_save/*``: ``AsyncCheckpointIO`` against blocking saves of a 268 MB model (``--quick``: 17 MB), two ranks,
   DDP and FSDP (``bench_async_checkpoint.py``): the time ``fabric.save`` blocks, and the time of a step during the
   background write; here "raw PyTorch" is the blocking save (the step without a write).
 
