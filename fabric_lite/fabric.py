@@ -269,7 +269,8 @@ class Fabric:
         * one device: nothing to start; ``launch(fn)`` runs ``fn(fabric)`` here.
 
         A failing rank ends the whole job, and its traceback is reported as the cause. Calling ``launch()`` again
-        without a function does nothing.
+        without a function does nothing; a later ``Fabric`` in a ``ddp`` script joins the processes already running
+        (it must ask for the same ``devices`` and ``num_nodes``).
 
         Raises:
             TypeError: ``function`` is not callable (e.g. ``launch(train())`` instead of ``launch(train)``), takes no

@@ -97,6 +97,10 @@ def _unreachable(rank: int, role: str, address: str, port: int, err: Exception) 
     )
 
 
+#: how many default process groups this process has formed through :func:`form_process_group`
+_groups_formed = 0
+
+
 def form_process_group(
     *,
     backend: str,
@@ -113,6 +117,12 @@ def form_process_group(
         CollectiveTimeoutError: the group did not form within ``timeout``; says how many ranks reached the
             rendezvous at ``where`` (``address:port``), so a rank that never started is told from a wrong address.
     """
+    global _groups_formed
+    if _groups_formed:
+        # a group formed again on the same store (the first one destroyed, as in a second Fabric of a launched
+        # script): the first group's keys are still there, and gloo would connect to its closed sockets. The ranks
+        # form their groups in step, so every rank counts the same
+        store = dist.PrefixStore(f"group{_groups_formed}/", store)  # type: ignore[attr-defined]
     kwargs: dict[str, Any] = {"backend": backend, "rank": rank, "world_size": world_size, "timeout": timeout}
     if device is not None and device.type == "cuda":
         kwargs["device_id"] = device
@@ -128,6 +138,7 @@ def form_process_group(
             f" ranks joined the rendezvous at {where}. The missing ranks never started, crashed before joining, or"
             " were given another address or port."
         ) from err
+    _groups_formed += 1
 
 
 def destroy_process_group() -> None:

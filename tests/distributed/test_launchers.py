@@ -66,6 +66,31 @@ def test_script_relaunch_as_module() -> None:
     assert [r["rank"] for r in results(done.stdout)] == [0, 1]
 
 
+def test_later_fabrics_in_a_launched_script_join_its_processes() -> None:
+    """A second Fabric in a ``ddp`` script joins the running job, in rank 0 too (Lightning's behaviour): rank 0
+    started no second set of children, which would wait forever at exit on a rendezvous no rank joins."""
+    done = run_python(["tests/helpers/scripts/later_fabrics.py"], timeout=150)
+    assert done.returncode == 0, done.output
+    rows = results(done.stdout, "ROUND")
+    by_round: dict[str, list[dict]] = {}
+    for row in rows:
+        by_round.setdefault(row["round"], []).append(row)
+    for name, values in by_round.items():
+        by_round[name] = sorted(values, key=lambda row: row["rank"])
+    assert list(by_round) == ["first", "joined", "formed again", "model parallel", "other devices"], done.output
+    pids = {row["pid"] for row in rows}
+    assert len(pids) == 2, done.output  # the same two processes in every round
+    assert [r["total"] for r in by_round["first"]] == [3.0, 3.0]
+    assert [r["total"] for r in by_round["joined"]] == [21.0, 21.0]
+    assert all(r["group_kept"] for r in by_round["joined"])
+    assert [r["total"] for r in by_round["formed again"]] == [201.0, 201.0]  # a new group over the same store
+    assert [r["total"] for r in by_round["model parallel"]] == [1.0, 1.0]
+    assert all(r["mesh"] == ["data_parallel", "tensor_parallel"] for r in by_round["model parallel"])
+    rank0, rank1 = (r["error"] for r in by_round["other devices"])
+    assert "launched a job of 2 process(es) per node" in rank0 and "asks for 3 per node" in rank0, rank0
+    assert "rank 1 of 2" in rank1 and "rank 1 of 3" in rank1, rank1
+
+
 @pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
 def test_spawn_and_fork_return_rank_zero_result(strategy: str) -> None:
     done = run_python([SCRIPT, "--strategy", strategy, "--devices", "2"], timeout=90)

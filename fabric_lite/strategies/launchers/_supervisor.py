@@ -226,10 +226,17 @@ class Child:
         return without_block(b"".join(chunks).decode(errors="replace")).rstrip()
 
 
+#: the pipes this process reports its unhandled exception into
+_recording: set[int] = set()
+
+
 def record_child_errors(error_fd: int) -> None:
     """In a child: write the traceback of an unhandled exception into the pipe rank 0 reads, as soon as Python
     reports it (before the exit handlers close the process group; from an exit handler where another
-    ``sys.excepthook`` took the report)."""
+    ``sys.excepthook`` took the report). Once per process: a second ``fabric.launch()`` in the script does nothing."""
+    if error_fd in _recording:
+        return
+    _recording.add(error_fd)
     try:
         os.set_blocking(error_fd, False)  # never block at exit, whatever happens to the reader
     except OSError:

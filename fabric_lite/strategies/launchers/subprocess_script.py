@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -20,6 +20,25 @@ from fabric_lite.utilities.distributed import _set_num_threads_if_needed
 
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
+
+
+@dataclass(frozen=True)
+class _Job:
+    """The job this process started as local rank 0: what a later ``Fabric`` in the process joins."""
+
+    num_processes: int
+    world_size: int
+    node_rank: int
+    run: RunContext
+    children: list[Child]
+    supervisor: ProcessSupervisor | None
+
+
+#: the job this process launched, if any. A second ``Fabric`` in the script (a second ``fabric.launch()``) joins it,
+#: as the same line does in the children, which see ``LOCAL_RANK``: starting the script again would leave a child
+#: waiting forever on a rendezvous that no other rank joins (Lightning sets ``LOCAL_RANK=0`` in rank 0's own
+#: environment for this)
+_launched: _Job | None = None
 
 
 def script_command() -> list[str]:
@@ -46,7 +65,9 @@ class SubprocessScriptLauncher(Launcher):
     ``OMP_NUM_THREADS`` is unset, every process gets its share of the cores: rank 0 sets the variable, and the
     children inherit it.
 
-    The function's return value is returned in every process (each process returns its own).
+    The function's return value is returned in every process (each process returns its own). A later ``Fabric``
+    in the script, with the same ``devices`` and ``num_nodes``, joins the processes already running, in rank 0 as in
+    the children; once the process group was destroyed, its ranks form a new one over the same rendezvous.
 
     Example::
 
@@ -68,6 +89,9 @@ class SubprocessScriptLauncher(Launcher):
                 # a child of this launcher: report an unhandled exception to rank 0 through the inherited pipe
                 record_child_errors(int(error_fd))
             return function(*args, **kwargs)
+        if _launched is not None:
+            self._join(_launched)
+            return function(*args, **kwargs)
         self._start_children()
         try:
             return function(*args, **kwargs)
@@ -76,7 +100,27 @@ class SubprocessScriptLauncher(Launcher):
                 # now that the process group exists, so that rank 0's exit handler runs before its teardown
                 self.supervisor.arm_exit_handler()
 
+    def _join(self, job: _Job) -> None:
+        """Take part in the job this process launched before, with its rendezvous store and its children."""
+        strategy = self._strategy
+        strategy._set_world_ranks()
+        if (strategy.num_processes, strategy.world_size, strategy.node_rank) != (
+            job.num_processes,
+            job.world_size,
+            job.node_rank,
+        ):
+            raise RuntimeError(
+                f"This process launched a job of {job.num_processes} process(es) per node, {job.world_size} in all"
+                f" (node rank {job.node_rank}), and a later Fabric in it asks for {strategy.num_processes} per node,"
+                f" {strategy.world_size} in all (node rank {strategy.node_rank}). A Fabric made after the first launch"
+                " joins the running processes: give it the same devices and num_nodes, or run the other"
+                " configuration as a script of its own."
+            )
+        strategy.attach_run(job.run)
+        self.children, self.supervisor = job.children, job.supervisor
+
     def _start_children(self) -> None:
+        global _launched
         if self.children:
             raise RuntimeError(
                 "The launcher can only create subprocesses once: this one has started its processes already. Call"
@@ -104,6 +148,8 @@ class SubprocessScriptLauncher(Launcher):
             port = run.store.port
         if num_processes <= 1:
             strategy.attach_run(run)
+            if strategy.world_size > 1:  # one process per node: the other nodes reach this store
+                _launched = _Job(num_processes, strategy.world_size, strategy.node_rank, run, [], None)
             return
         _set_num_threads_if_needed(num_processes)  # here, and through the environment in the children
         command = [sys.executable, "-c", CHILD_SHIM, *script_command()]
@@ -134,6 +180,7 @@ class SubprocessScriptLauncher(Launcher):
             self.children, teardown=strategy._destroy_process_group, run_dir=run.run_dir, world_size=strategy.world_size
         )
         self.supervisor.start()
+        _launched = _Job(num_processes, strategy.world_size, strategy.node_rank, run, self.children, self.supervisor)
 
 
 #: Lightning Fabric's name of the launcher. Lightning builds its launcher from (cluster environment, processes per
