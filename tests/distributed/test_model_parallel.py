@@ -1,12 +1,13 @@
 """ModelParallelStrategy: tensor, sequence and sharded data parallelism (and HSDP) on a DeviceMesh.
 
 Arguments, the mesh arithmetic, the optimizer's foreach rule and compiled blocks fed by a tensor-parallel layer are
-checked without processes. The rest runs on real gloo process groups of 1, 2 and 4 CPU ranks through fabric_lite's
-own script launcher (tests/helpers/jobs/model_parallel_jobs.py), with a tiny two-block Llama-style model: losses over 10
-steps equal one process over the global batch in every layout (compiled block by block on 2x2 and 2x1), each rank
-holds the expected fraction of every parameter, the ranks of a tensor-parallel group see the same batches,
-``no_backward_sync`` really skips the reduce-scatter, checkpointed blocks really run again in backward, and a
-checkpoint saved on 2x2 loads on 1x4, 4x1, one rank, a plain module and through the consolidation command.
+checked without processes. The rest runs on real gloo process groups of 1, 2 and 4 CPU ranks through fabric_lite's own
+script launcher (tests/helpers/jobs/model_parallel_jobs.py): every 4-rank job in one launch and every 2-rank job in
+another, each job a Fabric of its own layout that joins the running processes. With a tiny two-block Llama-style model:
+losses over 10 steps equal one process over the global batch in every layout (compiled block by block on 2x2 and 2x1),
+each rank holds the expected fraction of every parameter, the ranks of a tensor-parallel group see the same batches,
+``no_backward_sync`` really skips the reduce-scatter, checkpointed blocks really run again in backward, and a checkpoint
+saved on 2x2 loads on 1x4, 4x1, one rank, a plain module and through the consolidation command.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ def mp_job(job: str, nprocs: int, **options: Any) -> list[Any]:
     return run_job(  # type: ignore[no-any-return]
         ["-m", "tests.helpers.jobs.model_parallel_jobs", job, str(nprocs), json.dumps(options)], LAUNCH_TIMEOUT
     )
+
+
+def mp_series(nprocs: int, jobs: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
+    """Run several jobs (name: options with the ``job``) one after another in one launch of ``nprocs`` ranks, each
+    with a Fabric of its own layout; every rank's result of each, by name."""
+    entries = [{"name": name, **options} for name, options in jobs.items()]
+    args = ["-m", "tests.helpers.jobs.model_parallel_jobs", "series", str(nprocs), json.dumps(entries)]
+    runs = run_job(args, LAUNCH_TIMEOUT * len(entries))
+    return {name: [run[name] for run in runs] for name in jobs}
 
 
 def _identity(module: torch.nn.Module, mesh: Any) -> torch.nn.Module:
@@ -257,19 +267,59 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("model_parallel")
 
 
+#: the layouts besides 2x2 that train as one process does, each with what it shows
+LAYOUTS: dict[str, dict[str, Any]] = {
+    # TP alone, norms as plain tensors beside DTensors: foreach=None settled to False; compiled (no fully_shard units,
+    # so the model as a whole)
+    "tp_only": {"dp": 1, "tp": 2, "sequence_parallel": False, "compile": "aot_eager", "foreach": None,
+                "foreach_errors": True},
+    "fsdp_only": {"dp": 2, "tp": 1, "accumulate": 2, "compile": "aot_eager"},  # FSDP alone, no_backward_sync, compiled
+    "hsdp": {"dp": 4, "tp": 1, "replicate": 2, "activation_checkpointing": True},  # HSDP: 2 replicas of 2 shards
+    "hsdp_tp": {"dp": 2, "tp": 2, "replicate": 2},  # HSDP with TP, a 3-D mesh: 2 replicas x 1 shard x 2 tensor-parallel
+}  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def two_by_two(folder: Path) -> list[dict[str, Any]]:
-    """2 data-parallel x 2 tensor-parallel, sequence parallel and loss parallel, compiled block by block; saves
-    ``folder/sharded``."""
-    return mp_job(
-        "train_then_misuse",
-        4,
-        dp=2,
-        tp=2,
-        loss_parallel=True,
-        compile="aot_eager",
-        kwargs={"folder": str(folder / "sharded")},
-    )
+def four_ranks(folder: Path) -> dict[str, list[Any]]:
+    """Every 4-rank job, in one launch (each job a Fabric of its own over the same ranks), in this order:
+
+    * ``two_by_two``: 2 data-parallel x 2 tensor-parallel, sequence parallel and loss parallel, compiled block by
+      block; saves ``folder/sharded``, then the misuse checks;
+    * ``hsdp`` and ``hsdp_tp`` from :data:`LAYOUTS`;
+    * ``bf16_mixed``: 2x2 in ``bf16-mixed`` with ``mp_policy=strategy.mixed_precision_policy``, 4 steps;
+    * ``load_1x4`` and ``load_4x1``: the 2x2 checkpoint loaded on other meshes.
+    """
+    sharded = str(folder / "sharded")
+    jobs = {
+        "two_by_two": {"job": "train_then_misuse", "dp": 2, "tp": 2, "loss_parallel": True, "compile": "aot_eager",
+                       "kwargs": {"folder": sharded}},
+        **{name: {"job": "train", **LAYOUTS[name]} for name in ("hsdp", "hsdp_tp")},
+        "bf16_mixed": {"job": "train", "dp": 2, "tp": 2, "precision": "bf16-mixed", "mp_policy": True,
+                       "kwargs": {"steps": 4}},
+        "load_1x4": {"job": "load", "dp": 1, "tp": 4, "kwargs": {"folder": sharded}},
+        "load_4x1": {"job": "load", "dp": 4, "tp": 1, "kwargs": {"folder": sharded}},
+    }  # fmt: skip
+    return mp_series(4, jobs)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(folder: Path) -> dict[str, list[Any]]:
+    """Every 2-rank job, in one launch: ``tp_only`` and ``fsdp_only`` from :data:`LAYOUTS`; ``bf16_true`` (2x1 with
+    the strategy's policy, 2 steps); ``full_checkpoint`` (1x2, ``save_distributed_checkpoint=False`` into
+    ``folder/full.ckpt``, 2 steps, then loaded back into a freshly parallelised model)."""
+    jobs = {
+        **{name: {"job": "train", **LAYOUTS[name]} for name in ("tp_only", "fsdp_only")},
+        "bf16_true": {"job": "train", "dp": 2, "tp": 1, "precision": "bf16-true", "mp_policy": True,
+                      "kwargs": {"steps": 2}},
+        "full_checkpoint": {"job": "train", "dp": 1, "tp": 2, "save_distributed_checkpoint": False,
+                            "kwargs": {"folder": str(folder / "full.ckpt"), "steps": 2, "reload": True}},
+    }  # fmt: skip
+    return mp_series(2, jobs)
+
+
+@pytest.fixture(scope="module")
+def two_by_two(four_ranks: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    return four_ranks["two_by_two"]
 
 
 def _matches_reference(runs: list[dict[str, Any]], expected: dict[str, Any]) -> None:
@@ -370,22 +420,12 @@ except TypeError as err:
     assert "'parallelize' must return the parallelised module" in done.stdout
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize(
-    "options",
-    [
-        # TP alone, norms as plain tensors beside DTensors: foreach=None settled to False; compiled (no fully_shard
-        # units, so the model as a whole)
-        {"dp": 1, "tp": 2, "sequence_parallel": False, "compile": "aot_eager", "foreach": None, "foreach_errors": True},
-        {"dp": 2, "tp": 1, "accumulate": 2, "compile": "aot_eager"},  # FSDP alone, no_backward_sync, compiled
-        {"dp": 4, "tp": 1, "replicate": 2, "activation_checkpointing": True},  # HSDP: 2 replicas of 2 shards
-        {"dp": 2, "tp": 2, "replicate": 2},  # HSDP with TP, a 3-D mesh: 2 replicas x 1 shard x 2 tensor-parallel
-    ],
-    ids=["tp_only", "fsdp_only", "hsdp", "hsdp_tp"],
-)
-def test_other_layouts_equal_one_process(options: dict[str, Any], expected: dict[str, Any]) -> None:
-    nprocs = options["dp"] * options["tp"]
-    runs = mp_job("train", nprocs, **options)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_other_layouts_equal_one_process(
+    name: str, four_ranks: dict[str, list[Any]], two_ranks: dict[str, list[Any]], expected: dict[str, Any]
+) -> None:
+    options = LAYOUTS[name]
+    runs = (four_ranks if options["dp"] * options["tp"] == 4 else two_ranks)[name]
     _matches_reference(runs, expected)
     for run in runs:
         if options.get("replicate") and options["tp"] == 1:
@@ -448,14 +488,16 @@ def _is_hsdp_with_tensor_parallel(runs: list[dict[str, Any]]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(("dp", "tp"), [(1, 4), (4, 1), (1, 1)], ids=["1x4", "4x1", "one_rank"])
+@pytest.mark.parametrize("mesh", ["1x4", "4x1", "one_rank"])
 def test_a_2x2_checkpoint_loads_into_other_meshes(
-    two_by_two: list[dict[str, Any]], folder: Path, dp: int, tp: int
+    two_by_two: list[dict[str, Any]], four_ranks: dict[str, list[Any]], folder: Path, mesh: str
 ) -> None:
     saved = two_by_two[0]["train"]
     assert saved["saved_files"] == [".metadata", *[f"__{r}_0.distcp" for r in range(4)], "fabric_lite.json", "meta.pt"]
-    runs = mp_job("load", dp * tp, dp=dp, tp=tp, kwargs={"folder": str(folder / "sharded")})
+    if mesh == "one_rank":
+        runs = mp_job("load", 1, dp=1, tp=1, kwargs={"folder": str(folder / "sharded")})
+    else:  # loaded in the same launch, after the save
+        runs = four_ranks[f"load_{mesh}"]
     steps = set()
     for rank, run in enumerate(runs):
         loaded = run["loaded"]
@@ -491,13 +533,11 @@ def test_a_2x2_checkpoint_loads_into_a_plain_module_and_consolidates(
         assert torch.equal(full["model"][key], value), key
 
 
-@pytest.mark.timeout(240)
-def test_full_checkpoint_file(tmp_path: Path) -> None:
+def test_full_checkpoint_file(two_ranks: dict[str, list[Any]], folder: Path) -> None:
     """``save_distributed_checkpoint=False``: one file from rank 0, the same layout a plain module loads, and that
     loads back into a freshly parallelised model (1x2) exactly."""
-    target = tmp_path / "full.ckpt"
-    kwargs = {"folder": str(target), "steps": 2, "reload": True}
-    runs = mp_job("train", 2, dp=1, tp=2, save_distributed_checkpoint=False, kwargs=kwargs)
+    target = folder / "full.ckpt"
+    runs = two_ranks["full_checkpoint"]
     assert target.is_file() and runs[0]["saved_files"] == "file"
     model = Llama()
     Fabric(accelerator="cpu", devices=1).load(target, {"model": model}, strict=False)
@@ -535,13 +575,11 @@ def test_checkpoints_load_across_lightning_and_fabric_lite(writer: str, reader: 
     assert observed["load"]["step"] == 3 and observed["load"]["note"] == "hello"
 
 
-@pytest.mark.timeout(240)
-def test_bf16_mixed_trains_close_to_float32(expected: dict[str, Any]) -> None:
+def test_bf16_mixed_trains_close_to_float32(four_ranks: dict[str, list[Any]], expected: dict[str, Any]) -> None:
     """``bf16-mixed`` on 2x2 with ``mp_policy=strategy.mixed_precision_policy``: autocast around the tensor-parallel
     forward, float32 sharded parameters that FSDP2 gathers in bfloat16; the losses follow float32's within
     bfloat16's precision (a relative 2**-8 per operation)."""
-    runs = mp_job("train", 4, dp=2, tp=2, precision="bf16-mixed", mp_policy=True, kwargs={"steps": 4})
-    for run in runs:
+    for run in four_ranks["bf16_mixed"]:
         assert run["dtypes"] == ["torch.float32"], run["dtypes"]  # the sharded parameters, which AdamW updates
         assert run["forward_dtypes"] == ["torch.bfloat16"]  # the gathered ones, while a block runs
         differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:4], strict=True)]
@@ -549,11 +587,9 @@ def test_bf16_mixed_trains_close_to_float32(expected: dict[str, Any]) -> None:
         assert max(differences) > 0, "bf16-mixed computed in float32"
 
 
-@pytest.mark.timeout(240)
-def test_bf16_true_trains_in_bfloat16(expected: dict[str, Any]) -> None:
+def test_bf16_true_trains_in_bfloat16(two_ranks: dict[str, list[Any]], expected: dict[str, Any]) -> None:
     """``bf16-true`` on 2x1 with the strategy's policy: parameters created, gathered and updated in bfloat16."""
-    runs = mp_job("train", 2, dp=2, tp=1, precision="bf16-true", mp_policy=True, kwargs={"steps": 2})
-    for run in runs:
+    for run in two_ranks["bf16_true"]:
         assert run["dtypes"] == run["forward_dtypes"] == ["torch.bfloat16"]
         assert len(run["losses"]) == 2 and all(math.isfinite(loss) for loss in run["losses"] + run["norms"])
         differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:2], strict=True)]

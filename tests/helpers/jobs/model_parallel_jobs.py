@@ -1,14 +1,16 @@
 """ModelParallelStrategy jobs, run on real gloo process groups on the CPU by tests/distributed/test_model_parallel.py.
 
     python -m tests.helpers.jobs.model_parallel_jobs JOB NPROCS OPTIONS_JSON OUT_PATH
+    python -m tests.helpers.jobs.model_parallel_jobs series NPROCS '[OPTIONS, ...]' OUT_PATH
 
-``OPTIONS_JSON`` holds the strategy's sizes (``dp``, ``tp``, ``replicate``, each ``"auto"`` or an int), the
-parallelize options (``sequence_parallel``, ``loss_parallel``, ``activation_checkpointing``, and ``mp_policy``: pass
-the strategy's ``mixed_precision_policy`` to ``fully_shard``), ``precision``, ``save_distributed_checkpoint``, the
-optimizer's ``foreach``, ``compile`` (a backend), ``accumulate`` (micro-batches per step) and the job's ``kwargs``.
-``Fabric(..., devices=NPROCS)`` re-runs this module once per extra rank; every rank runs ``JOB(fabric, options,
-**kwargs)`` and rank 0 pickles the list of every rank's result to ``OUT_PATH``. The model is a tiny Llama-style
-transformer with the names that ``fabric_lite.strategies.parallelize.TransformerPlan`` expects by default.
+``OPTIONS_JSON`` holds the strategy's sizes (``dp``, ``tp``, ``replicate``, each ``"auto"`` or an int), the parallelize
+options (``sequence_parallel``, ``loss_parallel``, ``activation_checkpointing``, and ``mp_policy``: pass the strategy's
+``mixed_precision_policy`` to ``fully_shard``), ``precision``, ``save_distributed_checkpoint``, the optimizer's
+``foreach``, ``compile`` (a backend), ``accumulate`` (micro-batches per step) and the job's ``kwargs``. ``Fabric(...,
+devices=NPROCS)`` re-runs this module once per extra rank; every rank runs ``JOB(fabric, options, **kwargs)`` and rank 0
+pickles the list of every rank's result to ``OUT_PATH``. A ``series`` runs several jobs in one launch, one after
+another, each entry's options naming its ``job`` and its ``name`` (the key of its result). The model is a tiny
+Llama-style transformer with the names that ``fabric_lite.strategies.parallelize.TransformerPlan`` expects by default.
 """
 
 from __future__ import annotations
@@ -514,11 +516,20 @@ def main() -> None:
     from tests.helpers.jobs._runner import dump_all_ranks
 
     job, nprocs, options_json, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    options = json.loads(options_json)
-    fabric = make_fabric(nprocs, options)
-    fabric.launch()
-    result = globals()[job](fabric, options, **options.get("kwargs", {}))
-    dump_all_ranks(fabric, result, out)
+    if job != "series":
+        options = json.loads(options_json)
+        fabric = make_fabric(nprocs, options)
+        fabric.launch()
+        dump_all_ranks(fabric, globals()[job](fabric, options, **options.get("kwargs", {})), out)
+        return
+    # one launch, several layouts: each entry gets a Fabric of its own, which joins the processes the first one
+    # started (a process costs seconds of CPU to start; the layouts run one after another over the same ranks)
+    results = {}
+    for entry in json.loads(options_json):
+        fabric = make_fabric(nprocs, entry)
+        fabric.launch()
+        results[entry["name"]] = globals()[entry["job"]](fabric, entry, **entry.get("kwargs", {}))
+    dump_all_ranks(fabric, results, out)
 
 
 if __name__ == "__main__":
