@@ -1,18 +1,21 @@
 """FSDPStrategy: sharded training on torch's ``fully_shard`` (FSDP2) and its checkpoints.
 
 On real gloo process groups on the CPU started by fabric_lite's own script launcher
-(tests/helpers/jobs/fsdp_jobs.py), grouped into four launches:
+(tests/helpers/jobs/fsdp_jobs.py). Every 2-rank job runs in one launch, each with a Fabric of its own:
 
-* two ranks: 10 steps match DistributedDataParallel (losses, clipped norms, parameters), each rank holds half of
-  the parameters, ``no_backward_sync`` matches DDP's ``no_sync``, meta-device initialisation equals eager
-  initialisation with the same seed, every misuse raises clearly, and sharded and full checkpoints are written
-  (atomically: a failed save leaves the previous one intact);
+* 10 steps match DistributedDataParallel (losses, clipped norms, parameters), each rank holds half of the parameters,
+  ``no_backward_sync`` matches DDP's ``no_sync``, meta-device initialisation equals eager initialisation with the same
+  seed, every misuse raises clearly, and sharded and full checkpoints are written (atomically: a failed save leaves
+  the previous one intact);
+* ``16-mixed``, activation checkpointing, CPU offload and a size-based wrap policy;
+* Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` gives exactly FULL_SHARD's losses and ``NO_SHARD`` matches
+  torch's plain ``fully_shard``; each saves and loads sharded and full checkpoints.
+
+Then, each in a launch of its own:
+
 * one and three ranks (``Fabric(strategy="fsdp")``): those checkpoints, their consolidation and a DDP checkpoint
   load exactly, and the next step lands where it did on two ranks;
-* two ranks with ``16-mixed``, activation checkpointing, CPU offload and a size-based wrap policy.
-* Lightning's ``sharding_strategy``: ``SHARD_GRAD_OP`` on two ranks gives exactly FULL_SHARD's losses,
-  ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks and ``NO_SHARD`` on two match torch's plain ``fully_shard``; each
-  saves and loads sharded and full checkpoints.
+* ``HYBRID_SHARD`` on a (2, 2) mesh of four ranks matches ``fully_shard``, and saves and loads both checkpoints;
 * FSDP1's arguments that Lightning passes through ``**kwargs`` (tests/unit/test_sharded_lightning_arguments.py checks
   them in one process): ``process_group`` (a group, and a hybrid pair), ``sync_module_states``, ``ignored_modules`` and
   ``ignored_states``, ``forward_prefetch`` and the no-op flags, on two ranks; Lightning's
@@ -30,7 +33,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers.harness import per_rank, run_job, run_python, spawn_job
+from tests.helpers.harness import per_rank, run_job, run_python, series_job, spawn_job
 from tests.helpers.jobs.fsdp_jobs import Net
 
 LAUNCH_TIMEOUT = 150  # seconds for one launch of 1-3 ranks (a loaded 2-core CI machine needs ~30 s)
@@ -59,9 +62,34 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(folder: Path) -> list[dict[str, Any]]:
-    strategy = {"auto_wrap_policy": ["Block"]}
-    return fsdp_job("train_and_save", 2, strategy=strategy, kwargs={"folder": str(folder)})
+def two_rank_jobs(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """Every 2-rank job, in one launch (each a Fabric of its own over the same two processes), in this order:
+
+    * ``train_and_save``: FULL_SHARD with the blocks as units; checkpoints into ``folder``;
+    * ``options``: ``16-mixed``, a size policy, activation checkpointing and CPU offload;
+    * ``shard_grad_op`` and ``no_shard``: the other sharding strategies, with checkpoints of their own.
+    """
+    other = tmp_path_factory.mktemp("fsdp_sharding")
+    blocks = {"auto_wrap_policy": ["Block"]}
+    options = {"auto_wrap_policy": 1000, "activation_checkpointing_policy": ["Block"], "cpu_offload": True}
+    jobs = {
+        "train_and_save": {"job": "train_and_save", "strategy": blocks, "kwargs": {"folder": str(folder)}},
+        "options": {"job": "options", "strategy": options, "precision": "16-mixed"},
+        **{
+            name: {
+                "job": "sharding_strategies",
+                "strategy": {**blocks, "sharding_strategy": name.upper()},
+                "kwargs": {"folder": str(other / name)},
+            }
+            for name in ("shard_grad_op", "no_shard")
+        },
+    }
+    return series_job("tests.helpers.jobs.fsdp_jobs", 2, jobs, LAUNCH_TIMEOUT * len(jobs))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(two_rank_jobs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    return two_rank_jobs["train_and_save"]
 
 
 @pytest.mark.timeout(200)
@@ -220,10 +248,10 @@ def test_whole_sharded_checkpoint_and_strict_loading(loaded: list[dict[str, Any]
 
 
 # ---------------------------------------------------------------------------------------------- options
-@pytest.mark.timeout(200)
-def test_16_mixed_activation_checkpointing_cpu_offload_and_size_policy() -> None:
-    strategy = {"auto_wrap_policy": 1000, "activation_checkpointing_policy": ["Block"], "cpu_offload": True}
-    runs = fsdp_job("options", 2, strategy=strategy, precision="16-mixed")
+def test_16_mixed_activation_checkpointing_cpu_offload_and_size_policy(
+    two_rank_jobs: dict[str, list[dict[str, Any]]],
+) -> None:
+    runs = two_rank_jobs["options"]
     for run in per_rank(runs, "training"):
         assert run["units"] == ["", "blocks.0", "blocks.1"]  # 1104 parameters per block >= 1000
         assert run["forward_calls_per_step"] == 2.0  # the checkpointed block recomputes its forward in backward
@@ -239,10 +267,10 @@ def test_16_mixed_activation_checkpointing_cpu_offload_and_size_policy() -> None
 
 
 # ---------------------------------------------------------------------------------------------- sharding strategies
-@pytest.mark.timeout(200)
-def test_shard_grad_op_equals_full_shard_exactly(two_ranks: list[dict[str, Any]], tmp_path: Path) -> None:
-    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "SHARD_GRAD_OP"}
-    runs = fsdp_job("sharding_strategies", 2, strategy=strategy, kwargs={"folder": str(tmp_path)})
+def test_shard_grad_op_equals_full_shard_exactly(
+    two_ranks: list[dict[str, Any]], two_rank_jobs: dict[str, list[dict[str, Any]]]
+) -> None:
+    runs = two_rank_jobs["shard_grad_op"]
     full_shard = per_rank(two_ranks, "parity")  # the same model, data and steps with the default FULL_SHARD
     for run, full in zip(per_rank(runs, "training"), full_shard):
         assert run["losses"] == run["ref_losses"] == full["losses"]
@@ -280,10 +308,8 @@ def test_hybrid_shard_on_a_2x2_mesh_equals_full_shard(tmp_path: Path) -> None:
             assert run[name] == {"model_difference": 0.0, "momentum_difference": 0.0, "step": 10}
 
 
-@pytest.mark.timeout(200)
-def test_no_shard_replicates_and_equals_full_shard(tmp_path: Path) -> None:
-    strategy = {"auto_wrap_policy": ["Block"], "sharding_strategy": "NO_SHARD"}
-    runs = fsdp_job("sharding_strategies", 2, strategy=strategy, kwargs={"folder": str(tmp_path)})
+def test_no_shard_replicates_and_equals_full_shard(two_rank_jobs: dict[str, list[dict[str, Any]]]) -> None:
+    runs = two_rank_jobs["no_shard"]
     for run in per_rank(runs, "training"):
         torch.testing.assert_close(run["losses"], run["ref_losses"], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(run["norms"], run["ref_norms"], rtol=1e-5, atol=1e-6)

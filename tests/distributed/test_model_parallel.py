@@ -26,7 +26,7 @@ from fabric_lite import Fabric
 from fabric_lite.strategies import ModelParallelStrategy
 from fabric_lite.strategies._model_parallel_ops import mesh_shape as _mesh_shape
 from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
-from tests.helpers.harness import base_env, lightning_python, per_rank, run_job, run_python
+from tests.helpers.harness import base_env, lightning_python, per_rank, run_job, run_python, series_job
 from tests.helpers.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, reference
 
 LAUNCH_TIMEOUT = 180  # seconds for one launch of 1-4 ranks on a loaded 2-core machine (~20 s when quiet)
@@ -43,10 +43,7 @@ def mp_job(job: str, nprocs: int, **options: Any) -> list[Any]:
 def mp_series(nprocs: int, jobs: dict[str, dict[str, Any]]) -> dict[str, list[Any]]:
     """Run several jobs (name: options with the ``job``) one after another in one launch of ``nprocs`` ranks, each
     with a Fabric of its own layout; every rank's result of each, by name."""
-    entries = [{"name": name, **options} for name, options in jobs.items()]
-    args = ["-m", "tests.helpers.jobs.model_parallel_jobs", "series", str(nprocs), json.dumps(entries)]
-    runs = run_job(args, LAUNCH_TIMEOUT * len(entries))
-    return {name: [run[name] for run in runs] for name in jobs}
+    return series_job("tests.helpers.jobs.model_parallel_jobs", nprocs, jobs, LAUNCH_TIMEOUT * len(jobs))
 
 
 def _identity(module: torch.nn.Module, mesh: Any) -> torch.nn.Module:

@@ -190,6 +190,15 @@ def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None, 
         return pickle.loads(out.read_bytes())
 
 
+def series_job(module: str, nprocs: int, jobs: dict[str, dict[str, Any]], timeout: float) -> dict[str, list[Any]]:
+    """Run several jobs of a job module (name: its options, with the ``"job"`` to run) one after another in one launch
+    of ``nprocs`` ranks, each with a Fabric of its own (``tests.helpers.jobs._runner.serve``); every rank's result of
+    each job, by name. ``timeout`` bounds the whole launch."""
+    entries = [{"name": name, **options} for name, options in jobs.items()]
+    runs = run_job(["-m", module, "series", str(nprocs), json.dumps(entries)], timeout)
+    return {name: [run[name] for run in runs] for name in jobs}
+
+
 def spawn_job(target: str, nprocs: int, timeout: float = 90, **kwargs: Any) -> list[Any]:
     """Run ``target(fabric, **kwargs)`` (``"tests.helpers.jobs.module:function"``) on ``nprocs`` CPU ranks with
     ``ddp_fork`` and return the list of per-rank return values (gathered by the job runner)."""

@@ -13,6 +13,7 @@ import importlib
 import json
 import pickle
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +38,26 @@ def dump_all_ranks(fabric: Fabric, result: Any, out: str) -> None:
     if fabric.global_rank == 0:
         with open(out, "wb") as f:
             pickle.dump(results, f)
+
+
+def serve(make_fabric: Callable[[int, dict[str, Any]], Fabric], run: Callable[[Fabric, dict[str, Any]], Any]) -> None:
+    """The ``main()`` of a job module started by Fabric's script launcher, from its command line:
+
+    * ``JOB NPROCS OPTIONS_JSON OUT``: ``make_fabric(NPROCS, options)``, launched; every rank's ``run(fabric,
+      options)`` (options with ``"job": JOB``) pickled to ``OUT`` as a list;
+    * ``series NPROCS '[OPTIONS, ...]' OUT``: each entry in turn, each with a Fabric of its own (which joins the
+      processes the first one started: a process costs seconds of CPU to start); every rank's results as a dict by
+      each entry's ``"name"``.
+    """
+    job, nprocs, options_json, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    series = job == "series"
+    entries = json.loads(options_json) if series else [{**json.loads(options_json), "job": job, "name": job}]
+    results = {}
+    for entry in entries:
+        fabric = make_fabric(nprocs, entry)
+        fabric.launch()
+        results[entry["name"]] = run(fabric, entry)
+    dump_all_ranks(fabric, results if series else results[job], out)
 
 
 def main() -> None:

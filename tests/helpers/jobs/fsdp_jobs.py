@@ -2,20 +2,20 @@
 launcher.
 
     python -m tests.helpers.jobs.fsdp_jobs JOB NPROCS OPTIONS_JSON OUT_PATH
+    python -m tests.helpers.jobs.fsdp_jobs series NPROCS '[OPTIONS, ...]' OUT_PATH
 
 ``OPTIONS_JSON`` holds ``strategy`` (``"fsdp"``, or the keyword arguments of an ``FSDPStrategy``, layer classes by
 name), ``precision`` and the job's ``kwargs``. ``Fabric(..., devices=NPROCS)`` re-runs this module once per extra
 rank (the script launcher of ``strategy="fsdp"``); every rank runs ``JOB(fabric, **kwargs)`` and rank 0 pickles
 the list of every rank's result to ``OUT_PATH``. Each job records its checks one by one: an observation, or the
-traceback of a check that failed on that rank (see ``tests.helpers.harness.per_rank``).
+traceback of a check that failed on that rank (see ``tests.helpers.harness.per_rank``). A ``series`` runs several
+jobs in one launch (see ``tests.helpers.jobs._runner.serve``).
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import math
-import sys
 import warnings
 from collections.abc import Callable
 from datetime import timedelta
@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from fabric_lite import Fabric
 from fabric_lite.plugins.precision import FSDPPrecision
 from fabric_lite.strategies import FSDPStrategy
-from tests.helpers.jobs._runner import dump_all_ranks
+from tests.helpers.jobs._runner import serve
 from tests.helpers.jobs.checks import record
 
 STEPS = 10
@@ -782,24 +782,23 @@ def _strategy(spec: Any) -> Any:
     return FSDPStrategy(timeout=timedelta(seconds=60), **kwargs)
 
 
-def main() -> None:
-    job, nprocs, options_json, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    spec = json.loads(options_json)
+def make_fabric(nprocs: int, spec: dict[str, Any]) -> Any:
     precision = spec.get("precision", "32-true")
     # float16 on the CPU needs the plugin (Fabric maps "16-mixed" to bf16 there); a small initial scale, so that
     # no step overflows and the losses can be held against float32
     scaler = torch.amp.GradScaler("cpu", init_scale=256.0)  # made a ShardedGradScaler by FSDPStrategy
     plugins = [FSDPPrecision("16-mixed", scaler=scaler)] if precision == "16-mixed" else None  # type: ignore[arg-type]
-    fabric = Fabric(
+    return Fabric(
         accelerator="cpu",
         devices=nprocs,
         strategy=_strategy(spec.get("strategy", "fsdp")),
         precision=None if plugins else precision,
         plugins=plugins,
     )
-    fabric.launch()
-    result = globals()[job](fabric, **spec.get("kwargs", {}))
-    dump_all_ranks(fabric, result, out)
+
+
+def main() -> None:
+    serve(make_fabric, lambda fabric, spec: globals()[spec["job"]](fabric, **spec.get("kwargs", {})))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ Llama-style transformer with the names that ``fabric_lite.strategies.parallelize
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -513,23 +511,9 @@ def train_then_misuse(fabric: Any, options: dict[str, Any], folder: str) -> dict
 
 
 def main() -> None:
-    from tests.helpers.jobs._runner import dump_all_ranks
+    from tests.helpers.jobs._runner import serve
 
-    job, nprocs, options_json, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    if job != "series":
-        options = json.loads(options_json)
-        fabric = make_fabric(nprocs, options)
-        fabric.launch()
-        dump_all_ranks(fabric, globals()[job](fabric, options, **options.get("kwargs", {})), out)
-        return
-    # one launch, several layouts: each entry gets a Fabric of its own, which joins the processes the first one
-    # started (a process costs seconds of CPU to start; the layouts run one after another over the same ranks)
-    results = {}
-    for entry in json.loads(options_json):
-        fabric = make_fabric(nprocs, entry)
-        fabric.launch()
-        results[entry["name"]] = globals()[entry["job"]](fabric, entry, **entry.get("kwargs", {}))
-    dump_all_ranks(fabric, results, out)
+    serve(make_fabric, lambda fabric, options: globals()[options["job"]](fabric, options, **options.get("kwargs", {})))
 
 
 if __name__ == "__main__":
