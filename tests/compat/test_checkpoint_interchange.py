@@ -22,12 +22,15 @@ pytestmark = [
 ]
 
 
-def _job(impl: str, layout: str, mode: str, path: Path) -> dict[str, Any]:
+def _jobs(impl: str, layout: str, mode: str, *paths: Path) -> list[dict[str, Any]]:
+    """What the job observed for each checkpoint path, run one after another in one launch of two processes."""
     python = lightning_python() if impl == "lightning" else None
     env = base_env({"COMPAT_IMPL": impl})
-    done = run_python([SCRIPT, layout, mode, str(path)], python=python, env=env, timeout=240)
+    done = run_python([SCRIPT, layout, mode, *map(str, paths)], python=python, env=env, timeout=240 * len(paths))
     assert done.returncode == 0, f"{impl} {mode}\n{done.output}"
-    return json.loads(next(line[4:] for line in done.stdout.splitlines() if line.startswith("OBS ")))  # type: ignore[no-any-return]
+    observed = [json.loads(line[4:]) for line in done.stdout.splitlines() if line.startswith("OBS ")]
+    assert len(observed) == len(paths), done.output
+    return observed
 
 
 @pytest.mark.distributed
@@ -35,11 +38,12 @@ def _job(impl: str, layout: str, mode: str, path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("layout", ["ddp", "sharded"])
 def test_a_checkpoint_resumes_on_the_other_library(layout: str, tmp_path: Path) -> None:
     written = {impl: tmp_path / f"{impl}-{layout}" for impl in IMPLS}
-    uninterrupted = {impl: _job(impl, layout, "save", written[impl]) for impl in IMPLS}
+    uninterrupted = {impl: _jobs(impl, layout, "save", written[impl])[0] for impl in IMPLS}
     assert uninterrupted["fabric_lite"] == uninterrupted["lightning"]  # the same job, trained the same way
-    resumed = {
-        (writer, reader): _job(reader, layout, "resume", written[writer]) for writer in IMPLS for reader in IMPLS
-    }
+    resumed = {}
+    for reader in IMPLS:  # each reader resumes both checkpoints in one launch, each in a Fabric of its own
+        observed = _jobs(reader, layout, "resume", *(written[writer] for writer in IMPLS))
+        resumed.update({(writer, reader): seen for writer, seen in zip(IMPLS, observed, strict=True)})
     for reader in IMPLS:  # each library resumes the other's checkpoint exactly as its own
         assert resumed[("lightning", reader)] == resumed[("fabric_lite", reader)], reader
     # fabric_lite resumes either checkpoint with the next losses (and weights, LR) of the uninterrupted run

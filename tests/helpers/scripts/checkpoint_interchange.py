@@ -2,13 +2,14 @@
 a checkpoint of Lightning Fabric's must resume on fabric_lite with the same next losses, and the other way round
 (tests/compat/test_checkpoint_interchange.py).
 
-    COMPAT_IMPL=lightning|fabric_lite python tests/helpers/scripts/checkpoint_interchange.py LAYOUT MODE CHECKPOINT
+    COMPAT_IMPL=lightning|fabric_lite python tests/helpers/scripts/checkpoint_interchange.py LAYOUT MODE CHECKPOINT...
 
 LAYOUT: ``ddp`` (two processes, DDP, one checkpoint file) or ``sharded`` (two processes, the model sharded with
 ``fully_shard``, a checkpoint folder: fabric_lite's ``FSDPStrategy``, and Lightning's ``ModelParallelStrategy`` with a
 data-parallel mesh, since Lightning refuses ``FSDPStrategy`` on the CPU). MODE: ``save`` trains steps 1-5, saves, and
 goes on to step 9; ``resume`` loads the checkpoint into a fresh job and trains steps 6-9. Both print ``OBS`` with the
-losses of steps 6-9 (averaged over the ranks) and the final weights.
+losses of steps 6-9 (averaged over the ranks) and the final weights. With several checkpoints, each is a job of its
+own (a new Fabric, model, optimizer and loader), one after another in the same two processes.
 
 The state holds everything Lightning saves: the module, the optimizer, an LR scheduler, a loader with its own
 ``state_dict`` (it resumes mid-epoch) and plain values.
@@ -55,8 +56,7 @@ def full(model: nn.Module) -> dict[str, list[float]]:
     return state
 
 
-def main() -> None:
-    layout, mode, path = sys.argv[1:4]
+def run(layout: str, mode: str, path: str) -> None:
     if layout == "ddp":
         strategy: Any = "ddp"
     elif os.environ.get("COMPAT_IMPL") == "lightning":
@@ -97,6 +97,12 @@ def main() -> None:
                 break
     observed = {"losses": losses, "model": full(model), "lr": scheduler.get_last_lr(), "note": state["note"]}
     fabric.print("OBS " + json.dumps(observed))
+
+
+def main() -> None:
+    layout, mode, *paths = sys.argv[1:]
+    for path in paths:  # each a job of its own: a later Fabric joins the processes the first one started
+        run(layout, mode, path)
 
 
 if __name__ == "__main__":
