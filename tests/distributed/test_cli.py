@@ -96,7 +96,9 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Completed, Path
         pytest.fail(f"{CONSOLE_SCRIPT} is missing: reinstall fabric_lite (`pip install -e .`, as .ci/setup does)")
     args = ["run", "--accelerator", "cpu", "--devices", "2", SCRIPT]
     args += ["--out", str(folder / "final.pt"), "--checkpoint", str(folder / "last.ckpt"), "--steps", str(STEPS)]
-    done = run_tagged(args, timeout=150, python=str(CONSOLE_SCRIPT))
+    env = base_env()
+    env.pop("OMP_NUM_THREADS", None)  # the workers' share of the cores (test_workers_share_the_cores_...)
+    done = run_tagged(args, timeout=150, env=env, python=str(CONSOLE_SCRIPT))
     return done, folder / "final.pt"
 
 
@@ -131,6 +133,7 @@ def test_python_dash_m_passes_precision_to_fabric(tmp_path: Path) -> None:
     assert [r["rank"] for r in rows] == [0, 1]
     assert all(r["precision"] == "DoublePrecision" and r["dtype"] == "torch.float64" for r in rows), rows
     assert all(r["total"] == 3.0 and r["gathered"] == [0, 1] for r in rows)
+    assert all(r["threads"] == ["1", 1] for r in rows), rows  # OMP_NUM_THREADS=1 from the test's environment, kept
 
 
 @pytest.mark.distributed
@@ -216,15 +219,21 @@ def test_script_without_launch_runs_under_the_console_script(tmp_path: Path) -> 
     check_trained_two_ranks(done, tmp_path / "final.pt")
 
 
+@pytest.fixture(scope="module")
+def subclass_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """A Fabric subclass's ``run`` under the CLI, then ``launch()`` and ``launch(fn)`` on that object: one run."""
+    final = tmp_path_factory.mktemp("subclass_run") / "final.pt"
+    done = fabric_lite_run(
+        "--accelerator=cpu", "--devices=2", "--strategy=ddp", NO_LAUNCH,
+        "--out", str(final), "--steps", str(STEPS), "--run-method", "--then-launch",
+    )  # fmt: skip
+    return check_trained_two_ranks(done, final)
+
+
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
-def test_launch_in_a_script_started_by_the_cli_is_harmless(tmp_path: Path) -> None:
-    done = fabric_lite_run(
-        "--accelerator", "cpu", "--devices", "2", "--strategy", "ddp", NO_LAUNCH,
-        "--out", str(tmp_path / "final.pt"), "--steps", str(STEPS), "--then-launch",
-    )  # fmt: skip
-    rows = check_trained_two_ranks(done, tmp_path / "final.pt")
-    for row in rows:
+def test_launch_in_a_script_started_by_the_cli_is_harmless(subclass_run: list[dict[str, Any]]) -> None:
+    for row in subclass_run:
         # launch() returns at once; launch(fn, 5) runs fn(fabric, 5) in this process, in the same process group
         assert row["launch_returns"] is None and row["launch_fn_returns"] == 5 * (1 + 2)
         assert row["same_group"]
@@ -232,13 +241,8 @@ def test_launch_in_a_script_started_by_the_cli_is_harmless(tmp_path: Path) -> No
 
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
-def test_fabric_subclass_run_under_the_cli(tmp_path: Path) -> None:
-    done = fabric_lite_run(
-        "--accelerator=cpu", "--devices=2", "--strategy=ddp", NO_LAUNCH,
-        "--out", str(tmp_path / "final.pt"), "--steps", str(STEPS), "--run-method",
-    )  # fmt: skip
-    rows = check_trained_two_ranks(done, tmp_path / "final.pt")
-    assert [row["via"] for row in rows] == ["run", "run"]
+def test_fabric_subclass_run_under_the_cli(subclass_run: list[dict[str, Any]]) -> None:
+    assert [row["via"] for row in subclass_run] == ["run", "run"]
 
 
 # ------------------------------------------------------------------------------------- fabric-lite consolidate
@@ -295,8 +299,17 @@ def test_consolidate_writes_beside_the_folder_by_default(sharded_checkpoint: Pat
 
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
-def test_workers_share_the_cores_when_omp_num_threads_is_unset(tmp_path: Path) -> None:
-    """torchrun would give every worker one thread (and warn); Lightning's CLI gives each all the cores."""
+def test_workers_share_the_cores_when_omp_num_threads_is_unset(
+    two_ranks: tuple[Completed, Path], tmp_path: Path
+) -> None:
+    """torchrun would give every worker one thread (and warn); Lightning's CLI gives each all the cores. (A value
+    the user set is kept: test_python_dash_m_passes_precision_to_fabric.)"""
+    cores = len(os.sched_getaffinity(0))
+    two_ranks_run = two_ranks[0]  # started without OMP_NUM_THREADS
+    assert two_ranks_run.returncode == 0, two_ranks_run.output
+    share = max(1, cores // 2)
+    assert [row["threads"] for row in results(two_ranks_run)] == [[str(share), share]] * 2, two_ranks_run.output
+    assert "Setting OMP_NUM_THREADS" not in two_ranks_run.stderr
     script = tmp_path / "threads.py"
     script.write_text(
         "import os, torch\n"
@@ -304,17 +317,8 @@ def test_workers_share_the_cores_when_omp_num_threads_is_unset(tmp_path: Path) -
     )
     env = base_env()
     env.pop("OMP_NUM_THREADS", None)
-    cores = len(os.sched_getaffinity(0))
-    for devices in (1, 2):
-        done = run_python(
-            ["-m", "fabric_lite", "run", "--accelerator=cpu", f"--devices={devices}", str(script)], env=env
-        )
-        assert done.returncode == 0, done.output
-        expected = str(max(1, cores // devices))
-        rows = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("THREADS"))
-        assert rows == [[str(rank), expected, expected] for rank in range(devices)], done.output
-        assert "Setting OMP_NUM_THREADS" not in done.stderr
-    # a value the user set is kept
-    env["OMP_NUM_THREADS"] = "1"
-    done = run_python(["-m", "fabric_lite", "run", "--accelerator=cpu", "--devices=2", str(script)], env=env)
-    assert sorted(line.split()[2] for line in done.stdout.splitlines() if line.startswith("THREADS")) == ["1", "1"]
+    done = run_python(["-m", "fabric_lite", "run", "--accelerator=cpu", "--devices=1", str(script)], env=env)
+    assert done.returncode == 0, done.output
+    rows = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("THREADS")]
+    assert rows == [["0", str(cores), str(cores)]], done.output
+    assert "Setting OMP_NUM_THREADS" not in done.stderr

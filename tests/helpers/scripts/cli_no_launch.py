@@ -6,7 +6,8 @@ joins the process group that the command line set up, as with Lightning's `fabri
 Each rank all-reduces and gathers rank-dependent values, records which samples its DistributedSampler gives it,
 trains the model of tests/helpers/scripts/cli_train.py on its half of a fixed global batch, and prints one `RESULT
 {json}` line; rank 0 saves the final weights to --out. `--then-launch` also calls `fabric.launch()` and
-`fabric.launch(fn)` afterwards (both must be harmless), `--run-method` does the work in a `Fabric` subclass's `run`.
+`fabric.launch(fn)` afterwards (both must be harmless), `--run-method` does the work in a `Fabric` subclass's `run`
+(with both, the subclass's object is launched afterwards).
 """
 
 from __future__ import annotations
@@ -66,17 +67,18 @@ def main() -> None:
     parser.add_argument("--run-method", action="store_true")
     args = parser.parse_args()
     if args.run_method:
-        result = RunFabric().run(args)
+        fabric: Fabric = RunFabric()
+        result = fabric.run(args)
     else:
         fabric = Fabric()
         result = train(fabric, args)
-        if args.then_launch:
-            before = id(dist.group.WORLD)
-            result["launch_returns"] = fabric.launch()
-            result["launch_fn_returns"] = fabric.launch(
-                lambda f, k: f.all_reduce(torch.tensor(k * (f.global_rank + 1)), reduce_op="sum").item(), 5
-            )
-            result["same_group"] = id(dist.group.WORLD) == before
+    if args.then_launch:
+        before = id(dist.group.WORLD)
+        result["launch_returns"] = fabric.launch()
+        result["launch_fn_returns"] = fabric.launch(
+            lambda f, k: f.all_reduce(torch.tensor(k * (f.global_rank + 1)), reduce_op="sum").item(), 5
+        )
+        result["same_group"] = id(dist.group.WORLD) == before
     emit("RESULT " + json.dumps(result))
 
 

@@ -120,6 +120,7 @@ def main() -> None:
         "start_step": start_step,
         "total": total.item(),
         "gathered": gathered.flatten().tolist(),
+        "threads": [os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()],
     }
     emit("RESULT " + json.dumps(result))
 
