@@ -142,17 +142,29 @@ def test_same_collective_results_as_lightning(collective_runs: dict[int, list[An
             assert b[key][:2] == ["raised", "ValueError"] and a[key][0] == "tensor"
 
 
-def run_plugin_script(mode: str, how: str, tmp_path: Path) -> list[dict[str, Any]]:
-    done = run_python(["-m", "tests.helpers.scripts.checkpoint_io_plugins", mode, how, "2", str(tmp_path)], timeout=180)
+def run_plugin_script(mode: str, hows: list[str], folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each way of ``mode`` on two ranks, one after another in one launch; both ranks' records of each, by way."""
+    args = ["-m", "tests.helpers.scripts.checkpoint_io_plugins", mode, ",".join(hows), "2", str(folder)]
+    done = run_python(args, timeout=180 * len(hows))
     assert done.returncode == 0, done.output
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return {how: [json.loads((folder / how / f"rank{r}.json").read_text()) for r in range(2)] for how in hows}
+
+
+@pytest.fixture(scope="module")
+def io_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
+    folder = tmp_path_factory.mktemp("checkpoint_io")
+    return folder, run_plugin_script("io", ["plugins", "strategy"], folder)
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("how", ["plugins", "strategy"])
-def test_users_checkpoint_io_on_two_ranks_only_rank_0_writes(tmp_path: Path, how: str) -> None:
-    rank0, rank1 = run_plugin_script("io", how, tmp_path)
+def test_users_checkpoint_io_on_two_ranks_only_rank_0_writes(
+    io_runs: tuple[Path, dict[str, list[dict[str, Any]]]], how: str
+) -> None:
+    folder, runs = io_runs
+    tmp_path = folder / how
+    rank0, rank1 = runs[how]
     assert rank0["calls"] == [["save", "state.json", ["model", "step", "tag"], None], ["load", "state.json", None]]
     assert rank1["calls"] == [["load", "state.json", None]]  # rank 1 never writes, and reads the complete file
     for run in (rank0, rank1):
@@ -163,11 +175,8 @@ def test_users_checkpoint_io_on_two_ranks_only_rank_0_writes(tmp_path: Path, how
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_fsdp_precision_trains_exactly_as_the_precision_flag(tmp_path: Path) -> None:
-    (tmp_path / "plugin").mkdir()
-    (tmp_path / "flag").mkdir()
-    plugin = run_plugin_script("fsdp_precision", "plugin", tmp_path / "plugin")
-    flag = run_plugin_script("fsdp_precision", "flag", tmp_path / "flag")
-    for a, b in zip(plugin, flag):
+    runs = run_plugin_script("fsdp_precision", ["plugin", "flag"], tmp_path)  # in the same two processes
+    for a, b in zip(runs["plugin"], runs["flag"], strict=True):
         assert a["precision"] == b["precision"] == ["FSDPPrecision", "bf16-mixed"]  # the flag makes one, as Lightning's
         assert a["policy"] == b["policy"] == ["torch.bfloat16", "torch.bfloat16"]  # gradients reduced in bfloat16
         assert a["compute_dtypes"] == b["compute_dtypes"] == [["torch.bfloat16", "torch.bfloat16"]]

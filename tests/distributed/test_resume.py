@@ -6,6 +6,7 @@ dataloader's epoch, so that dropout masks and the shuffling order continue as if
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,27 +30,35 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     return final_weights(folder / "final.pt")
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint of a run stopped after its first epoch, saved by the script itself (``last.ckpt``)."""
+    folder = tmp_path_factory.mktemp("stopped")
+    done = run_python([SCRIPT, "--out", str(folder / "final.pt"), "--checkpoint", str(folder / "last.ckpt"),
+                       "--stop-after", "0"], 120)  # fmt: skip
+    assert done.returncode == 0, done.output
+    assert not (folder / "final.pt").exists()
+    return folder / "last.ckpt"
+
+
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
 
 
-def test_stop_and_resume_ends_with_identical_weights(uninterrupted, tmp_path: Path) -> None:
+def test_stop_and_resume_ends_with_identical_weights(uninterrupted, stopped: Path, tmp_path: Path) -> None:
     args = ["--out", str(tmp_path / "final.pt"), "--checkpoint", str(tmp_path / "last.ckpt")]
-    first = run_python([SCRIPT, *args, "--stop-after", "0"], 120)
-    assert first.returncode == 0, first.output
-    assert not (tmp_path / "final.pt").exists()
+    shutil.copy(stopped, tmp_path / "last.ckpt")
     second = run_python([SCRIPT, *args], 120)
     assert second.returncode == 0, second.output
     assert_same(final_weights(tmp_path / "final.pt"), uninterrupted)
 
 
-def test_without_the_random_state_the_resumed_run_differs(uninterrupted, tmp_path: Path) -> None:
+def test_without_the_random_state_the_resumed_run_differs(uninterrupted, stopped: Path, tmp_path: Path) -> None:
     """The control: the checkpoint really is what makes the runs identical (dropout draws random numbers)."""
     args = ["--out", str(tmp_path / "final.pt"), "--checkpoint", str(tmp_path / "last.ckpt")]
-    assert run_python([SCRIPT, *args, "--stop-after", "0"], 120).returncode == 0
-    checkpoint = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    checkpoint = torch.load(stopped, weights_only=True)
     del checkpoint["rng"]
     torch.save(checkpoint, tmp_path / "last.ckpt")
     script = Path(SCRIPT).read_text().replace('"rng": RandomState(), ', "")

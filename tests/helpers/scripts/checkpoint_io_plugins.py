@@ -1,10 +1,11 @@
 """Multi-process checks of the CheckpointIO plugin and of FSDPPrecision, for
 tests/distributed/test_collective_plugins.py.
 
-    python -m tests.helpers.scripts.checkpoint_io_plugins io plugins|strategy NPROCS OUT_DIR
-    python -m tests.helpers.scripts.checkpoint_io_plugins fsdp_precision plugin|flag NPROCS OUT_DIR
+    python -m tests.helpers.scripts.checkpoint_io_plugins io plugins,strategy NPROCS OUT_DIR
+    python -m tests.helpers.scripts.checkpoint_io_plugins fsdp_precision plugin,flag NPROCS OUT_DIR
 
-Fabric's script launcher re-runs this module once per extra rank; every rank writes ``OUT_DIR/rank<N>.json``.
+Fabric's script launcher re-runs this module once per extra rank. Each of the comma-separated ways runs in turn, with
+a Fabric of its own in the same processes; every rank writes ``OUT_DIR/<way>/rank<N>.json``.
 
 * ``io``: a :class:`JsonCheckpointIO` (its own format: JSON, tensors as lists) given through ``plugins=`` or
   ``DDPStrategy(checkpoint_io=...)``; ``fabric.save`` then ``fabric.load``; each rank records the calls its
@@ -135,9 +136,11 @@ def fsdp_precision(how: str, nprocs: int, out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    mode, how, nprocs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
-    result = {"io": io, "fsdp_precision": fsdp_precision}[mode](how, nprocs, out)
-    (out / f"rank{result['rank']}.json").write_text(json.dumps(result))
+    mode, hows, nprocs, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+    for how in hows.split(","):  # one after another: a later Fabric joins the processes the first one started
+        (out / how).mkdir(exist_ok=True)
+        result = {"io": io, "fsdp_precision": fsdp_precision}[mode](how, nprocs, out / how)
+        (out / how / f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":
