@@ -715,22 +715,25 @@ def test_predicted_integer_and_boolean_reductions_are_exact_and_mismatches_raise
     results = spawn_job("tests.helpers.jobs.collectives:predicted_integers", world_size, timeout=180)
     ranks = range(world_size)
     cases = len(INTEGER_CASES) + 1
+    expected = {}  # each case's reduction, worked out once: the same for every rank and round
+    for name, dtype, numel, op in INTEGER_CASES:
+        inputs = torch.stack([integer_input(dtype, numel, op, r) for r in ranks])
+        if dtype == "bool":
+            reduced = inputs.all(0) if op in ("min", "product") else inputs.any(0)
+        elif op in ("sum", "mean"):
+            reduced = inputs.sum(0, dtype=inputs.dtype)
+            if op == "mean":
+                reduced = torch.div(reduced, world_size, rounding_mode="trunc")
+        elif op == "product":
+            reduced = inputs.prod(0, dtype=inputs.dtype)
+        else:
+            reduced = inputs.amax(0) if op == "max" else inputs.amin(0)
+        expected[name] = (describe(reduced[:5]), int(reduced.to(torch.int64).sum()))
     for rank, obs in enumerate(results):
         for round in range(4):
-            for name, dtype, numel, op in INTEGER_CASES:
-                inputs = torch.stack([integer_input(dtype, numel, op, r) for r in ranks])
-                if dtype == "bool":
-                    expected = inputs.all(0) if op in ("min", "product") else inputs.any(0)
-                elif op in ("sum", "mean"):
-                    expected = inputs.sum(0, dtype=inputs.dtype)
-                    if op == "mean":
-                        expected = torch.div(expected, world_size, rounding_mode="trunc")
-                elif op == "product":
-                    expected = inputs.prod(0, dtype=inputs.dtype)
-                else:
-                    expected = inputs.amax(0) if op == "max" else inputs.amin(0)
-                assert obs[f"{round}/{name}"] == describe(expected[:5]), (rank, round, name)
-                assert obs[f"{round}/{name}/total"] == int(expected.to(torch.int64).sum()), (rank, round, name)
+            for name, *_ in INTEGER_CASES:
+                assert obs[f"{round}/{name}"] == expected[name][0], (rank, round, name)
+                assert obs[f"{round}/{name}/total"] == expected[name][1], (rank, round, name)
             assert obs[f"{round}/mixed"] == {
                 "n": tensor(sum(r + 1 for r in ranks), "int64"),
                 "ok": tensor(True, "bool"),
