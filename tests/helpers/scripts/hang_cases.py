@@ -34,18 +34,24 @@ TIMEOUT = timedelta(seconds=5)
 START_TIMEOUT = timedelta(seconds=120)
 
 
+def emit(line: str) -> None:
+    # one write() per line: with PYTHONUNBUFFERED, print() writes the text and its newline apart, and the ranks'
+    # lines (they share the pipe) could run into each other
+    os.write(1, (line + "\n").encode())
+
+
 def run(fabric: Fabric, case: str) -> None:
     fabric.strategy.set_collective_timeout(TIMEOUT)  # type: ignore[attr-defined]
     rank = fabric.global_rank
-    print(f"PID {rank} {os.getpid()}", flush=True)
+    emit(f"PID {rank} {os.getpid()}")
     if rank == 0:
-        print(f"RUNDIR {fabric.strategy._diagnostics.trail.run_dir}", flush=True)  # type: ignore[attr-defined]
+        emit(f"RUNDIR {fabric.strategy._diagnostics.trail.run_dir}")  # type: ignore[attr-defined]
     x = torch.tensor(float(rank + 1))
     for _ in range(3):
         fabric.all_reduce(x, reduce_op="sum")  # site: loop
     fabric.barrier()  # site: ready
     if rank == 1:
-        print(f"HANG {time.monotonic()}", flush=True)
+        emit(f"HANG {time.monotonic()}")
         if case == "sleep":
             time.sleep(600)  # site: sleep
         elif case == "kill":
@@ -58,7 +64,7 @@ def run(fabric: Fabric, case: str) -> None:
     elif not (case == "skip" and rank == 1):
         fabric.all_reduce(x, reduce_op="sum")  # site: target
     fabric.barrier()  # site: after
-    print(f"FINISHED {rank}", flush=True)
+    emit(f"FINISHED {rank}")
 
 
 def main() -> None:
