@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 ENV_RUN_DIR = "FABRIC_LITE_RUN_DIR"
@@ -59,10 +59,6 @@ class RunContext:
         """Whether the launcher removes the whole run folder after the job; otherwise each rank removes its own
         files as it ends."""
         return self.launcher is not None
-
-    def with_store(self, store: Any) -> RunContext:
-        """This context, reaching the rendezvous through ``store``."""
-        return replace(self, store=store)
 
     def environment(self) -> dict[str, str]:
         """The variables that carry this context to a process started as a new program (only the launcher and the

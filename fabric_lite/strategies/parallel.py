@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -296,7 +297,10 @@ class ParallelStrategy(Strategy):
         environment = self.cluster_environment
         store = self.run_context.store
         if store is None:
-            store = self._create_store(is_master=environment.hosts_store(self.global_rank))
+            rank = self.global_rank
+            store = rendezvous.create_store(
+                environment, rank, self.world_size, self._timeout, is_master=environment.hosts_store(rank)
+            )
         self._store = store
         prefix = environment.store_prefix()
         store = dist.PrefixStore(prefix, store) if prefix else store  # type: ignore[attr-defined]
@@ -353,11 +357,6 @@ class ParallelStrategy(Strategy):
             return self._diagnostics
         return RankDiagnostics(self.run_context, self.global_rank, self.world_size, None, self._timeout)
 
-    def _create_store(self, is_master: bool) -> Any:
-        """The rendezvous store at the environment's address and port, hosted here or reached."""
-        environment, rank, world_size = self.cluster_environment, self.global_rank, self.world_size
-        return rendezvous.create_store(environment, rank, world_size, self._timeout, is_master=is_master)
-
     def _destroy_process_group(self) -> None:
         io = self._async_io()
         if io is not None:  # a checkpoint written in the background may still use the process group
@@ -372,7 +371,7 @@ class ParallelStrategy(Strategy):
         self._owns_process_group = False
         self._store = None
         if self._run is not None and self._run.store is not None:  # a later group makes a store of its own
-            self._run = self._run.with_store(None)
+            self._run = replace(self._run, store=None)
         atexit.unregister(self._destroy_process_group)
 
     @override

@@ -289,7 +289,6 @@ class ProcessSupervisor:
         self.teardown = teardown
         self.poll_interval = poll_interval
         self.grace = grace
-        self.secondary_window = secondary_window
         #: the root cause, once the job has failed
         self.failure: str | None = None
         self._rank0_finished = False
@@ -309,11 +308,6 @@ class ProcessSupervisor:
         self._claim(f"the job received {name}; it was passed on to every rank.")
         to_stderr(f"fabric_lite: received {name}; passing it on to the other ranks.")
         forward_signal(self.children, signum, self.grace, self.run_dir)
-
-    def arm_exit_handler(self) -> None:
-        """Register :meth:`wait_at_exit`; call it after the process group exists, so that it runs before the
-        process group's own exit handler (exit handlers run last-registered first)."""
-        atexit.register(self.wait_at_exit)
 
     # ------------------------------------------------------------------ watching
     def _run(self) -> None:

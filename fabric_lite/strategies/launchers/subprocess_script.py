@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -97,8 +98,9 @@ class SubprocessScriptLauncher(Launcher):
             return function(*args, **kwargs)
         finally:
             if self.supervisor is not None:
-                # now that the process group exists, so that rank 0's exit handler runs before its teardown
-                self.supervisor.arm_exit_handler()
+                # registered now that the process group exists: exit handlers run last-registered first, so rank 0
+                # waits for its children before the process group's own handler tears it down
+                atexit.register(self.supervisor.wait_at_exit)
 
     def _join(self, job: _Job) -> None:
         """Take part in the job this process launched before, with its rendezvous store and its children."""
@@ -142,9 +144,8 @@ class SubprocessScriptLauncher(Launcher):
         run = RunContext()
         if strategy.node_rank == 0:
             # hold the port for the whole job: the children connect to this store
-            run = run.with_store(
-                rendezvous.create_store(environment, 0, strategy.world_size, strategy.timeout, is_master=True)
-            )
+            store = rendezvous.create_store(environment, 0, strategy.world_size, strategy.timeout, is_master=True)
+            run = replace(run, store=store)
             port = run.store.port
         if num_processes <= 1:
             strategy.attach_run(run)
