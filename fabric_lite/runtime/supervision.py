@@ -150,11 +150,18 @@ def from_torchrun(failures: Mapping[int, Any]) -> RankExit | None:
     ``ProcessFailure``), by the same policy as fabric_lite's own launchers.
 
     The agent names the first failure by its timestamp, which can be a rank that only lost its peer; here a primary
-    failure wins over a secondary one whatever their order. The error of a rank is its traceback where torch's
-    error recorder wrote one (``fabric-lite run`` runs the script inside it), else the agent's message.
+    failure wins over a secondary one whatever their order. The agent stops the other workers with SIGTERM once one
+    has failed, so a rank ended by SIGTERM is taken after every other (timestamps are whole seconds: the stopped
+    rank and the one that failed often share one). The error of a rank is its traceback where torch's error recorder
+    wrote one (``fabric-lite run`` runs the script inside it), else the agent's message.
     """
     verdict = RootCause(window=0.0)
-    for rank, failure in sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0])):
+
+    def order(item: tuple[int, Any]) -> tuple[bool, int, int]:
+        rank, failure = item
+        return failure.exitcode == -signal.SIGTERM, failure.timestamp, rank
+
+    for rank, failure in sorted(failures.items(), key=order):
         message = failure.message
         if isinstance(message, dict):  # what torch's error recorder wrote: the exception and its traceback
             error = message.get("extraInfo", {}).get("py_callstack") or message.get("message")

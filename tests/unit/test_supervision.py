@@ -186,6 +186,19 @@ def test_torchrun_failures_get_the_same_verdict_whatever_the_agent_saw_first(tmp
     )
 
 
+def test_a_rank_the_agent_stopped_with_sigterm_is_not_the_root_cause(tmp_path: Path) -> None:
+    # rank 1 raised; the agent then sent SIGTERM to rank 0, within the same second (the timestamps are whole seconds)
+    failures = {
+        0: _torchrun_failure(tmp_path, 0, -15, LOST_PEER, timestamp=10),
+        1: _torchrun_failure(tmp_path, 1, 1, RAISED, timestamp=10),
+    }
+    assert from_torchrun(failures) == RankExit(rank=1, code=1, error=RAISED, local_rank=1, pid=1001)
+    # every rank ended by SIGTERM (sent to the job from outside): the first of them
+    stopped = {r: _torchrun_failure(tmp_path, r, -15, None, timestamp=10) for r in (0, 1)}
+    cause = from_torchrun(stopped)
+    assert cause is not None and (cause.rank, cause.code) == (0, -15)
+
+
 def test_torchrun_failures_without_error_files(tmp_path: Path) -> None:
     killed = {2: _torchrun_failure(tmp_path, 0, -9, None, timestamp=0)}
     assert from_torchrun(killed) == RankExit(rank=2, code=-9, error=None, local_rank=0, pid=1000)
