@@ -1,5 +1,4 @@
-"""How a strategy skips the gradient synchronisation of backward passes (``fabric.no_backward_sync``): Lightning
-Fabric's ``_BackwardSyncControl`` interface, and a switch per target for nested blocks."""
+"""How a strategy skips backward's gradient synchronisation (``fabric.no_backward_sync``)."""
 
 from __future__ import annotations
 
@@ -12,29 +11,15 @@ from torch.nn import Module
 
 
 class _BackwardSyncControl(ABC):
-    """Skips the gradient synchronisation of backward passes, e.g. to accumulate gradients (Lightning Fabric's
-    interface): a strategy holds one as ``_backward_sync_control``, and :meth:`Strategy.no_backward_sync` goes
-    through it.
-
-    Example::
-
-        class NoSync(_BackwardSyncControl):
-            def no_backward_sync(self, module, enabled):
-                return module.no_sync() if enabled else nullcontext()
-
-        strategy._backward_sync_control = NoSync()
-    """
+    """Lightning's interface that :meth:`Strategy.no_backward_sync` goes through (``_backward_sync_control``)."""
 
     @abstractmethod
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
-        """A context in which backward passes through ``module`` do not synchronise gradients (when ``enabled``);
-        the first backward outside it synchronises what they accumulated."""
+        """A context in which backward through ``module`` does not synchronise gradients (when ``enabled``)."""
 
 
 class _SyncBlocker(_BackwardSyncControl):
-    """A control that runs ``block()`` (a context) where synchronisation is to be skipped, for a strategy whose
-    synchronisation is not a module's (Horovod's optimizers), or ``None`` where there is none to skip
-    (``DataParallel``, one process: the context does nothing and says nothing)."""
+    """A control that enters ``block()`` to skip synchronisation (Horovod's); ``None``: nothing to skip."""
 
     def __init__(self, block: Callable[[], AbstractContextManager[Any]] | None) -> None:
         self._block = block
@@ -45,16 +30,8 @@ class _SyncBlocker(_BackwardSyncControl):
 
 class _NestedSyncSwitch(_BackwardSyncControl):
     """Gradient synchronisation switched off per target (a module, a DeepSpeed engine) for nested blocks:
-    ``switch(target, False)`` when the outermost block for it starts, ``switch(target, True)`` when that block ends,
-    whatever it raised. ``target_of(module)`` finds the target, or raises ``TypeError`` for a module the strategy
-    did not set up.
-
-    Example::
-
-        control = _NestedSyncSwitch(lambda module: module, lambda m, on: m.set_requires_gradient_sync(on))
-        with control.no_backward_sync(model, enabled=True), control.no_backward_sync(model, enabled=True):
-            ...  # switched off once, on again when the outer block ends
-    """
+    ``switch(target, False)`` when the outermost block starts, ``switch(target, True)`` when it ends, whatever it
+    raised. ``target_of(module)`` finds the target, or raises ``TypeError`` for a module not set up here."""
 
     def __init__(self, target_of: Callable[[Module], Any], switch: Callable[[Any, bool], None]) -> None:
         self._target_of = target_of

@@ -1,6 +1,4 @@
-"""The DeepSpeed config of :class:`~fabric_lite.strategies.deepspeed.DeepSpeedStrategy`: a user's config (a dict or a
-JSON file) as given, or one built from the strategy's arguments with Lightning Fabric's defaults; then the precision
-written into it. Plain functions over plain values: nothing here imports DeepSpeed."""
+"""The DeepSpeed config of ``DeepSpeedStrategy``: the user's or Lightning's default, plus the precision."""
 
 from __future__ import annotations
 
@@ -9,16 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-#: what ``zero_optimization.stage`` may be: 0 is plain data parallel, 1 shards the optimizer state, 2 also the
-#: gradients, 3 also the parameters
+#: what ``zero_optimization.stage`` may be
 STAGES = (0, 1, 2, 3)
 OFFLOAD_DEVICES = ("cpu", "nvme")
 REMOTE_DEVICES = (None, "cpu", "nvme")
 
 
 def load_config(config: Any, env_path: str | None) -> dict[str, Any] | None:
-    """The user's config: a deep copy of a dict (the strategy writes into it), or the JSON file at a path; with
-    ``config=None`` the file named by ``env_path`` (Lightning's ``PL_DEEPSPEED_CONFIG_PATH``), else ``None``.
+    """The user's config: a deep copy of a dict (the strategy writes into it), or the JSON file at a path or, with
+    ``config=None``, at ``env_path``; else ``None``.
 
     Raises:
         FileNotFoundError: the path does not exist.
@@ -59,11 +56,7 @@ def check_arguments(
     offload_optimizer_device: Any,
     logging_batch_size_per_gpu: Any,
 ) -> None:
-    """Reject the argument values DeepSpeed would only refuse later, inside ``deepspeed.initialize``.
-
-    Raises:
-        ValueError: a value outside the choices; the message names them.
-    """
+    """Reject values DeepSpeed would only refuse later, in ``deepspeed.initialize`` (``ValueError``)."""
     if type(stage) is not int or stage not in STAGES:
         raise ValueError(
             f"DeepSpeedStrategy(stage={stage!r}): the ZeRO stage must be one of {STAGES} (0: data parallel, 1: the"
@@ -114,13 +107,9 @@ def default_config(
     thread_count: int,
     **zero_kwargs: Any,
 ) -> dict[str, Any]:
-    """The config Lightning Fabric builds from these arguments, with one addition: ``"gradient_clipping": 0.0``.
-
-    DeepSpeed clips the gradient norm to its config's ``gradient_clipping``, which defaults to 1.0 in DeepSpeed 0.19
-    (0.0 in earlier releases) when the key is missing. A loop that asked for no clipping gets none, as with every
-    other strategy; ``DeepSpeedStrategy(config={..., "gradient_clipping": 1.0})`` asks for it. ``zero_kwargs``
-    (``stage``, ``overlap_comm``, bucket sizes, ...) go into ``zero_optimization`` as they are.
-    """
+    """The config Lightning builds from these arguments, plus ``"gradient_clipping": 0.0``: recent DeepSpeed clips
+    to 1.0 when the key is missing, and a loop that asked for no clipping gets none, as with every other strategy.
+    ``zero_kwargs`` go into ``zero_optimization`` as they are."""
     config: dict[str, Any] = {
         "activation_checkpointing": {
             "partition_activations": partition_activations,
@@ -184,12 +173,11 @@ def format_config(
     initial_scale_power: int,
     hysteresis: int,
 ) -> None:
-    """Complete ``config`` in place for ``deepspeed.initialize``: a micro-batch size of 1 unless it says one (the
-    batch size is the loop's; DeepSpeed uses it only for its throughput log), and the precision as DeepSpeed's
-    ``"fp16"``/``"bf16"`` section (a section the config already has is kept).
+    """Complete ``config`` in place for ``deepspeed.initialize``: a micro-batch size of 1 unless it says one (used
+    only for DeepSpeed's throughput log), and the precision as a ``"fp16"``/``"bf16"`` section unless it has one.
 
     Raises:
-        ValueError: the config's own ``"fp16"``/``"bf16"`` section contradicts ``precision``; the message names both.
+        ValueError: the config's own ``"fp16"``/``"bf16"`` section contradicts ``precision``.
     """
     if "train_micro_batch_size_per_gpu" not in config and "train_batch_size" not in config:
         config["train_micro_batch_size_per_gpu"] = 1

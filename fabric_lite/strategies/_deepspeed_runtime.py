@@ -1,9 +1,4 @@
-"""DeepSpeed itself, for :class:`~fabric_lite.strategies.deepspeed.DeepSpeedStrategy`: importing it (with the errors
-that say how to install a working pair of DeepSpeed and torch), its precision plugin, and pointing it at this process
-(its accelerator, the variables it reads, and the process group fabric_lite formed).
-
-Nothing here imports DeepSpeed at module level.
-"""
+"""DeepSpeed's precision plugin, and pointing DeepSpeed at this process and its process group."""
 
 from __future__ import annotations
 
@@ -19,12 +14,8 @@ from fabric_lite.plugins.precision.deepspeed import DEEPSPEED_PRECISIONS, DeepSp
 
 
 def deepspeed_precision(precision: Precision | None) -> DeepSpeedPrecision | None:
-    """The precision as DeepSpeed's: fabric_lite's built-in plugins (what ``Fabric(precision=...)`` creates) become
-    a :class:`DeepSpeedPrecision` of the same name; others cannot drive DeepSpeed's engine.
-
-    Raises:
-        TypeError: another precision plugin (double precision, quantised weights, FSDP's, your own).
-    """
+    """The precision as DeepSpeed's: a built-in plugin becomes a :class:`DeepSpeedPrecision` of the same name;
+    another plugin, which cannot drive DeepSpeed's engine, raises ``TypeError``."""
     if precision is None or isinstance(precision, DeepSpeedPrecision):
         return precision
     if type(precision) in (Precision, MixedPrecision, HalfPrecision):
@@ -48,9 +39,7 @@ def join_process_group(
     timeout: timedelta,
 ) -> None:
     """Point DeepSpeed at this process, whose process group exists already: its accelerator, the variables it
-    reads, and its communication layer, which then wraps that group instead of forming one.
-
-    ``ranks`` is ``(global rank, local rank, world size)``.
+    reads, and its communication layer, which then wraps that group. ``ranks``: (global, local, world size).
 
     Raises:
         RuntimeError: a CUDA device whose index is not the local rank, or DeepSpeed set to another accelerator.
@@ -76,9 +65,8 @@ def join_process_group(
         )
     if device.type == "cpu" and not deepspeed.comm.is_initialized():
         _skip_shared_memory_extension(deepspeed)
-    # DeepSpeed reads these, as torchrun sets them, long after initialisation (ZeRO-3 places parameters on
-    # LOCAL_RANK's device, its engine asserts LOCAL_RANK is set); under torchrun or `fabric-lite run` they hold these
-    # values already. A later Fabric(...) in this process therefore joins this job, as under torchrun.
+    # DeepSpeed reads these long after initialisation (ZeRO-3 places parameters on LOCAL_RANK's device); a later
+    # Fabric(...) in this process therefore joins this job, as under torchrun
     os.environ["MASTER_ADDR"] = main_address
     os.environ["MASTER_PORT"] = str(main_port)
     os.environ["RANK"] = str(global_rank)
@@ -90,10 +78,8 @@ def join_process_group(
 
 
 def _skip_shared_memory_extension(deepspeed: Any) -> None:
-    """On the CPU, DeepSpeed's communication layer compiles a shared-memory all-reduce extension the first time it
-    starts (90-120 s on 2 cores), for its inference all-reduce alone, which training never calls. Unless DeepSpeed
-    was installed with it built (``DS_BUILD_SHM_COMM=1``), it is marked unavailable: DeepSpeed then all-reduces
-    through the process group. (DeepSpeed keeps that table in its module so that edits like this one persist.)"""
+    """Mark DeepSpeed's shared-memory all-reduce extension unavailable unless it was installed built: on the CPU
+    its communication layer would compile it at start, for an inference all-reduce training never calls."""
     installed_ops = importlib.import_module("deepspeed.git_version_info").installed_ops
     if not installed_ops.get("deepspeed_shm_comm", False):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

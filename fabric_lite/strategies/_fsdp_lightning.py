@@ -1,5 +1,4 @@
-"""Lightning Fabric's private names of its FSDP strategy module (``lightning.fabric.strategies.fsdp``), with their
-meaning for fabric_lite's FSDP2 strategy; :mod:`fabric_lite.strategies.fsdp` imports them, at Lightning's path."""
+"""Lightning's private names of ``lightning.fabric.strategies.fsdp``, with their meaning for the FSDP2 strategy."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ from fabric_lite.strategies._backward_sync import _NestedSyncSwitch
 
 
 class _FSDPBackwardSyncControl(_NestedSyncSwitch):
-    """``FSDPStrategy``'s ``no_backward_sync`` (Lightning's name for it): FSDP2's gradient reduction switched off for
-    every ``fully_shard`` unit of the sharded module while the outermost block for it is open (FSDP1's ``no_sync``
-    in Lightning's)."""
+    """``FSDPStrategy``'s ``no_backward_sync`` (Lightning's name): FSDP2's gradient reduction off while the outermost
+    block is open."""
 
 
 def _check_sharded(module: Any, action: str, call: str) -> None:
@@ -35,9 +33,7 @@ def _check_sharded(module: Any, action: str, call: str) -> None:
 
 
 def _is_sharded_checkpoint(path: Path) -> bool:
-    """Whether ``path`` is a folder holding a sharded checkpoint (Lightning's name for the check): the
-    ``.metadata`` file that ``torch.distributed.checkpoint`` writes last, or Lightning's ``meta.pt`` beside the
-    shards (both libraries write both)."""
+    """Whether ``path`` is a folder holding a sharded checkpoint (DCP's ``.metadata`` or Lightning's ``meta.pt``)."""
     path = Path(path)
     return path.is_dir() and any(
         (path / name).is_file() for name in (folders.METADATA_FILE, folders.LIGHTNING_METADATA_FILE)
@@ -48,16 +44,9 @@ def _is_sharded_checkpoint(path: Path) -> bool:
 def _get_full_state_dict_context(
     module: Module, world_size: int, rank0_only: bool = True
 ) -> Generator[None, None, None]:
-    """Inside the block, ``module.state_dict()`` returns the full state dict, each sharded tensor gathered onto the
-    CPU (Lightning's name for the context that FSDP1's ``FULL_STATE_DICT`` type gives). Gathering is collective:
-    every rank calls ``state_dict()``; with ``rank0_only`` the other ranks get an empty dict, as under FSDP1.
-    ``world_size`` is taken for Lightning's signature.
-
-    Example::
-
-        with _get_full_state_dict_context(model, fabric.world_size):
-            state = model.state_dict()  # on rank 0: every parameter whole, on the CPU
-    """
+    """Inside the block, ``module.state_dict()`` returns the full state dict gathered onto the CPU (Lightning's
+    name). Every rank must call ``state_dict()``; with ``rank0_only`` the others get an empty dict. ``world_size``
+    is unused."""
     from torch.distributed.tensor import DTensor
 
     def gather(_: Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:

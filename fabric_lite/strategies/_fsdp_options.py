@@ -1,8 +1,4 @@
-"""Lightning's (FSDP1-shaped) ``FSDPStrategy`` arguments, checked and mapped onto torch's ``fully_shard`` (FSDP2):
-one function per argument, each taking FSDP1's classes too.
-
-``torch.distributed.fsdp`` is imported inside the functions, never at module level.
-"""
+"""Lightning's FSDP1-shaped ``FSDPStrategy`` arguments, checked and mapped onto ``fully_shard`` (FSDP2)."""
 
 from __future__ import annotations
 
@@ -30,16 +26,8 @@ _KEEP_GATHERED = ("SHARD_GRAD_OP", "_HYBRID_SHARD_ZERO2", "NO_SHARD")
 
 
 def cpu_offload_setting(value: Any) -> bool | CPUOffloadPolicy:
-    """``cpu_offload`` as ``True``/``False`` or a ``CPUOffloadPolicy``: ``None`` is ``False`` (Lightning's default),
-    and FSDP1's ``CPUOffload(offload_params=...)`` is its ``offload_params``.
-
-    Raises:
-        TypeError: any other value.
-
-    Example::
-
-        cpu_offload_setting(CPUOffload(offload_params=True))  # True
-    """
+    """``cpu_offload`` as a bool or ``CPUOffloadPolicy`` (``None`` is ``False``; FSDP1's ``CPUOffload`` its
+    ``offload_params``); ``TypeError`` for any other value."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     if value is None:
@@ -56,21 +44,12 @@ def cpu_offload_setting(value: Any) -> bool | CPUOffloadPolicy:
 
 
 def mixed_precision_setting(value: Any) -> MixedPrecisionPolicy | None:
-    """``mixed_precision`` as a ``MixedPrecisionPolicy`` (or ``None``: follow ``Fabric(precision=...)``).
-
-    FSDP1's ``MixedPrecision`` maps to ``MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs=
-    cast_forward_inputs or cast_root_forward_inputs)``. FSDP2 has no ``buffer_dtype`` (buffers stay in the dtype
-    they were created in), no ``keep_low_precision_grads`` (gradients are always reduced in ``reduce_dtype`` and
-    kept in the parameters' dtype) and no ``_module_classes_to_ignore``: a value other than the default for any of
-    these is dropped with a warning.
+    """``mixed_precision`` as a ``MixedPrecisionPolicy`` (``None``: follow ``Fabric(precision=...)``). FSDP1's
+    ``MixedPrecision`` maps by its dtypes and input casting; its fields FSDP2 lacks (``buffer_dtype``,
+    ``keep_low_precision_grads``, ``_module_classes_to_ignore``) are dropped with a warning.
 
     Raises:
         TypeError: any other value.
-
-    Example::
-
-        mixed_precision_setting(MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, ...)
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -104,17 +83,12 @@ def mixed_precision_setting(value: Any) -> MixedPrecisionPolicy | None:
 
 
 def checkpointing_policy(activation_checkpointing: Any, activation_checkpointing_policy: Any) -> AutoWrapPolicy:
-    """Which layers to checkpoint: ``activation_checkpointing_policy`` (any form ``auto_wrap_policy`` takes, FSDP1's
-    ``ModuleWrapPolicy`` and policy functions included, as in Lightning), or Lightning's deprecated spelling
-    ``activation_checkpointing`` (one class or a list of classes), which warns as Lightning does.
+    """Which layers to checkpoint: ``activation_checkpointing_policy`` (any form ``auto_wrap_policy`` takes), or
+    the deprecated ``activation_checkpointing`` (a class or list of classes), which warns as Lightning does.
 
     Raises:
         ValueError: both are given.
         TypeError: a value that is not a policy.
-
-    Example::
-
-        checkpointing_policy(None, {Block})  # {Block}
     """
     if activation_checkpointing is not None and activation_checkpointing_policy is not None:
         raise ValueError(
@@ -135,21 +109,13 @@ def checkpointing_policy(activation_checkpointing: Any, activation_checkpointing
 def sharding_setting(
     sharding_strategy: Any, reshard_after_forward: bool | None, device_mesh: Any, process_group: Any = None
 ) -> tuple[str, bool | None]:
-    """The sharding strategy's name (upper case) and the ``reshard_after_forward`` that ``fully_shard`` gets.
-
-    ``"FULL_SHARD"``/``"HYBRID_SHARD"`` keep ``reshard_after_forward`` as given (``None``: torch's default, which
-    reshards every unit but the root, as FSDP1's FULL_SHARD does; ``False`` makes them ZeRO-2).
-    ``"SHARD_GRAD_OP"``/``"_HYBRID_SHARD_ZERO2"``/``"NO_SHARD"`` keep the gathered parameters until backward
-    (``False``). Names are case-insensitive, as in Lightning; FSDP1's ``ShardingStrategy`` members are accepted.
+    """The sharding strategy's upper-case name (from any case or FSDP1's member) and ``fully_shard``'s
+    ``reshard_after_forward``: as given, or ``False`` for the strategies in :data:`_KEEP_GATHERED`.
 
     Raises:
         ValueError: an unknown strategy, ``reshard_after_forward=True`` with a strategy that keeps parameters
             gathered, a ``device_mesh`` or ``process_group`` with a strategy that has no use for it, or both.
         TypeError: a ``device_mesh`` that is neither a (replicate, shard) tuple of sizes nor a ``DeviceMesh``.
-
-    Example::
-
-        sharding_setting("shard_grad_op", None, None)  # ("SHARD_GRAD_OP", False)
     """
     name = _strategy_name(sharding_strategy)
     if name in _KEEP_GATHERED:
@@ -167,19 +133,11 @@ def sharding_setting(
 
 
 def mesh_shape(name: str, device_mesh: tuple[int, int] | None, world_size: int, num_nodes: int) -> tuple[int, ...]:
-    """The shape of the mesh to build for strategy ``name`` when the user gave no ``DeviceMesh``.
-
-    * ``"FULL_SHARD"``/``"SHARD_GRAD_OP"``: ``(world_size,)``, every rank one shard.
-    * ``"NO_SHARD"``: ``(world_size, 1)``: replicated on every rank, one shard each (plain data parallel).
-    * hybrid: the ``device_mesh`` tuple, or ``(num_nodes, world_size // num_nodes)``: sharded within a node,
-      replicated across nodes.
+    """The mesh shape for strategy ``name`` without a given ``DeviceMesh``: ``(world_size,)``; ``(world_size, 1)``
+    for ``NO_SHARD``; for the hybrid ones the ``device_mesh`` tuple, or ``(num_nodes, world_size // num_nodes)``.
 
     Raises:
-        ValueError: the sizes do not multiply to the world size; the message shows the arithmetic.
-
-    Example::
-
-        mesh_shape("HYBRID_SHARD", (2, 2), world_size=4, num_nodes=1)  # (2, 2)
+        ValueError: the sizes do not multiply to the world size.
     """
     if name == "NO_SHARD":
         return (world_size, 1)
@@ -277,10 +235,8 @@ def _check_process_group(process_group: Any, name: str, device_mesh: Any) -> Non
 
 
 def mesh_from_process_group(process_group: Any, device_type: str) -> DeviceMesh:
-    """The mesh of FSDP1's ``process_group``: a 1-D ``("shard",)`` mesh over one group, or for a hybrid strategy's
-    ``(shard, replicate)`` pair a 2-D ``("replicate", "shard")`` mesh of the two groups. FSDP2 communicates over the
-    groups themselves; the layout of global ranks is this rank's shard group shifted to each member of its replicate
-    group (every shard group is a translate of the others, as in a grid of nodes x devices).
+    """The mesh of FSDP1's ``process_group``: ``("shard",)`` over one group, or ``("replicate", "shard")`` over a
+    hybrid ``(shard, replicate)`` pair, laid out as a grid of shifted shard groups.
 
     Raises:
         ValueError: the two groups do not form such a grid around this rank.
@@ -322,23 +278,11 @@ FSDP1_ARGUMENTS = (
 
 @dataclasses.dataclass(frozen=True)
 class FSDP1Options:
-    """FSDP1's arguments (:data:`FSDP1_ARGUMENTS`) as ``fully_shard`` (FSDP2) uses them.
-
-    * ``process_group``: the group (or hybrid pair of groups) to shard over, made into the mesh
-      (:func:`mesh_from_process_group`).
-    * ``sync_module_states``: every rank starts from global rank 0's parameters and buffers (broadcast before
-      sharding, or module by module when they are materialised from the meta device).
-    * ``forward_prefetch``: each unit all-gathers the next unit's parameters before its own forward runs, in the
-      order of ``model.modules()`` (a transformer's blocks in order), with ``set_modules_to_forward_prefetch``.
-    * ``ignored``: the modules of ``ignored_modules`` and the parameters or modules of ``ignored_states`` are left
-      out of sharding (``fully_shard(ignored_params=...)``): whole on every rank, their gradients not reduced.
-
-    Accepted, with no effect, because FSDP2 has no such switch: ``limit_all_gathers`` (FSDP2 needs no rate limiter:
-    it frees a unit's gathered parameters through stream events, which bounds what FSDP1's limiter bounded),
-    ``use_orig_params`` (FSDP2 always keeps the original parameters, one ``DTensor`` each under its own name: FSDP1's
-    ``True``; ``FSDPStrategy`` refuses ``fabric.setup(model, optimizer)`` with ``False``, as Lightning does) and
-    ``backward_prefetch`` (FSDP2 always prefetches the next unit's all-gather at the start of a unit's backward,
-    FSDP1's ``BACKWARD_PRE``; it has neither ``BACKWARD_POST`` nor an off switch).
+    """FSDP1's arguments (:data:`FSDP1_ARGUMENTS`) as ``fully_shard`` uses them: ``process_group`` becomes the mesh;
+    ``sync_module_states`` starts every rank from rank 0's values; ``forward_prefetch`` prefetches the next unit in
+    ``model.modules()`` order; ``ignored`` (``ignored_modules``, ``ignored_states``) is left unsharded. FSDP2 has no
+    switch for ``limit_all_gathers``, ``use_orig_params`` (always ``True``) or ``backward_prefetch`` (always
+    ``BACKWARD_PRE``), so they are accepted without effect.
     """
 
     process_group: Any = None
@@ -355,16 +299,8 @@ class FSDP1Options:
 
 
 def fsdp1_options(kwargs: dict[str, Any]) -> tuple[FSDP1Options, dict[str, Any]]:
-    """Take FSDP1's arguments out of ``kwargs``: the checked :class:`FSDP1Options`, and the rest (for ``fully_shard``).
-
-    Raises:
-        TypeError: a value FSDP1 does not take either; the message names it.
-
-    Example::
-
-        fsdp1_options({"limit_all_gathers": True, "shard_placement_fn": None})
-        # (FSDP1Options(), {"shard_placement_fn": None})
-    """
+    """Take FSDP1's arguments out of ``kwargs``: the checked :class:`FSDP1Options` (``TypeError`` for a value FSDP1
+    does not take either), and the rest, for ``fully_shard``."""
     rest = {k: v for k, v in kwargs.items() if k not in FSDP1_ARGUMENTS}
     for flag in ("sync_module_states", "forward_prefetch", "limit_all_gathers", "use_orig_params"):
         if flag in kwargs and not isinstance(kwargs[flag], bool):
@@ -395,8 +331,7 @@ def fsdp1_options(kwargs: dict[str, Any]) -> tuple[FSDP1Options, dict[str, Any]]
 
 
 def _fsdp1_class(name: str) -> Any:
-    """FSDP1's ``CPUOffload``/``MixedPrecision``/``ShardingStrategy``/``BackwardPrefetch``, or ``None`` where torch no
-    longer has it."""
+    """FSDP1's class ``name``, or ``None`` where torch no longer has it."""
     try:
         import torch.distributed.fsdp as fsdp
     except ImportError:  # pragma: no cover - torch without distributed

@@ -1,17 +1,6 @@
-"""How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` shards a module, one plain function per capability.
-
-* :func:`wrap_targets`: which submodules become their own sharded unit (all-gathered and freed on their own), or have
-  their activations checkpointed; the policies are fabric_lite's forms and FSDP1's (``ModuleWrapPolicy``, functions
-  ``fn(module, recurse, nonwrapped_numel)``), as Lightning passes them.
-* :func:`apply_activation_checkpointing`: recompute the activations of chosen layers in backward.
-* :func:`broadcast_from_rank_zero`: ``sync_module_states``, rank 0's values on every rank.
-* :func:`meta_owners`, :func:`check_initialisable`, :func:`materialize`: turn parameters created on the meta
-  device into real, sharded ones, initialised exactly as an eager construction would have initialised them.
-* :func:`optimizer_parameter_names`, :func:`rebind_optimizer`: point an optimizer created before the module was
-  sharded at the sharded parameters that replaced its own (``fabric.setup(model, optimizer)``).
-
-``torch.distributed.fsdp`` is imported inside the functions, never at module level.
-"""
+"""How :class:`~fabric_lite.strategies.fsdp.FSDPStrategy` shards a module, one plain function per capability: wrap
+policies, activation checkpointing, ``sync_module_states``, materialising meta-device parameters as an eager
+construction would, and rebinding optimizers to the sharded parameters."""
 
 from __future__ import annotations
 
@@ -31,9 +20,8 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp.wrap import _Policy
 
 #: which submodules to shard as units: layer classes, a predicate ``(module) -> bool``, a minimum number of
-#: parameters a subtree must hold (not counting those of units inside it), or one of FSDP1's policies: a
-#: ``ModuleWrapPolicy``/``CustomPolicy``, or a function ``fn(module, recurse, nonwrapped_numel) -> bool`` such as
-#: ``functools.partial(size_based_auto_wrap_policy, min_num_params=...)``
+#: parameters a subtree must hold (outside units inside it), or an FSDP1 policy (``ModuleWrapPolicy``, or
+#: ``fn(module, recurse, nonwrapped_numel) -> bool``)
 AutoWrapPolicy: TypeAlias = "set[type[Module]] | Callable[..., bool] | int | _Policy | None"
 #: a function that initialises the parameters and buffers that ``module`` itself holds (not its children's)
 ParamInitFn: TypeAlias = Callable[[Module], None]
@@ -54,12 +42,7 @@ def module_classes(value: Any, argument: str) -> frozenset[type[Module]]:
 
 
 def check_wrap_policy(policy: Any, argument: str = "auto_wrap_policy") -> AutoWrapPolicy:
-    """Validate a policy (``argument``: ``auto_wrap_policy`` or ``activation_checkpointing_policy``): ``None``,
-    classes, a predicate, a positive parameter count, or one of FSDP1's policies.
-
-    Raises:
-        TypeError, ValueError: any other value; the message names it and shows each accepted form.
-    """
+    """Validate a policy (an :data:`AutoWrapPolicy`) given as ``argument``; ``TypeError``/``ValueError`` if not one."""
     if policy is None:
         return None
     if isinstance(policy, bool):
@@ -93,8 +76,7 @@ def _is_fsdp1_policy_object(policy: Any) -> bool:
 
 
 def _takes_fsdp1_arguments(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is an FSDP1 policy function, ``fn(module, recurse, nonwrapped_numel)``, rather than a
-    predicate ``fn(module)``."""
+    """Whether ``fn`` is an FSDP1 policy function ``fn(module, recurse, nonwrapped_numel)``, not ``fn(module)``."""
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin without a signature: a predicate
@@ -103,15 +85,8 @@ def _takes_fsdp1_arguments(fn: Callable[..., Any]) -> bool:
 
 
 def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
-    """The submodules of ``root`` (never ``root`` itself) that ``policy`` makes sharded units, children first.
-
-    ``fully_shard`` must be applied to a unit's children before the unit, so descendants always come before their
-    ancestors here. With a parameter count, a subtree becomes a unit when the parameters it holds outside the units
-    already chosen inside it reach the count. FSDP1's policies choose what they choose under FSDP1: a
-    ``ModuleWrapPolicy``/``CustomPolicy`` its modules; a function ``fn(module, recurse, nonwrapped_numel)`` is asked,
-    as FSDP1 asks it, first whether to look inside a subtree (``recurse=True``, with the subtree's parameter count),
-    then, after the units chosen inside, whether the subtree is a unit (``recurse=False``, with what they left).
-    """
+    """The submodules of ``root`` (never ``root`` itself) that ``policy`` makes sharded units, descendants before
+    their ancestors, as ``fully_shard`` needs. FSDP1's policies choose what they would choose under FSDP1."""
     if policy is None:
         return []
     # reversed pre-order puts every descendant before its ancestors
@@ -158,10 +133,8 @@ def _fsdp1_function_targets(root: Module, policy: Callable[..., bool]) -> list[M
 
 
 def apply_activation_checkpointing(root: Module, policy: AutoWrapPolicy) -> int:
-    """Recompute, in backward, the activations of the submodules ``policy`` chooses (as for :func:`wrap_targets`:
-    layer classes, FSDP1's policies, ...; never ``root`` itself); returns how many were found. Uses torch's
-    composable ``checkpoint``, which leaves parameter names unchanged, so checkpoints load the same with or without
-    it. Must run before ``fully_shard``."""
+    """Recompute in backward the activations of the submodules ``policy`` chooses (as :func:`wrap_targets`); return
+    how many. Parameter names are unchanged. Must run before ``fully_shard``."""
     from torch.distributed._composable.checkpoint_activation import checkpoint
 
     found = wrap_targets(root, policy)
@@ -171,8 +144,8 @@ def apply_activation_checkpointing(root: Module, policy: AutoWrapPolicy) -> int:
 
 
 def broadcast_from_rank_zero(tensors: list[Tensor], device: torch.device) -> None:
-    """Overwrite each of ``tensors`` in place with global rank 0's value (FSDP1's ``sync_module_states``), one at a
-    time through ``device`` (NCCL sends device memory only). Every rank must call it with the same shapes."""
+    """Overwrite each of ``tensors`` in place with global rank 0's value, one at a time through ``device`` (NCCL
+    sends device memory only). Every rank must call it with the same shapes."""
     import torch.distributed as dist
 
     with torch.no_grad():
@@ -194,8 +167,7 @@ class MetaOwner:
 
 
 def meta_owners(root: Module) -> list[MetaOwner]:
-    """Every module holding meta-device parameters/buffers of its own, in ``root.modules()`` order, which is the
-    order in which an eager construction creates (and initialises) them."""
+    """Every module holding meta-device parameters/buffers of its own, in construction (``root.modules()``) order."""
     owners = []
     for name, module in root.named_modules():
         params = [n for n, p in module.named_parameters(recurse=False) if p.is_meta]
@@ -206,10 +178,8 @@ def meta_owners(root: Module) -> list[MetaOwner]:
 
 
 def check_initialisable(root: Module, owners: list[MetaOwner], param_init_fn: ParamInitFn | None) -> None:
-    """Check, before anything is sharded, that the meta-device module can be materialised: refuse real tensors
-    beside meta ones (allocating the meta ones would wipe them), and warn, in Lightning's words, about modules with no
-    way to be initialised (no ``reset_parameters()`` and no ``param_init_fn``): :func:`materialize` allocates their
-    tensors and leaves them uninitialised, for a checkpoint to fill (``fabric.load`` right after setup).
+    """Check, before sharding, that the meta-device module can be materialised; warn, as Lightning does, about
+    modules with no ``reset_parameters()`` nor ``param_init_fn`` (left uninitialised, for a checkpoint to fill).
 
     Raises:
         RuntimeError: the module holds real tensors beside the meta ones.
@@ -236,8 +206,7 @@ def check_initialisable(root: Module, owners: list[MetaOwner], param_init_fn: Pa
 
 
 def _initialiser(module: Module, param_init_fn: ParamInitFn | None) -> Callable[[], None] | None:
-    """What initialises the tensors ``module`` itself holds: ``param_init_fn(module)``, else its
-    ``reset_parameters()``; ``None`` when there is neither."""
+    """``param_init_fn(module)``, else ``module.reset_parameters``; ``None`` when there is neither."""
     if param_init_fn is not None:
         return lambda: param_init_fn(module)
     reset = getattr(module, "reset_parameters", None)
@@ -252,19 +221,11 @@ def materialize(
     buffer_device: torch.device | None = None,
     sync: Callable[[list[Tensor]], None] | None = None,
 ) -> None:
-    """Allocate the meta tensors of the sharded ``root`` on ``device`` (buffers on ``buffer_device``, by default the
-    same) and initialise them, one module at a time.
-
-    For each owner, in construction order, its own parameters and buffers are created whole on the CPU, initialised
-    by ``param_init_fn(module)`` (or ``module.reset_parameters()``; a module with neither keeps the uninitialised
-    memory ``to_empty`` gave it) from the global CPU random generator, and this
-    rank's shard of each parameter is copied into place. So the values are those an eager construction with the
-    same seed gives (initialisation consumes the generator in the same order), while no more than one module's
-    full-size tensors exist at a time. A parameter shared by two modules keeps the values of its first owner, and
-    the second owner's initialisation still consumes the generator, as in an eager construction with tied weights.
-    ``sync``, when given, makes each module's full values the same on every rank before the shards are taken
-    (``sync_module_states``: rank 0's).
-    """
+    """Allocate the meta tensors of the sharded ``root`` on ``device`` (buffers on ``buffer_device``) and initialise
+    them one module at a time: each owner's tensors are created whole on the CPU, initialised in construction order
+    from the global CPU generator, then this rank's shards copied into place. The values thus equal an eager
+    construction's with the same seed (tied weights included), with one module's full tensors alive at a time.
+    ``sync``, when given, makes each module's full values equal on every rank before sharding."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     root.to_empty(device=device)  # each rank's shards (and whole buffers), uninitialised
@@ -313,12 +274,11 @@ def materialize(
 
 
 def optimizer_parameter_names(module: Module, optimizers: list[Optimizer], strategy: str) -> dict[int, str]:
-    """The name in ``module`` of every parameter the ``optimizers`` hold (by ``id``), taken before sharding replaces
-    the parameters, so that :func:`rebind_optimizer` can find their replacements.
+    """The name in ``module`` of every parameter the ``optimizers`` hold (by ``id``), for :func:`rebind_optimizer`.
 
     Raises:
-        ValueError: an optimizer holds state (it has stepped, or creates its state at construction, as ``Adagrad``
-            does: that state belongs to the replaced tensors), or a parameter that is not one of ``module``'s.
+        ValueError: an optimizer holds state (which belongs to the replaced tensors), or a parameter that is not
+            one of ``module``'s.
     """
     names = {id(p): name for name, p in module.named_parameters()}
     for optimizer in optimizers:
@@ -343,9 +303,8 @@ def optimizer_parameter_names(module: Module, optimizers: list[Optimizer], strat
 
 
 def rebind_optimizer(optimizer: Optimizer, names: Mapping[int, str], parameters: Mapping[str, Tensor]) -> None:
-    """Replace, in place, every parameter of ``optimizer``'s groups by the parameter of the same name (``names``, from
-    :func:`optimizer_parameter_names`) among ``parameters``, the set-up module's. The lists are changed in place, so
-    an optimizer that keeps a reference to one (``LBFGS``) sees the new parameters too.
+    """Replace every parameter in ``optimizer``'s group lists, in place (``LBFGS`` keeps a reference), by the one of
+    the same name among ``parameters``.
 
     Raises:
         ValueError: a name is not among ``parameters`` (the set-up module renamed or dropped the parameter).

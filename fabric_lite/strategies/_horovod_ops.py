@@ -1,8 +1,4 @@
-"""Horovod's collectives as fabric_lite's strategies use them: every dtype, fabric_lite's reduction semantics.
-
-Only called with the ``horovod.torch`` module that :class:`~fabric_lite.strategies.horovod.HorovodStrategy`
-imported; nothing here imports Horovod.
-"""
+"""Horovod's collectives with every dtype and fabric_lite's reduction semantics."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""What :class:`~fabric_lite.strategies.model_parallel.ModelParallelStrategy` computes outside the strategy object:
-the mesh shape from the sizes asked, gradient norms and clipping over DTensors of several meshes mixed with plain
-tensors (which torch's ``clip_grad_norm_`` refuses), and the optimizer settings that cannot mix them either."""
+"""Helpers of ``ModelParallelStrategy``: mesh shape, and norms and optimizer settings over mixed DTensors."""
 
 from __future__ import annotations
 
@@ -13,18 +11,14 @@ from torch.optim import Optimizer
 
 
 class MeshSizeError(ValueError, RuntimeError):
-    """Mesh sizes that do not multiply to the world size: a ``ValueError`` (a bad argument) that is also the
-    ``RuntimeError`` Lightning raises, so ``except`` clauses written for either catch it."""
+    """Mesh sizes that do not multiply to the world size: a ``ValueError`` that is also Lightning's ``RuntimeError``."""
 
 
 def mesh_shape(
     data_parallel: int | str, tensor_parallel: int | str, replicate: int, world_size: int, num_nodes: int
 ) -> tuple[int, ...]:
-    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one).
-
-    Raises:
-        MeshSizeError: the sizes do not fit the world size; the message shows the arithmetic.
-    """
+    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one);
+    :class:`MeshSizeError`, showing the arithmetic, where they do not fit the world size."""
     if data_parallel == "auto" and tensor_parallel == "auto":
         data_parallel, tensor_parallel = num_nodes, world_size // max(num_nodes, 1)
     elif data_parallel == "auto":
@@ -53,8 +47,7 @@ def mesh_shape(
 
 
 def move_leftovers(module: Module, device: torch.device) -> None:
-    """Move the plain (not parallelised) parameters and buffers that are elsewhere to ``device``: what
-    ``parallelize_fn`` left alone stays where the model was built."""
+    """Move the plain parameters and buffers ``parallelize_fn`` left where the model was built to ``device``."""
     from torch.distributed.tensor import DTensor
 
     for sub in module.modules():
@@ -67,15 +60,11 @@ def move_leftovers(module: Module, device: torch.device) -> None:
 
 
 def settle_foreach(optimizer: Optimizer, names: dict[int, str]) -> None:
-    """Make each parameter group of ``optimizer`` that mixes DTensor and plain tensor parameters (a tensor-parallel
-    model without sequence parallelism keeps its norms' weights plain) run its per-parameter loop: torch's foreach
-    and fused kernels refuse the mix ("got mixed torch.Tensor and DTensor"). ``foreach=None`` becomes ``False`` for
-    such a group (on CUDA, torch would otherwise pick foreach); groups of one kind are left alone. ``names`` maps
-    ``id(parameter)`` to its name, for the message.
+    """Set ``foreach=None`` to ``False`` in each parameter group that mixes DTensors and plain tensors, which
+    torch's foreach and fused kernels refuse; ``names`` maps ``id(parameter)`` to its name, for the message.
 
     Raises:
-        ValueError: such a group asks for ``foreach=True`` or ``fused=True``; the message names the group, some of
-            its plain parameters and the fix.
+        ValueError: such a group asks for ``foreach=True`` or ``fused=True``.
     """
     from torch.distributed.tensor import DTensor
 
@@ -100,8 +89,8 @@ def settle_foreach(optimizer: Optimizer, names: dict[int, str]) -> None:
 
 
 def like_groups(parameters: list[Tensor]) -> list[list[Tensor]]:
-    """``parameters`` grouped by the kind of their gradient: plain tensors, or DTensors by mesh (torch's foreach
-    kernels and norms take one mesh at a time; one group per mesh means one all-reduce per mesh for the norm)."""
+    """``parameters`` grouped by their gradient's kind: plain tensors, or DTensors by mesh (foreach kernels and norms
+    take one mesh at a time)."""
     from torch.distributed.tensor import DTensor
 
     groups: dict[Any, list[Tensor]] = {}
@@ -113,8 +102,7 @@ def like_groups(parameters: list[Tensor]) -> list[list[Tensor]]:
 
 
 def total_norm(groups: list[list[Tensor]], norm_type: float) -> Tensor:
-    """The ``norm_type``-norm of the gradients of every group together, as a plain tensor that is the same on every
-    rank: each group's norm is made whole (a DTensor norm is partial), then the group norms are combined."""
+    """The ``norm_type``-norm of every group's gradients together, a plain tensor equal on every rank."""
     from torch.distributed.tensor import DTensor
 
     if not groups:

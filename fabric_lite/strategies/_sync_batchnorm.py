@@ -1,12 +1,4 @@
-"""Synchronised batch normalisation for ``DDPStrategy(sync_batchnorm=True)``, on GPUs and on the CPU.
-
-On CUDA (and the other devices torch supports) BatchNorm layers become ``torch.nn.SyncBatchNorm``. On the CPU
-torch has no synchronised kernels (``torch.nn.SyncBatchNorm`` raises in its forward, and
-``DistributedDataParallel`` refuses a CPU module that contains one), so there the layers become
-:class:`CPUSyncBatchNorm`: the same statistics over the batch of every process, computed with ordinary tensor
-operations that autograd differentiates. Its parameters and buffers are a ``BatchNorm``'s, so checkpoints load into
-either.
-"""
+"""Synchronised batch norm for ``DDPStrategy(sync_batchnorm=True)``, also on the CPU (:class:`CPUSyncBatchNorm`)."""
 
 from __future__ import annotations
 
@@ -22,13 +14,10 @@ from fabric_lite.runtime.collectives.gather import _AllGatherGrad
 
 
 class CPUSyncBatchNorm(_BatchNorm):
-    """Batch normalisation whose training statistics cover the batches of every process of ``process_group``.
-
-    The counterpart of ``torch.nn.SyncBatchNorm`` for CPU tensors (gloo). In training, each process's per-channel
-    count, mean and sum of squared deviations are gathered in one collective and combined exactly (the parallel
-    variance formula), so the output, the running statistics and the gradients equal those of a single
-    ``BatchNorm`` over the concatenated batch. In eval mode, or without a process group, it is a plain
-    ``BatchNorm``. Every process must run the forward (and the backward) of every call in training mode.
+    """``torch.nn.SyncBatchNorm`` for CPU tensors (gloo): in training, the output, running statistics and gradients
+    equal a single ``BatchNorm``'s over the batches of every process of ``process_group`` (one collective per call);
+    in eval mode, or without a process group, a plain ``BatchNorm``, whose checkpoints it shares. Every process must
+    run the forward (and backward) of every call in training mode.
 
     Example::
 
@@ -120,12 +109,8 @@ def _sync_batch_norm(
 
 
 def convert_sync_batchnorm(module: nn.Module, device_type: str, process_group: Any | None = None) -> nn.Module:
-    """Replace every BatchNorm layer of ``module`` by a synchronised one, sharing its parameters and buffers.
-
-    ``torch.nn.SyncBatchNorm.convert_sync_batchnorm`` off the CPU; :class:`CPUSyncBatchNorm` on it (a
-    ``torch.nn.SyncBatchNorm`` already in the module is converted too, since it cannot run on the CPU). Returns the
-    module, or a new layer when ``module`` itself is a BatchNorm layer.
-    """
+    """Replace every BatchNorm layer of ``module`` by a synchronised one sharing its parameters and buffers
+    (:class:`CPUSyncBatchNorm` on the CPU); return the module, or a new layer when it is itself one."""
     if device_type != "cpu":
         return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)  # type: ignore[no-untyped-call,no-any-return]
     return _convert_cpu(module, process_group)

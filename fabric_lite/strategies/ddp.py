@@ -48,9 +48,7 @@ def _is_post_local_sgd_state(state: object) -> bool:
 
 
 class _DDPBackwardSyncControl(_BackwardSyncControl):
-    """``fabric.no_backward_sync`` under DDP: ``DistributedDataParallel.no_sync()``, in which gradients accumulate
-    locally until a backward outside it (Lightning Fabric's class of the same name). Both the forward and the
-    backward must run inside the context."""
+    """``DistributedDataParallel.no_sync()``; both the forward and the backward must run inside it."""
 
     @override
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
@@ -68,24 +66,20 @@ class _DDPBackwardSyncControl(_BackwardSyncControl):
 class DDPStrategy(ParallelStrategy):
     """Multi-process single-device training on one or several nodes, with ``DistributedDataParallel``.
 
-    Keyword arguments not listed below go to ``DistributedDataParallel`` unchanged (``find_unused_parameters``,
-    ``bucket_cap_mb``, ``static_graph``, ...); a name DDP does not take raises here rather than at ``fabric.setup``.
-
     Args:
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision, process_group_backend, timeout:
             as for :class:`ParallelStrategy`.
-        start_method: ``"popen"`` re-runs the script once per extra device (``strategy="ddp"``);
-            ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
-        sync_batchnorm: at setup, replace BatchNorm layers by synchronised ones (``torch.nn.SyncBatchNorm`` on GPUs,
-            fabric_lite's ``CPUSyncBatchNorm`` on the CPU), keeping parameters, buffers and optimizers.
-        ddp_comm_state: the communication hook's state, or a zero-argument callable that builds it at setup, once
-            per module: use one with ``ddp_spawn`` and for states that hold subgroups, since such a state needs the
-            process group to exist.
+        start_method: ``"popen"`` re-runs the script once per extra device; ``"spawn"``/``"fork"`` run
+            ``launch(fn)`` in new processes.
+        sync_batchnorm: at setup, replace BatchNorm layers by synchronised ones (``CPUSyncBatchNorm`` on the CPU),
+            keeping parameters, buffers and optimizers.
+        ddp_comm_state: the communication hook's state, or a zero-argument callable that builds it at setup (for
+            ``ddp_spawn`` and states that hold subgroups, which need the process group).
         ddp_comm_hook: a DDP communication hook registered at setup, e.g. ``default_hooks.fp16_compress_hook``.
         ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper``.
-        model_averaging_period: with a ``PostLocalSGDState`` (and only then, but then required), average the
-            parameters across processes every this many optimizer steps once local SGD has started.
-        **kwargs: passed to ``torch.nn.parallel.DistributedDataParallel``.
+        model_averaging_period: required with a ``PostLocalSGDState``, and only then: average the parameters every
+            this many optimizer steps once local SGD has started.
+        **kwargs: passed to ``DistributedDataParallel``; a name it does not take raises here.
 
     Raises:
         ValueError, TypeError: an argument DDP does not take, a state or wrapper without a hook, a post-local SGD
@@ -93,17 +87,7 @@ class DDPStrategy(ParallelStrategy):
 
     Example::
 
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, post_localSGD_hook as post_local
-
-        fabric = Fabric(strategy=DDPStrategy(find_unused_parameters=True, timeout=timedelta(minutes=5)), devices=2)
-        fabric = Fabric(strategy=DDPStrategy(sync_batchnorm=True, ddp_comm_hook=default_hooks.fp16_compress_hook))
-        fabric = Fabric(
-            strategy=DDPStrategy(
-                ddp_comm_state=post_local.PostLocalSGDState(None, None, start_localSGD_iter=8),
-                ddp_comm_hook=post_local.post_localSGD_hook,
-                model_averaging_period=4,
-            )
-        )
+        fabric = Fabric(strategy=DDPStrategy(find_unused_parameters=True), devices=2)
     """
 
     def __init__(
@@ -210,8 +194,8 @@ class DDPStrategy(ParallelStrategy):
 
     @override
     def setup_module(self, module: Module) -> DistributedDataParallel:
-        """Wrap the module in ``DistributedDataParallel`` on this process's device, after converting its BatchNorm
-        layers (``sync_batchnorm``), and register the communication hook, if any."""
+        """Wrap the module in ``DistributedDataParallel`` on this process's device (after ``sync_batchnorm``'s
+        conversion) and register the communication hook, if any."""
         if self._sync_batchnorm:
             module = convert_sync_batchnorm(module, self.root_device.type)
         elif self.root_device.type == "cpu" and any(isinstance(m, torch.nn.SyncBatchNorm) for m in module.modules()):
@@ -279,33 +263,15 @@ class DDPStrategy(ParallelStrategy):
 
     @contextmanager
     def block_backward_sync(self, module: Module) -> Generator[None, None, None]:
-        """Skip the gradient synchronisation inside the block (Lightning's ``DDPPlugin`` name for
-        :meth:`no_backward_sync`).
-
-        Both the forward and the backward must run inside the block; the first backward outside it synchronises
-        everything accumulated. ``module`` is the DDP module or the module ``fabric.setup`` returned.
-
-        Example::
-
-            with strategy.block_backward_sync(model):
-                fabric.backward(model(x1).sum())  # local gradients only
-            fabric.backward(model(x2).sum())      # synchronises the sum of both
-        """
+        """Lightning's ``DDPPlugin`` name for :meth:`no_backward_sync`: both the forward and the backward must run
+        inside the block; ``module`` is the DDP module or the one ``fabric.setup`` returned."""
         with self.no_backward_sync(getattr(module, "_strategy_module", module)):
             yield
 
     def reduce(
         self, tensor: Tensor | Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> Tensor | Any:
-        """Reduce a tensor across processes (Lightning's ``DDPPlugin`` name for :meth:`all_reduce`; default ``mean``).
-
-        Returns the reduced tensor (in place); anything that is not a tensor is returned unchanged.
-
-        Example::
-
-            # rank 0: tensor(1.)   rank 1: tensor(3.)
-            strategy.reduce(t)  # every rank: tensor(2.)
-        """
+        """Lightning's ``DDPPlugin`` name for :meth:`all_reduce` of a tensor; anything else is returned as is."""
         if not isinstance(tensor, Tensor):
             return tensor
         return self.all_reduce(tensor, group=group, reduce_op=reduce_op)

@@ -1,9 +1,5 @@
-"""DeepSpeed: ZeRO stages 0 to 3, with optimizer and parameter offload, on CUDA or on the CPU.
-
-DeepSpeed is optional. Nothing here imports it at module level: ``import fabric_lite`` works without it, and only
-creating a :class:`DeepSpeedStrategy` (``Fabric(strategy="deepspeed_stage_2")``) imports ``deepspeed``, raising a
-``ModuleNotFoundError`` that gives the install command when it is missing.
-"""
+"""DeepSpeed: ZeRO stages 0 to 3, with optimizer and parameter offload, on CUDA or on the CPU. DeepSpeed is
+optional and imported only when a :class:`DeepSpeedStrategy` is created."""
 
 from __future__ import annotations
 
@@ -36,72 +32,48 @@ from fabric_lite.utilities.types import _PATH
 
 
 class DeepSpeedStrategy(ParallelStrategy):
-    """Train with DeepSpeed's ZeRO: the optimizer state (stage 1), the gradients (2) and the parameters (3) sharded
-    across the processes, optionally offloaded to the CPU or NVMe; on CUDA GPUs with NCCL, or on the CPU with gloo.
+    """Train with DeepSpeed's ZeRO: optimizer state (stage 1), gradients (2) and parameters (3) sharded across the
+    processes, optionally offloaded to the CPU or NVMe; on CUDA with NCCL, or on the CPU with gloo.
 
-    The arguments are Lightning Fabric's and build a DeepSpeed config, unless ``config`` is given (the precision is
-    added to it). The registry names are ``"deepspeed"`` (stage 2), ``"deepspeed_stage_{1,2,3}"``, their
-    ``_offload`` variants and ``"deepspeed_stage_3_offload_nvme"``. ``fabric.launch()`` re-runs the script once per
-    extra device, as for ``"ddp"``.
-
-    * ``fabric.setup(model, optimizer)`` hands both to ``deepspeed.initialize`` (``setup_optimizers`` alone is
-      refused, as in Lightning, because DeepSpeed builds one engine of both). ``fabric.backward(loss)`` is
-      ``engine.backward(loss)`` and ``optimizer.step()`` is ``engine.step()``, which also zeroes the gradients; a
-      learning-rate scheduler stays yours to step.
-    * Precision: ``"bf16-*"`` enables DeepSpeed's ``bf16``, ``"16-*"`` its ``fp16`` with a dynamic loss scale
-      (refused on the CPU, where DeepSpeed has no float16).
-    * Gradient clipping is the config's ``"gradient_clipping"`` (``fabric.clip_gradients`` is refused); the config
-      built from the arguments sets it to 0.0 so that nothing is clipped unless asked.
-    * ``fabric.no_backward_sync(model)`` keeps gradients local until a backward outside it; under ZeRO 1 and 2 a
-      second synchronising backward before ``optimizer.step()`` raises, since DeepSpeed would keep only the last.
-      DeepSpeed's own ``"gradient_accumulation_steps"`` works too, with ``optimizer.step()`` after every backward.
-    * ``fabric.init_module()`` under stage 3 creates the parameters partitioned (``deepspeed.zero.Init``).
-    * ``fabric.save`` writes DeepSpeed's checkpoint folder atomically; ``fabric.load`` reads it (at another world
-      size without ZeRO's optimizer state) or a single file. More in the README's "DeepSpeed (optional)".
+    The arguments are Lightning Fabric's and build a DeepSpeed config unless ``config`` is given. DeepSpeed builds
+    one engine of model and optimizer, so they are set up together (``fabric.setup(model, optimizer)``);
+    ``fabric.backward`` and ``optimizer.step()`` are the engine's. Clipping is the config's ``"gradient_clipping"``
+    (``fabric.clip_gradients`` is refused). Under ZeRO 1 and 2, where DeepSpeed keeps only the last backward's
+    gradients, accumulate inside ``fabric.no_backward_sync(model)``.
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given.
         zero_optimization: write a ``zero_optimization`` section (with ``stage`` and the ZeRO arguments below).
         stage: 0 (data parallel), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters).
-        remote_device: where ZeRO-3 creates parameters under ``init_module``: ``None`` (the device), ``"cpu"`` or
-            ``"nvme"``.
-        offload_optimizer, offload_parameters: move the optimizer state (and step) or the ZeRO-3 parameters to
+        remote_device: where ZeRO-3's ``init_module`` creates parameters: ``None`` (the device), ``"cpu"``, ``"nvme"``.
+        offload_optimizer, offload_parameters: move the optimizer state or the ZeRO-3 parameters to
             ``offload_optimizer_device``/``offload_params_device`` (``"cpu"`` or ``"nvme"``). A torch optimizer with
             offload needs ``"zero_force_ds_cpu_optimizer": false`` in the config.
         nvme_path, params_buffer_count, params_buffer_size, max_in_cpu, optimizer_buffer_count, block_size,
             queue_depth, single_submit, overlap_events, thread_count, pin_memory: DeepSpeed's offload and AIO
-            settings (see DeepSpeed's config documentation).
+            settings.
         sub_group_size, contiguous_gradients, overlap_comm, allgather_partitions, reduce_scatter,
-            allgather_bucket_size, reduce_bucket_size: ZeRO settings, as in DeepSpeed's ``zero_optimization``.
+            allgather_bucket_size, reduce_bucket_size: DeepSpeed's ``zero_optimization`` settings.
         zero_allow_untested_optimizer: allow optimizers other than DeepSpeed's own with ZeRO.
         logging_batch_size_per_gpu: ``train_micro_batch_size_per_gpu`` for DeepSpeed's throughput log (1 if unset).
-        config: a DeepSpeed config dict, or the path of a JSON file; it replaces every config argument above. With
-            ``None``, ``$PL_DEEPSPEED_CONFIG_PATH`` names the file when set (as in Lightning).
+        config: a DeepSpeed config dict or JSON file path, replacing every config argument above; with ``None``,
+            ``$PL_DEEPSPEED_CONFIG_PATH`` names the file when set.
         logging_level: the level of DeepSpeed's logger.
         loss_scale, initial_scale_power, loss_scale_window, hysteresis, min_loss_scale: float16's loss scaling.
         partition_activations, cpu_checkpointing, contiguous_memory_optimization, synchronize_checkpoint_boundary:
-            DeepSpeed's activation checkpointing settings (for ``deepspeed.checkpointing.checkpoint`` in your model).
+            DeepSpeed's activation checkpointing settings.
         load_full_weights: kept for Lightning: a single checkpoint file is recognised by itself.
         process_group_backend, timeout: as for :class:`ParallelStrategy`.
         exclude_frozen_parameters: leave parameters without gradients out of checkpoints.
 
     Raises:
         ModuleNotFoundError: DeepSpeed is not installed; the message gives the install command.
-        ImportError: the installed DeepSpeed and torch do not work together; the message names both versions.
+        ImportError: the installed DeepSpeed and torch do not work together.
         ValueError, TypeError, FileNotFoundError: an argument that is not accepted, or a missing config file.
 
     Example::
 
         fabric = Fabric(accelerator="cpu", devices=2, strategy="deepspeed_stage_2", precision="bf16-mixed")
-        fabric.launch()
-        model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-        loss = model(x).sum()
-        fabric.backward(loss)  # engine.backward(loss)
-        optimizer.step()  # engine.step()
-        fabric.save("checkpoints/step-1", {"model": model, "optimizer": optimizer, "step": 1})
-
-        # a config file or dict wins over the arguments
-        strategy = DeepSpeedStrategy(config={"zero_optimization": {"stage": 3}, "gradient_clipping": 1.0})
     """
 
     #: where Lightning reads a config file from when ``config`` is not given
@@ -344,8 +316,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """``deepspeed.initialize(model, optimizer)``: the ``DeepSpeedEngine`` and DeepSpeed's optimizer (ZeRO's
-        wrapper of yours, or yours itself at stage 0 in float32).
+        """``deepspeed.initialize(model, optimizer)``: the ``DeepSpeedEngine`` and DeepSpeed's optimizer.
 
         Raises:
             ValueError: not exactly one optimizer.
@@ -361,12 +332,8 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @override
     def setup_module(self, module: Module) -> Module:
-        """An engine without optimizer, for inference (ZeRO stage 0 or 3). For training,
-        ``fabric.setup(model, optimizer)``.
-
-        Raises:
-            RuntimeError: ZeRO stage 1 or 2, which shard an optimizer's state and cannot run without one.
-        """
+        """An engine without optimizer, for inference; ``RuntimeError`` under ZeRO stage 1 or 2, which shard an
+        optimizer's state."""
         stage = _deepspeed_config.zero_stage(self.config)
         if stage in (1, 2):
             raise RuntimeError(
@@ -390,16 +357,13 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @override
     def module_to_device(self, module: Module) -> None:
-        """Move the module to the device, except under ZeRO stage 3, where DeepSpeed places each rank's partitions
-        itself (and a module made under ``init_module`` is already partitioned)."""
+        """Move the module to the device, except under ZeRO stage 3, where DeepSpeed places the partitions."""
         if not self.zero_stage_3:
             super().module_to_device(module)
 
     @override
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
-        """Under ZeRO stage 3, ``deepspeed.zero.Init``: each parameter is partitioned across the ranks as it is
-        created (and initialised), in the config's dtype; ``empty_init=False`` is refused there. Otherwise the
-        module is created on the device, in the precision's dtype (``empty_init=True`` skips its initialisation).
+        """Under ZeRO stage 3, ``deepspeed.zero.Init`` (parameters partitioned as created); else as the base class's.
 
         Raises:
             NotImplementedError: ``empty_init=False`` under stage 3.
@@ -418,13 +382,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         return stack
 
     def module_sharded_context(self) -> AbstractContextManager[Any]:
-        """``deepspeed.zero.Init`` with this strategy's config: enabled under stage 3, a no-op otherwise.
-
-        Example::
-
-            with fabric.strategy.module_sharded_context():  # what fabric.init_module() uses under stage 3
-                model = GPT(config)
-        """
+        """``deepspeed.zero.Init`` with this strategy's config: enabled under stage 3, a no-op otherwise."""
         self._check_launched("init_module")
         return self._deepspeed.zero.Init(  # type: ignore[no-any-return]
             enabled=self.zero_stage_3, remote_device=self.remote_device, config_dict_or_path=self.config
@@ -480,8 +438,7 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     @override
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """``engine.step()`` for the engine of ``optimizer``: DeepSpeed steps (and zeroes the gradients) at its
-        accumulation boundary.
+        """``engine.step()`` for the engine of ``optimizer`` (which also zeroes the gradients).
 
         Raises:
             RuntimeError: inside ``fabric.no_backward_sync``, where the step would silently do nothing.
@@ -504,12 +461,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         return engine.step()
 
     def _sync_target(self, module: Module) -> Any:
-        """The engine of ``module`` for ``no_backward_sync``: backward passes inside accumulate gradients locally,
-        without reducing them, and the next backward outside reduces everything accumulated.
-
-        Raises:
-            TypeError: ``module`` was not set up by this strategy.
-        """
+        """The engine of ``module`` for ``no_backward_sync``; ``TypeError`` unless this strategy set it up."""
         return self._engine_of(module, "fabric.no_backward_sync")
 
     @override
@@ -538,22 +490,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
-        """Save the model (one DeepSpeed engine in ``state``), its optimizer and the other entries of ``state`` as
-        DeepSpeed's checkpoint folder at ``path``. Every rank must call it.
-
-        Every rank writes its partitions into a temporary folder beside ``path``, and rank 0 swaps it into place, so
-        ``path`` is always the previous checkpoint or the complete new one; a previous checkpoint there is replaced,
-        any other folder is refused. Stateful objects and other modules are saved by their state dicts, plain values
-        as they are. On several nodes ``path`` must be on a shared filesystem.
+        """Save ``state`` (one DeepSpeed engine, its optimizer, other entries) as DeepSpeed's checkpoint folder at
+        ``path``, swapped into place once every rank has written (on several nodes, a shared filesystem). Every
+        rank must call it.
 
         Raises:
-            TypeError: ``storage_options`` or ``filter`` (DeepSpeed serialises the state itself), as in Lightning.
+            TypeError: ``storage_options`` or ``filter`` (DeepSpeed serialises the state itself).
             ValueError: no DeepSpeed model in ``state``, several, or a remote ``path``.
             CheckpointError: a rank failed to write; the previous checkpoint is kept.
-
-        Example::
-
-            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
         """
         if storage_options is not None:
             raise TypeError(
@@ -577,31 +521,19 @@ class DeepSpeedStrategy(ParallelStrategy):
         strict: bool = True,
         weights_only: bool | None = True,
     ) -> dict[str, Any]:
-        """Restore ``state`` in place and return the entries of the checkpoint that were not restored. Every rank
-        must call it.
+        """Restore ``state`` in place and return the checkpoint's entries that were not restored. Every rank must
+        call it.
 
-        * A DeepSpeed checkpoint folder: ``state`` must hold the model set up by this strategy. Its weights are
-          loaded (and ZeRO's optimizer state when the optimizer is in ``state`` too), stateful objects are
-          restored, plain values written back into ``state``; the user's entries not in ``state`` are returned.
-          With ``strict``, an entry of ``state`` the checkpoint lacks raises ``KeyError``, and the model's keys must
-          match. Another world size than the saving one loads the weights and entries, but not ZeRO's optimizer
-          state (DeepSpeed cannot re-partition it).
-        * One checkpoint file (``fabric-lite consolidate``'s output, or another strategy's checkpoint): modules are
-          loaded whole (ZeRO-3's partitions gathered for it), with the usual ``strict`` and remainder rules; an
-          optimizer cannot be loaded from it.
+        From a DeepSpeed folder, ``state`` must hold this strategy's model; ZeRO's optimizer state loads only at the
+        saving world size (DeepSpeed cannot re-partition it). From one file (``fabric-lite consolidate``'s output or
+        another strategy's checkpoint) modules are loaded whole, optimizers not at all.
 
         Raises:
             ValueError: no state, no DeepSpeed model in it, several, or an optimizer with a single file.
             KeyError: with ``strict``, an entry the checkpoint lacks.
-            FileNotFoundError: ``path`` is neither a checkpoint folder nor a file (naming the folder to pass when it
-                is inside one).
+            FileNotFoundError: ``path`` is neither a checkpoint folder nor a file.
             CheckpointError: DeepSpeed could not load the folder, or the world size changed with the optimizer in
                 ``state``.
-
-        Example::
-
-            state = {"model": model, "optimizer": optimizer, "step": 0}
-            remainder = fabric.load("checkpoints/step-100", state)  # state["step"] == 100
         """
         path = self.broadcast(path)
         if not _deepspeed_checkpoint.is_deepspeed_checkpoint(path) and Path(str(path)).is_file():

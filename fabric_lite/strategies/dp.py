@@ -28,12 +28,10 @@ _DP_REDUCE_OPS = ("mean", "sum", "max", "min", "product")
 
 
 class DataParallelStrategy(Strategy):
-    """Train in one process on several CUDA devices with ``torch.nn.DataParallel``.
-
-    Each forward splits the batch across the devices and gathers the outputs on the first one (:attr:`root_device`).
-    There is one process, so nothing is launched and every batch is the global batch: :meth:`all_reduce` reduces
-    the values ``DataParallel`` gathered from the replicas, and the other collectives return their input.
-    ``strategy="dp"`` selects it; without CUDA, ``Fabric(strategy="dp")`` warns and runs ``"ddp"``, as in Lightning.
+    """Train in one process on several CUDA devices with ``torch.nn.DataParallel``: each forward splits the batch
+    across the devices and gathers the outputs on :attr:`root_device`. With one process every batch is the global
+    batch; :meth:`all_reduce` reduces the values gathered from the replicas, the other collectives return their
+    input. Without CUDA, ``Fabric(strategy="dp")`` warns and runs ``"ddp"``, as in Lightning.
 
     Args:
         accelerator, checkpoint_io, precision: as for :class:`Strategy`.
@@ -43,8 +41,6 @@ class DataParallelStrategy(Strategy):
     Example::
 
         fabric = Fabric(accelerator="cuda", devices=2, strategy="dp")
-        model, optimizer = fabric.setup(model, optimizer)  # model is wrapped in torch.nn.DataParallel
-        loss = model(batch).sum()  # batch on cuda:0 (setup_dataloaders puts it there); split across both GPUs
     """
 
     drives_several_devices = True
@@ -58,8 +54,7 @@ class DataParallelStrategy(Strategy):
     ) -> None:
         super().__init__(accelerator=accelerator, checkpoint_io=checkpoint_io, precision=precision)
         self._parallel_devices = list(parallel_devices) if parallel_devices is not None else None
-        # one process: DataParallel's replicas' gradients are summed onto the module by its backward, and there is
-        # no synchronisation across processes to skip (no_backward_sync is a no-op, without Lightning's warning)
+        # one process: no synchronisation across processes to skip (no_backward_sync is a no-op)
         self._backward_sync_control = _SyncBlocker(None)
 
     @property
@@ -92,12 +87,7 @@ class DataParallelStrategy(Strategy):
     # ------------------------------------------------------------------ modules and batches
     @override
     def setup_module(self, module: Module) -> DataParallel[Module]:
-        """Wrap ``module`` in ``torch.nn.DataParallel`` over :attr:`parallel_devices` (output on the first one).
-
-        Example::
-
-            wrapped = strategy.setup_module(model)  # DataParallel(model, device_ids=[cuda:0, cuda:1])
-        """
+        """Wrap ``module`` in ``torch.nn.DataParallel`` over :attr:`parallel_devices` (output on the first one)."""
         devices = self.parallel_devices or [self.root_device]  # root_device raises the "no devices yet" error
         # an integer is a CUDA index, as DataParallel reads it (torch.device(0) would need a CUDA machine)
         non_cuda = [str(d) for d in devices if not isinstance(d, int) and torch.device(d).type != "cuda"]
@@ -122,14 +112,7 @@ class DataParallelStrategy(Strategy):
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
-        """Return ``batch`` as it is (``DataParallel`` scatters the inputs itself), or moved to ``device`` when one is
-        given.
-
-        Example::
-
-            strategy.batch_to_device(batch)  # unchanged
-            strategy.batch_to_device(batch, torch.device("cuda", 0))  # every tensor on cuda:0
-        """
+        """``batch`` as it is (``DataParallel`` scatters the inputs itself), or moved to ``device`` when given."""
         return batch if device is None else move_data_to_device(batch, device)
 
     # ------------------------------------------------------------------ collectives
@@ -138,35 +121,25 @@ class DataParallelStrategy(Strategy):
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
-        """Reduce the elements of each tensor in ``tensor`` (a tensor or a collection) with ``reduce_op``, since they
-        are the values ``DataParallel`` gathered from its replicas.
-
-        Not in place: each tensor becomes a new 0-dim tensor of its dtype and device; other leaves are left as they
-        are. ``reduce_op`` as for ``Fabric.all_reduce`` (``None`` means ``"sum"``); on booleans ``sum``/``mean``/``max``
-        mean "any" and ``product``/``min`` "all". ``group`` is ignored. Lightning's always averages.
+        """Reduce the elements of each tensor in ``tensor`` (the values ``DataParallel`` gathered from its replicas)
+        with ``reduce_op``, as for ``Fabric.all_reduce``. Not in place: each becomes a new 0-dim tensor; other leaves
+        are left as they are; ``group`` is ignored (Lightning's always averages).
 
         Example::
 
             strategy.all_reduce(torch.tensor([1.0, 3.0]))  # tensor(2.)
-            strategy.all_reduce({"loss": torch.tensor([1.0, 3.0]), "n": 3}, reduce_op="sum")
-            # {"loss": tensor(4.), "n": 3}
         """
         return apply_to_collection(tensor, Tensor, _reduce_replicas, _replica_reduce_op(reduce_op))  # type: ignore[no-any-return]
 
     @override
     @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        """Return ``tensor`` unchanged: one process, so a world size of 1 and no added dimension (as documented
-        for ``Fabric.all_gather``)."""
+        """``tensor`` unchanged: one process, so no added dimension."""
         return tensor
 
     @override
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        """Return ``obj``: the one process is rank 0.
-
-        Raises:
-            ValueError: ``src`` is not 0.
-        """
+        """``obj``: the one process is rank 0; ``ValueError`` for another ``src``."""
         if type(src) is not int or src != 0:
             raise ValueError(f"broadcast(src={src!r}) is not a rank: DataParallelStrategy runs one process, rank 0.")
         return obj

@@ -41,52 +41,37 @@ _OWN_ARGUMENTS = ("module", "mesh", "reshard_after_forward", "mp_policy", "offlo
 class FSDPStrategy(_Sharded, ParallelStrategy):
     """Fully sharded data parallel with torch's ``fully_shard`` (FSDP2), on CUDA with NCCL or on the CPU with gloo.
 
-    Each rank holds 1/N of the parameters, gradients and optimizer state; a unit's parameters are all-gathered only
-    while it computes. The units are the submodules ``auto_wrap_policy`` picks, inside the whole model. Sharding
-    replaces the parameters, so create the optimizer after :meth:`setup_module`, or set both up with
-    ``fabric.setup(model, optimizer)``, which points an optimizer that has not stepped at the sharded parameters::
-
-        fabric = Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)
-        fabric.launch()
-        with fabric.init_module(empty_init=True):  # parameters on the meta device: no memory, no init yet
-            model = Transformer()
-        model = fabric.setup_module(model)  # sharded, then each rank's shards allocated and initialised
-        optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
-
-    A meta-device model is initialised at setup module by module with ``reset_parameters()`` (or
-    ``param_init_fn``), in construction order, so its values equal an eager construction's with the same seed.
-    ``fabric.save`` writes a sharded folder (or, with ``state_dict_type="full"``, one file from rank 0), and
-    ``fabric.load`` reads either at any world size. Inside ``fabric.no_backward_sync(model)`` every rank keeps
-    full-size gradients, which costs the memory sharding saves. More in the README's "Sharded training (FSDP)".
+    Sharding replaces the parameters, so create the optimizer after :meth:`setup_module` or set both up with
+    ``fabric.setup``. A meta-device model is initialised at setup in construction order, so its values equal an
+    eager construction's with the same seed. Inside ``fabric.no_backward_sync`` every rank keeps full-size gradients.
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision, process_group_backend, timeout: as for
             :class:`ParallelStrategy`.
-        cpu_offload: keep the shards, gradients and optimizer step on the CPU: ``True``, a ``CPUOffloadPolicy``,
-            or FSDP1's ``CPUOffload``.
-        mixed_precision: a ``MixedPrecisionPolicy`` (FSDP1's ``MixedPrecision`` is mapped by its ``param_dtype``
-            and ``reduce_dtype``); by default the one ``Fabric(precision=...)`` implies.
+        cpu_offload: keep the shards, gradients and optimizer step on the CPU (``True`` or a policy).
+        mixed_precision: a ``MixedPrecisionPolicy`` (or FSDP1's ``MixedPrecision``); by default the precision's.
         auto_wrap_policy: the sharded units: a set of layer classes, ``fn(module) -> bool``, a minimum number of
             parameters, or an FSDP1 policy. ``None``: the whole model is the only unit.
         activation_checkpointing: deprecated, as in Lightning: ``activation_checkpointing_policy={...}``.
-        activation_checkpointing_policy: the layers recomputed in backward instead of keeping their activations,
-            in any form ``auto_wrap_policy`` takes.
-        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"`` (keep gathered parameters until
-            backward), ``"NO_SHARD"`` (replicate), ``"HYBRID_SHARD"`` (shard within a node, replicate across nodes)
-            or ``"_HYBRID_SHARD_ZERO2"``, in any case, or FSDP1's ``ShardingStrategy``.
+        activation_checkpointing_policy: the layers recomputed in backward, in any form ``auto_wrap_policy`` takes.
+        sharding_strategy: ``"FULL_SHARD"`` (default), ``"SHARD_GRAD_OP"``, ``"NO_SHARD"``, ``"HYBRID_SHARD"``
+            (shard within a node, replicate across nodes), ``"_HYBRID_SHARD_ZERO2"``, or FSDP1's ``ShardingStrategy``.
         state_dict_type: what ``fabric.save`` writes: ``"sharded"`` (a folder) or ``"full"`` (one file).
         device_mesh: a ``(replicate, shard)`` tuple of sizes whose product is the world size, or a 2-D
             ``DeviceMesh``, for the hybrid strategies; a 1-D ``DeviceMesh`` for ``FULL_SHARD``/``SHARD_GRAD_OP``.
         reshard_after_forward: free a unit's gathered parameters after its forward (``True``) or keep them until
             backward (``False``); ``None``: what ``sharding_strategy`` implies.
-        param_init_fn: ``fn(module)`` that initialises the tensors ``module`` itself holds, for meta-device modules
-            without ``reset_parameters()``.
+        param_init_fn: ``fn(module)`` initialising the tensors ``module`` itself holds, else ``reset_parameters()``.
         start_method: ``"popen"`` re-runs the script; ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
-        **kwargs: FSDP1's arguments, which Lightning passes on (see
-            :class:`~fabric_lite.strategies._fsdp_options.FSDP1Options`), and any other ``fully_shard`` argument.
+        **kwargs: FSDP1's arguments (:class:`~fabric_lite.strategies._fsdp_options.FSDP1Options`) and any other
+            ``fully_shard`` argument.
 
     Raises:
-        ValueError, TypeError: an argument that is not accepted; the message names it and the choices.
+        ValueError, TypeError: an argument that is not accepted.
+
+    Example::
+
+        fabric = Fabric(strategy=FSDPStrategy(auto_wrap_policy={Block}), devices=2)
     """
 
     shards_parameters = True
@@ -173,7 +158,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     @classmethod
     @override
     def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
-        """Refuse, in ``Fabric(...)``, a precision that :class:`FSDPPrecision` does not run (``"64-true"``)."""
+        """Refuse a precision that :class:`FSDPPrecision` does not run (``"64-true"``)."""
         if precision not in FSDP_PRECISIONS:
             raise ValueError(
                 f"precision={precision!r} is not supported with strategy={label!r}: FSDPPrecision runs one of"
@@ -189,13 +174,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     @property
     @override
     def precision(self) -> FSDPPrecision:
-        """The :class:`FSDPPrecision` plugin (``"32-true"`` unless ``Fabric(precision=...)`` says otherwise); its
-        precision names map onto FSDP2's ``MixedPrecisionPolicy``.
-
-        Raises:
-            TypeError: setting a plugin of another class, as in Lightning (``Fabric(strategy="fsdp",
-                precision=...)`` makes an ``FSDPPrecision``).
-        """
+        """The :class:`FSDPPrecision` plugin (``"32-true"`` unless ``Fabric(precision=...)`` says otherwise); setting
+        a plugin of another class raises ``TypeError``, as in Lightning."""
         plugin = self._precision
         return plugin if isinstance(plugin, FSDPPrecision) else FSDPPrecision("32-true")
 
@@ -213,12 +193,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     @override
     def state_dict_type(self) -> str:
         """What ``fabric.save`` writes: ``"sharded"`` (a folder, every rank its shards) or ``"full"`` (one file).
-
-        Settable, e.g. to save a full copy at the end of training::
-
-            fabric.strategy.state_dict_type = "full"
-            fabric.save("final.ckpt", state)
-        """
+        Settable, e.g. to save a full copy at the end of training."""
         return self._state_dict_type
 
     @state_dict_type.setter
@@ -239,15 +214,15 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
     @property
     def mixed_precision_config(self) -> MixedPrecisionPolicy | FSDP1MixedPrecision:
-        """The ``mixed_precision`` argument as given, or else the plugin's
-        :attr:`FSDPPrecision.mixed_precision_config`, as in Lightning; ``fully_shard`` gets :attr:`mixed_precision`."""
+        """The ``mixed_precision`` argument as given, or else the plugin's, as in Lightning; ``fully_shard`` gets
+        :attr:`mixed_precision`."""
         given = self._mixed_precision_argument
         return given if given is not None else self.precision.mixed_precision_config
 
     @property
     def cpu_offload(self) -> CPUOffload | CPUOffloadPolicy | bool:
-        """Whether the shards live on the CPU: the ``CPUOffloadPolicy`` given, or else FSDP1's
-        ``CPUOffload(offload_params=...)`` as in Lightning (a bool where torch has no FSDP1)."""
+        """Whether the shards live on the CPU: the ``CPUOffloadPolicy`` given, else FSDP1's ``CPUOffload`` (a bool
+        where torch has no FSDP1)."""
         if not isinstance(self._cpu_offload, bool):
             return self._cpu_offload
         fsdp1 = _fsdp_options._fsdp1_class("CPUOffload")
@@ -255,15 +230,14 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
 
     @property
     def sharding_strategy(self) -> ShardingStrategy | str:
-        """The ``sharding_strategy`` as FSDP1's ``ShardingStrategy`` member, as in Lightning (its name where torch
-        has no FSDP1)."""
+        """The ``sharding_strategy`` as FSDP1's ``ShardingStrategy`` member (its name where torch has no FSDP1)."""
         fsdp1 = _fsdp_options._fsdp1_class("ShardingStrategy")
         return fsdp1[self._sharding_strategy] if fsdp1 is not None else self._sharding_strategy
 
     @property
     def device_mesh(self) -> DeviceMesh:
-        """The mesh ``fully_shard`` gets (built by ``setup_environment``): one dimension of all ranks, or two,
-        ``("replicate", "shard")``, for ``HYBRID_SHARD``/``_HYBRID_SHARD_ZERO2`` and ``NO_SHARD``.
+        """The mesh ``fully_shard`` gets: ``("shard",)`` over all ranks, or ``("replicate", "shard")`` for the hybrid
+        strategies and ``NO_SHARD``.
 
         Raises:
             RuntimeError: there is no process group yet.
@@ -320,8 +294,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     # ------------------------------------------------------------------ modules and optimizers
     @override
     def setup_module(self, module: Module) -> Module:
-        """Shard ``module`` in place with ``fully_shard`` (the ``auto_wrap_policy`` units, then the whole module) and
-        materialise it if it is on the meta device.
+        """Shard ``module`` in place (the ``auto_wrap_policy`` units, then the whole module) and materialise it if it
+        is on the meta device.
 
         Raises:
             RuntimeError: the module holds meta-device and real tensors at once.
@@ -369,12 +343,11 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """Shard the module (:meth:`setup_module`), then point each optimizer, by name, at the sharded parameters
-        that replaced its own; an optimizer must not have stepped yet.
+        """As :meth:`_Sharded.setup_module_and_optimizers`.
 
         Raises:
-            ValueError: ``use_orig_params=False`` was given (FSDP1's flat parameters, refused as in Lightning), or an
-                optimizer already holds state.
+            ValueError: ``use_orig_params=False`` was given (FSDP1's flat parameters), or an optimizer already holds
+                state.
         """
         if self._fsdp_kwargs.get("use_orig_params") is False:
             raise ValueError(
@@ -392,8 +365,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         return module
 
     def _use_sharded_grad_scaler(self) -> None:
-        """Replace the plugin's plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings and state: only the
-        rank holding a shard sees its inf/NaN, and every rank must skip the same step."""
+        """Replace the plugin's plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings and state, so every
+        rank skips the step when any shard holds inf/NaN."""
         precision = self.precision
         plain = precision.scaler
         if type(plain) is not torch.amp.GradScaler:
@@ -415,11 +388,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
     # ------------------------------------------------------------------ training
     @override
     def _sync_target(self, module: Module) -> Module:
-        """``module`` itself, for ``no_backward_sync``, if it is sharded.
-
-        Raises:
-            TypeError: it is not.
-        """
+        """``module`` itself, for ``no_backward_sync``; ``TypeError`` if it is not sharded."""
         _check_sharded(module, "Blocking backward sync", f"{type(self).__name__}.no_backward_sync")
         return module
 
@@ -432,8 +401,7 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
-        """Clip by the total norm over all shards; returns that norm, before clipping, as a plain tensor equal on
-        every rank.
+        """Clip by the total norm over all shards; return it before clipping, a plain tensor equal on every rank.
 
         Raises:
             TypeError: ``module`` is not sharded (not set up by ``fabric.setup_module``).

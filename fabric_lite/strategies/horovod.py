@@ -1,9 +1,5 @@
-"""Horovod: ``horovodrun`` starts one process per device; gradients are averaged by Horovod's optimizer.
-
-Horovod is optional. Nothing here imports it at module level: ``import fabric_lite`` works without it, and only
-creating a :class:`HorovodStrategy` (``Fabric(strategy="horovod")``) imports ``horovod.torch``, raising a
-``ModuleNotFoundError`` that gives the install command when it is missing.
-"""
+"""Horovod: ``horovodrun`` starts one process per device; gradients are averaged by Horovod's optimizer. Horovod
+is optional and imported only when a :class:`HorovodStrategy` is created."""
 
 from __future__ import annotations
 
@@ -59,26 +55,18 @@ def _import_horovod() -> Any:
 
 
 class HorovodStrategy(Strategy):
-    """Data-parallel training with Horovod: one process per device, started by ``horovodrun``.
+    """Data-parallel training with Horovod: ``horovodrun`` starts one process per device and ``fabric.launch()``
+    joins them (``hvd.init()``); without ``horovodrun`` the script runs alone, as rank 0 of 1.
 
-    fabric_lite starts no process for this strategy: ``horovodrun -np 2 -H localhost:2 python train.py`` starts
-    them, and ``fabric.launch()`` joins them (``hvd.init()``); without ``horovodrun`` the script runs alone, as
-    rank 0 of 1. The module is not wrapped. ``fabric.setup`` broadcasts its parameters and buffers from rank 0 and
-    wraps each optimizer in ``hvd.DistributedOptimizer``, with its state and hyperparameters broadcast from rank
-    0. Each ``fabric.backward`` then ends with the gradients averaged over every process (:meth:`post_backward`),
-    so gradient clipping and the step see the averaged gradients, as with DDP.
-
-    Mapping from the names of PyTorch Lightning's ``HorovodStrategy``: ``setup(trainer)`` is
-    :meth:`setup_module_and_optimizers`, ``model_to_device`` is :meth:`module_to_device` (both names work),
-    ``reduce`` is :meth:`all_reduce` (both names work). Unlike Lightning, the learning rate is not multiplied by
-    the number of processes: gradients are averaged, so training matches one process over the global batch, as
-    with ``strategy="ddp"``. Collectives run over every process; ``group`` must be ``None``.
+    ``fabric.setup`` broadcasts the module from rank 0 (it is not wrapped) and wraps each optimizer in
+    ``hvd.DistributedOptimizer``, its state broadcast from rank 0. Each ``fabric.backward`` ends with the gradients
+    averaged, so clipping and the step see averaged gradients, as with DDP; unlike Lightning, the learning rate is
+    not scaled by the number of processes. Collectives run over every process (``group`` must be ``None``).
 
     Args:
         accelerator, parallel_devices, cluster_environment, precision: filled in by ``Fabric`` when not given;
             each process computes on ``parallel_devices[local_rank]``.
-        checkpoint_io: how rank 0 writes checkpoint files, and every rank reads them (default
-            ``TorchCheckpointIO``).
+        checkpoint_io: how rank 0 writes checkpoint files and every rank reads them (default ``TorchCheckpointIO``).
 
     Raises:
         ModuleNotFoundError: Horovod (with its PyTorch extension) cannot be imported; the message says how to
@@ -88,8 +76,6 @@ class HorovodStrategy(Strategy):
 
         # horovodrun -np 2 -H localhost:2 python train.py
         fabric = Fabric(strategy="horovod")
-        fabric.launch()
-        model, optimizer = fabric.setup(model, optimizer)
     """
 
     is_parallel = True
@@ -181,17 +167,13 @@ class HorovodStrategy(Strategy):
 
     @property
     def handles_gradient_accumulation(self) -> bool:
-        """``True``: inside :meth:`no_backward_sync` Horovod's optimizer defers its all-reduce itself, and the
-        next backward outside averages the accumulated gradients."""
+        """``True``: Horovod's optimizer defers its all-reduce inside :meth:`no_backward_sync` itself."""
         return True
 
     @override
     def setup_environment(self) -> None:
-        """Join the Horovod job (``hvd.init()``) and select this process's device. Called by ``fabric.launch()``.
-
-        Raises:
-            RuntimeError: Horovod sees another world size than horovodrun's environment announced.
-        """
+        """Join the Horovod job (``hvd.init()``) and select this process's device; ``RuntimeError`` where Horovod
+        sees another world size than horovodrun's environment announced."""
         hvd = self._hvd
         if not hvd.is_initialized():
             hvd.init()
@@ -220,10 +202,8 @@ class HorovodStrategy(Strategy):
 
     @override
     def setup_module(self, module: Module) -> Module:
-        """Broadcast the module's parameters and buffers from rank 0 (in place); the module is not wrapped.
-
-        Every process must call it, with modules of the same structure.
-        """
+        """Broadcast the module's parameters and buffers from rank 0, in place; the module is not wrapped. Every
+        process must call it, with modules of the same structure."""
         self._hvd.broadcast_parameters(module.state_dict(), root_rank=0)
         return module
 
@@ -231,19 +211,14 @@ class HorovodStrategy(Strategy):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """Broadcast the module from rank 0 and wrap each optimizer in ``hvd.DistributedOptimizer`` (with the
-        module's parameter names, so Horovod's messages and timeline name them)."""
+        """Broadcast the module from rank 0 and wrap each optimizer in ``hvd.DistributedOptimizer``."""
         module = self.setup_module(module)
         return module, [self._wrap_optimizer(optimizer, module) for optimizer in optimizers], scheduler
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` and give every process rank 0's state and
-        hyperparameters.
-
-        The optimizer that is returned steps the same parameter groups (the dicts are shared, so learning-rate
-        schedulers made on the original keep working) and starts from the original's state.
-        """
+        """Wrap ``optimizer`` in ``hvd.DistributedOptimizer`` over the same parameter groups (schedulers made on the
+        original keep working), with rank 0's state and hyperparameters on every process."""
         return self._wrap_optimizer(optimizer, None)
 
     def _wrap_optimizer(self, optimizer: Optimizer, module: Module | None) -> Optimizer:
@@ -263,12 +238,9 @@ class HorovodStrategy(Strategy):
         return wrapped  # type: ignore[no-any-return]
 
     def _broadcast_optimizer_state(self, optimizer: Any) -> None:
-        """Give every process rank 0's optimizer state and hyperparameters.
-
-        ``hvd.broadcast_optimizer_state`` initialises an empty state by stepping once with zero gradients, which
-        moves weight-decayed parameters and advances Adam's step count; it is used only where every process
-        already has a state. Otherwise rank 0's state dict is sent whole (small: it is empty or was just loaded).
-        """
+        """Give every process rank 0's optimizer state and hyperparameters. ``hvd.broadcast_optimizer_state`` steps
+        once to initialise an empty state (moving weight-decayed parameters), so it is used only where every process
+        has a state; otherwise rank 0's state dict is sent whole."""
         hvd = self._hvd
         if self.world_size == 1:
             return
@@ -292,19 +264,15 @@ class HorovodStrategy(Strategy):
             self.post_backward(tensor)
 
     def post_backward(self, closure_loss: Tensor) -> None:
-        """Wait for the gradients' all-reduce (started by Horovod's hooks during backward) to finish, for every
-        optimizer set up with this strategy, so that the gradients are averaged before clipping and the step.
-
-        Every process must call it (``fabric.backward`` does).
-        """
+        """Wait for the gradients' all-reduce of every optimizer set up here, so clipping and the step see averaged
+        gradients. Every process must call it (``fabric.backward`` does)."""
         for optimizer in self._optimizers:
             optimizer.synchronize()
             self._synchronized.add(id(optimizer))
 
     @override
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """Step without all-reducing again when :meth:`post_backward` already did; otherwise Horovod's ``step``
-        all-reduces first (e.g. after a plain ``loss.backward()``)."""
+        """Step, all-reducing first only where :meth:`post_backward` has not (a plain ``loss.backward()``)."""
         if id(optimizer) in self._synchronized:
             self._synchronized.discard(id(optimizer))
             with optimizer.skip_synchronize():  # type: ignore[attr-defined]
@@ -313,9 +281,7 @@ class HorovodStrategy(Strategy):
 
     @contextmanager
     def _block_sync(self) -> Generator[None, None, None]:
-        """``fabric.no_backward_sync`` (through :attr:`_backward_sync_control`): accumulate gradients locally;
-        backward inside the context all-reduces nothing, and the next ``fabric.backward`` outside averages the
-        accumulated gradients (Horovod's ``backward_passes_per_step``, decided per step instead of fixed up front)."""
+        """``fabric.no_backward_sync``: the next ``fabric.backward`` outside averages the accumulated gradients."""
         passes = [optimizer.backward_passes_per_step for optimizer in self._optimizers]
         self._sync_blocked += 1
         try:
@@ -343,12 +309,9 @@ class HorovodStrategy(Strategy):
     def all_reduce(
         self, tensor: TReduce, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> TReduce:
-        """Reduce ``tensor`` (or every tensor in a collection) over every process, **in place**.
-
-        As in the other multi-process strategies: ``reduce_op`` is ``"mean"`` (default), ``"sum"``, ``"max"``,
-        ``"min"``, ``"product"`` or a ``ReduceOp``; ``None`` means sum; an integer mean is truncated toward zero;
-        on booleans sum and mean mean "any", product "all". Tensors that share a device and dtype travel in one
-        buffer. Every process must call it with the same shapes and dtypes, in the same order.
+        """Reduce ``tensor`` (or every tensor in a collection) over every process, **in place**, as
+        ``Fabric.all_reduce`` does (``reduce_op`` one of ``"mean"``, ``"sum"``, ``"max"``, ``"min"``, ``"product"``).
+        Every process must call it with the same shapes and dtypes, in the same order.
 
         Example::
 
@@ -380,12 +343,8 @@ class HorovodStrategy(Strategy):
     @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Gather ``tensor`` (or every tensor in a collection) from every process into new tensors of shape
-        ``(world_size, *shape)``; with one process the input is returned unchanged (as ``Fabric.all_gather``
-        documents).
-
-        Shapes must match across processes. With ``sync_grads=True`` the result is differentiable and each
-        process's tensor receives the **sum** over processes of the gradients of its slice (as with DDP; Horovod's
-        own ``allgather`` would average them).
+        ``(world_size, *shape)``; shapes must match. With ``sync_grads=True`` each process's tensor receives the
+        **sum** of its slice's gradients, as with DDP (Horovod's ``allgather`` would average them).
 
         Example::
 
@@ -404,8 +363,8 @@ class HorovodStrategy(Strategy):
 
     @override
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        """Send ``obj`` from global rank ``src`` to every process (pickled); ``src`` gets ``obj`` itself, a tensor
-        arrives on each process's device. Every process must call it.
+        """Send ``obj`` from global rank ``src`` to every process (pickled; a tensor arrives on each process's
+        device). Every process must call it.
 
         Example::
 

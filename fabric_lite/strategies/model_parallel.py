@@ -1,11 +1,5 @@
 """N-D parallelism on a ``DeviceMesh``: tensor (and sequence) parallelism within a node, sharded data parallelism
-(FSDP2) across nodes, and optionally replicated groups of shards (HSDP), as a parallelize function applies them.
-
-The strategy builds the mesh and calls the user's ``parallelize_fn(module, device_mesh)``; what is parallelised how
-is that function's business (torch's ``parallelize_module``, ``fully_shard``, or the helpers of
-:mod:`fabric_lite.strategies.parallelize`). Checkpoints go through ``torch.distributed.checkpoint``, so they load
-into any mesh shape, and into a plain module.
-"""
+(FSDP2) across nodes, optionally HSDP, as the user's ``parallelize_fn(module, device_mesh)`` applies them."""
 
 from __future__ import annotations
 
@@ -50,28 +44,10 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     """Tensor, sequence and sharded data parallelism together on a ``DeviceMesh``, as Lightning's, plus HSDP.
 
     ``fabric.launch()`` builds a ``("data_parallel", "tensor_parallel")`` mesh (tensor-parallel groups are
-    consecutive ranks, so that they share a node), and ``fabric.setup_module(model)`` passes the model and the mesh
-    to ``parallelize_fn``, which applies ``parallelize_module`` and ``fully_shard`` as it likes and returns the
-    model (:mod:`fabric_lite.strategies.parallelize` writes one for a standard transformer)::
-
-        def parallelize(model, device_mesh):
-            tp, dp = device_mesh["tensor_parallel"], device_mesh["data_parallel"]
-            for block in model.layers:
-                parallelize_module(block, tp, {"attn.wq": ColwiseParallel(), ..., "attn.wo": RowwiseParallel()})
-                fully_shard(block, mesh=dp)
-            return fully_shard(model, mesh=dp)
-
-        fabric = Fabric(devices=4, strategy=ModelParallelStrategy(parallelize, tensor_parallel_size=2))
-        fabric.launch()
-        with fabric.init_module(empty_init=True):  # on the meta device
-            model = Llama()
-        model = fabric.setup_module(model)  # parallelised, then each rank's shards allocated and initialised
-        optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters()))
-
-    The ranks of a tensor-parallel group get the same batches. A meta-device model is initialised as under
+    consecutive ranks, so they share a node); ``fabric.setup_module(model)`` returns
+    ``parallelize_fn(model, mesh)`` (:mod:`fabric_lite.strategies.parallelize` writes one for a transformer). The
+    ranks of a tensor-parallel group get the same batches; a meta-device model is initialised as under
     :class:`FSDPStrategy`, so its values do not depend on the mesh. Collectives take ``group=`` a sub-mesh's group.
-    Precisions: ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"16-true"``. More in the README's "N-D
-    parallelism".
 
     Args:
         parallelize_fn: ``fn(module, device_mesh) -> module`` applying the parallelisms.
@@ -86,8 +62,11 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         start_method: ``"popen"`` re-runs the script; ``"spawn"``/``"fork"`` run ``launch(fn)`` in new processes.
 
     Raises:
-        TypeError, ValueError: an argument that is not accepted; the message names it and the choices. Sizes
-            that do not multiply to the world size raise ``ValueError`` at ``Fabric(...)``.
+        TypeError, ValueError: an argument that is not accepted, or sizes that do not multiply to the world size.
+
+    Example::
+
+        fabric = Fabric(devices=4, strategy=ModelParallelStrategy(parallelize, tensor_parallel_size=2))
     """
 
     def __init__(
@@ -159,8 +138,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     @classmethod
     @override
     def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
-        """Refuse a precision the strategy does not run, in ``Fabric(...)`` (before ``16-mixed`` on the CPU would
-        become ``bf16-mixed``)."""
+        """Refuse a precision the strategy does not run (one of ``_PRECISIONS``)."""
         _check_precision(precision)
 
     @property
@@ -182,11 +160,10 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
     @property
     def mesh_shape(self) -> tuple[int, ...]:
         """``(data_parallel, tensor_parallel)``, or ``(replicate, shard, tensor_parallel)`` with HSDP, for the
-        world size the strategy is set up for (``num_nodes`` x the devices of a node).
+        strategy's world size.
 
         Raises:
-            MeshSizeError: the sizes do not multiply to the world size (a ``ValueError``, and the
-                ``RuntimeError`` Lightning raises); the message shows the arithmetic.
+            MeshSizeError: the sizes do not multiply to the world size (a ``ValueError`` and ``RuntimeError``).
         """
         return _model_parallel_ops.mesh_shape(
             self._data_parallel_size,
@@ -198,13 +175,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @property
     def device_mesh(self) -> DeviceMesh:
-        """The mesh ``parallelize_fn`` gets: dimensions ``("data_parallel", "tensor_parallel")``, or with HSDP
-        ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")`` plus the flattened
-        ``"data_parallel"``.
-
-        Raises:
-            RuntimeError: before ``fabric.launch()``.
-        """
+        """The mesh ``parallelize_fn`` gets (:func:`_setup_device_mesh`); ``RuntimeError`` before ``fabric.launch``."""
         if self._device_mesh is None:
             raise RuntimeError(
                 "Accessing the device mesh before the processes have initialized is not allowed: the mesh of"
@@ -214,15 +185,13 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @property
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
-        """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, for ``fully_shard`` in ``parallelize_fn``:
-        with ``"bf16-mixed"`` FSDP2 then also all-gathers and reduces gradients in bfloat16."""
+        """The FSDP2 ``MixedPrecisionPolicy`` that matches the precision, for ``fully_shard`` in ``parallelize_fn``."""
         return mixed_precision_policy(self.precision.precision)
 
     @property
     @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        """The data-parallel dimension's size and this rank's place in it: the ranks of a tensor-parallel group
-        get the same batches."""
+        """The data-parallel dimension's size and this rank's place in it (a tensor-parallel group shares batches)."""
         data_parallel = self.device_mesh[DATA_PARALLEL]
         return {"num_replicas": data_parallel.size(), "rank": data_parallel.get_local_rank()}
 
@@ -242,8 +211,7 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         """``parallelize_fn(module, device_mesh)``, then the meta-device parameters materialised shard by shard.
 
         Raises:
-            TypeError: the module holds FSDP1 (``FullyShardedDataParallel``) modules, or ``parallelize_fn`` did not
-                return a module.
+            TypeError: the module holds FSDP1 modules, or ``parallelize_fn`` did not return a module.
             RuntimeError: the module holds meta-device and real tensors at once.
         """
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -273,13 +241,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
 
     @override
     def _prepare_optimizer(self, optimizer: Optimizer) -> None:
-        """Turn ``foreach=None`` into ``False`` for every parameter group that mixes DTensor and plain tensor
-        parameters, which torch's foreach kernels cannot combine.
-
-        Raises:
-            ValueError: a group that mixes DTensor and plain tensor parameters asks for ``foreach=True`` or
-                ``fused=True`` (pass ``False``, or parallelise every parameter, e.g. with ``sequence_parallel=True``).
-        """
+        """Turn ``foreach=None`` into ``False`` in parameter groups that mix DTensors and plain tensors; ``ValueError``
+        where such a group asks for ``foreach=True`` or ``fused=True``."""
         names = {id(p): name for module in self._modules for name, p in module.named_parameters()}
         _model_parallel_ops.settle_foreach(optimizer, names)
 
@@ -293,11 +256,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor:
-        """Clip by the total norm over every gradient (the same on every rank); returns it before clipping.
-
-        The norm is taken per group of like gradients and combined, because ``clip_grad_norm_`` cannot mix plain
-        tensors with DTensors, or DTensors of different meshes.
-        """
+        """Clip by the total norm over every gradient (the same on every rank); return it before clipping. The norm
+        is combined from groups of like gradients, as ``clip_grad_norm_`` cannot mix DTensor meshes."""
         precision = self.precision
         precision.unscale_gradients(optimizer)
         groups = _model_parallel_ops.like_groups([p for p in precision.main_params(optimizer) if p.grad is not None])
@@ -362,16 +322,14 @@ def _check_precision(name: str) -> None:
 
 
 class _ParallelBackwardSyncControl(_NestedSyncSwitch):
-    """``ModelParallelStrategy``'s ``no_backward_sync`` (Lightning's name for it): FSDP2's gradient reduction switched
-    off for every ``fully_shard`` unit of the module while the outermost block for it is open; tensor-parallel
-    collectives are part of the computation and always run."""
+    """``ModelParallelStrategy``'s ``no_backward_sync`` (Lightning's name): FSDP2's gradient reduction off while the
+    outermost block is open; tensor-parallel collectives always run."""
 
 
 def _setup_device_mesh(shape: tuple[int, ...], device_type: str) -> DeviceMesh:
-    """The mesh of :attr:`ModelParallelStrategy.device_mesh` for ``shape`` (its ``mesh_shape``) on ``device_type``
-    (Lightning's name for the step): ``("data_parallel", "tensor_parallel")``, or with HSDP
-    ``("data_parallel_replicate", "data_parallel_shard", "tensor_parallel")`` with ``"data_parallel"`` the
-    flattened pair. Every rank must call it (it creates the dimensions' process groups)."""
+    """The mesh for ``shape``: ``("data_parallel", "tensor_parallel")``, or with HSDP ``("data_parallel_replicate",
+    "data_parallel_shard", "tensor_parallel")`` with ``"data_parallel"`` the flattened pair. Every rank must call
+    it (it creates the dimensions' process groups)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if len(shape) == 2:
@@ -388,15 +346,10 @@ def _setup_device_mesh(shape: tuple[int, ...], device_type: str) -> DeviceMesh:
 def _load_raw_module_state(
     state_dict: dict[str, Any], module: Module, world_size: int = 1, strict: bool = True
 ) -> None:
-    """Load a full (unsharded) state dict into ``module``, parallelised or plain, every rank keeping its own shards
-    of each tensor (Lightning's name for it; ``world_size`` is taken for Lightning's signature). Every rank must call
-    it when the module is sharded.
+    """Load a full state dict into ``module``, parallelised or plain, every rank keeping its own shards (Lightning's
+    helper; ``world_size`` is unused). Every rank must call it when the module is sharded.
 
     Raises:
         KeyError: with ``strict``, the keys of the module and of ``state_dict`` differ.
-
-    Example::
-
-        _load_raw_module_state(torch.load("model.pt", mmap=True), model)
     """
     sharded.load_full_module_state(module, state_dict, strict)

@@ -41,8 +41,10 @@ default_pg_timeout = timedelta(minutes=30)
 class ParallelStrategy(Strategy):
     """One process per device, joined in a ``torch.distributed`` process group.
 
-    Collectives run over that group (gloo on the CPU, NCCL on CUDA, unless ``process_group_backend`` says
-    otherwise).
+    ``all_reduce`` and ``all_gather`` check that every rank passes the same shapes, dtypes and reduce op, and raise
+    :class:`CollectiveMismatchError` on every rank where gloo would abort or return wrong data; a call repeating the
+    agreed history costs no extra collective. With ``debug_collectives`` (``Fabric(debug=True)``) every collective
+    is checked, so ranks calling different collectives fail at once instead of timing out.
 
     Args:
         accelerator, checkpoint_io, precision: as for :class:`Strategy`.
@@ -51,19 +53,9 @@ class ParallelStrategy(Strategy):
         process_group_backend: ``"gloo"``, ``"nccl"``, ... Defaults to NCCL for CUDA devices and gloo otherwise.
         timeout: how long collectives and the rendezvous wait for the other processes before raising.
 
-    ``all_reduce`` and ``all_gather`` check that every rank passes tensors of the same shapes and dtypes (and the
-    same reduce op), and raise :class:`CollectiveMismatchError` on every rank with a per-rank table (that call's
-    tensors are then undefined) where gloo would abort or return wrong data; a call that repeats the agreed history
-    (a training loop's) costs no extra collective. With ``debug_collectives`` (``Fabric(debug=True)`` or
-    ``FABRIC_LITE_DEBUG=1``) every collective is checked, so ranks calling different collectives fail at once
-    instead of timing out (docs/troubleshooting.md, "A job hangs").
-
     Example::
 
-        strategy = DDPStrategy(timeout=timedelta(minutes=5))  # a ParallelStrategy
-        fabric = Fabric(accelerator="cpu", devices=2, strategy=strategy)
-        fabric.launch()
-        strategy.world_size, strategy.global_rank  # (2, 0) on rank 0, (2, 1) on rank 1
+        fabric = Fabric(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(minutes=5)))
     """
 
     is_parallel = True
@@ -95,10 +87,9 @@ class ParallelStrategy(Strategy):
         self._run: RunContext | None = None
         self._store: Any = None  # the rendezvous store of the process group, while it lives
         self._owns_process_group = False
-        # fixed while a process group lives, and asked for on every collective (set up in _setup_distributed)
         self._devices_fixed: tuple[torch.device, torch.device] | None = None  # (root device, comm device)
-        # process group -> the state of its checked collectives (history, plans, check group), for as long as the
-        # group lives: the key holds the group, so a group made later cannot take a held one's place
+        # process group -> its checked collectives' state; the key holds the group, so a later group cannot reuse
+        # a held one's id
         self._checked_groups: dict[Any, collectives.CheckedGroup] = {}
         # the trail of collectives and the hang report, made with the process group
         self._diagnostics: RankDiagnostics | None = None
@@ -140,13 +131,12 @@ class ParallelStrategy(Strategy):
 
     @property
     def run_context(self) -> RunContext:
-        """The run this process belongs to (:class:`~fabric_lite.runtime.run.RunContext`): the one a launcher of
-        fabric_lite attached, else what the environment says (empty under torchrun, srun, mpirun)."""
+        """The :class:`~fabric_lite.runtime.run.RunContext` a launcher attached, else the environment's."""
         return self._run if self._run is not None else RunContext.from_environment()
 
     def attach_run(self, context: RunContext | None) -> None:
-        """Take the run a launcher made: its folder, its rendezvous store, who supervises the ranks and, for a worker
-        of the ``multiprocessing`` launcher, this process's local rank. ``None`` detaches it after the job.
+        """Take the run a launcher made (folder, rendezvous store, supervisor, a worker's local rank); ``None``
+        detaches it.
 
         Raises:
             TypeError: ``context`` is not a ``RunContext``.
@@ -179,8 +169,7 @@ class ParallelStrategy(Strategy):
     @property
     @override
     def start_method(self) -> str | None:
-        """How ``fabric.launch()`` starts the other local processes: ``"popen"`` (the script is run again),
-        ``"spawn"``, ``"fork"`` (or, for DDP, ``"forkserver"``); ``None`` when it starts none."""
+        """How ``fabric.launch()`` starts the other local processes; ``None`` when it starts none."""
         return self._start_method
 
     def _set_start_method(self, start_method: str, choices: tuple[str, ...] = ("popen", "spawn", "fork")) -> None:
@@ -197,7 +186,7 @@ class ParallelStrategy(Strategy):
         return "nccl" if self.root_device.type == "cuda" else "gloo"
 
     def _get_process_group_backend(self) -> str:
-        """:attr:`process_group_backend` under Lightning Fabric's name for it, which custom strategies call."""
+        """:attr:`process_group_backend` under Lightning's name, which custom strategies call."""
         return self.process_group_backend
 
     @property
@@ -206,10 +195,8 @@ class ParallelStrategy(Strategy):
         return self._timeout
 
     def set_collective_timeout(self, timeout: timedelta) -> None:
-        """From now on, collectives of the default process group wait ``timeout`` for the other processes.
-
-        For a job whose processes start slowly (imports, a loaded machine) but must fail fast once running: form the
-        group with a generous ``timeout``, then shorten it after ``fabric.launch()``. Every process should call it.
+        """From now on, collectives of the default process group wait ``timeout`` for the other processes: form the
+        group with a generous timeout, then shorten it once running. Every process should call it.
 
         Raises:
             TypeError: ``timeout`` is not a ``timedelta``.
@@ -217,8 +204,6 @@ class ParallelStrategy(Strategy):
 
         Example::
 
-            fabric = Fabric(devices=2, strategy=DDPStrategy(timeout=timedelta(minutes=5)))
-            fabric.launch()
             fabric.strategy.set_collective_timeout(timedelta(seconds=30))
         """
         if not isinstance(timeout, timedelta):
@@ -325,9 +310,8 @@ class ParallelStrategy(Strategy):
         self._open_diagnostics(store)
 
     def _open_diagnostics(self, store: Any) -> None:
-        """Start this rank's diagnosis aids (its trail of collectives, see :mod:`fabric_lite.runtime.diagnostics`)
-        for the new process group, in the run's folder: the one a launcher of fabric_lite made, else one that every
-        local rank derives from the rendezvous settings (afresh for every group: a process may form several)."""
+        """Start this rank's trail of collectives (:mod:`fabric_lite.runtime.diagnostics`) for the new process group,
+        in the run's folder (afresh for every group: a process may form several)."""
         self._close_diagnostics(remove=True)
         diagnostics = RankDiagnostics(self.run_context, self.global_rank, self.world_size, store, self._timeout)
         diagnostics.open(self._run_dir())
@@ -347,8 +331,7 @@ class ParallelStrategy(Strategy):
             diagnostics.close(remove=remove)
 
     def _raise_if_timed_out(self, name: str, err: BaseException) -> None:
-        """Raise :class:`CollectiveTimeoutError` if ``err`` says that collective ``name`` timed out (with the missing
-        ranks and the hang report, see :meth:`RankDiagnostics.raise_if_timed_out`); return otherwise."""
+        """Raise :class:`CollectiveTimeoutError` with the hang report if ``err`` says collective ``name`` timed out."""
         self._diagnosis().raise_if_timed_out(name, err, debug=self.debug_collectives)
 
     def _diagnosis(self) -> RankDiagnostics:
@@ -363,8 +346,7 @@ class ParallelStrategy(Strategy):
             io._join(self._timeout.total_seconds())
         self._devices_fixed = None
         self._checked_groups.clear()
-        # fabric_lite's launchers remove the whole run folder after the job (after reading it if a rank failed);
-        # under another launcher each rank removes its own files, and those of ranks that died
+        # under fabric_lite's launchers the launcher removes the run folder; otherwise each rank removes its own files
         self._close_diagnostics()
         if self._owns_process_group and dist.is_initialized():
             rendezvous.destroy_process_group()
@@ -388,14 +370,12 @@ class ParallelStrategy(Strategy):
             comm = root if self.process_group_backend == "nccl" else torch.device("cpu")
             if not dist.is_initialized():
                 return comm
-            # the devices cannot change while the process group lives; asked for on every collective, they are
-            # worked out once (from the environment: tens of microseconds)
+            # fixed while the process group lives, and asked for on every collective: worked out once
             self._devices_fixed = fixed = (root, comm)
         return fixed[1]
 
     def _checked(self, group: Any | None) -> collectives.CheckedGroup:
-        """The state of ``group``'s checked collectives (the default group's for ``None``), made at its first
-        collective and dropped with the process group; its calls are predicted unless ``debug_collectives`` is set."""
+        """The state of ``group``'s checked collectives, made at its first collective."""
         pg = group if group is not None else dist.group.WORLD
         checked = self._checked_groups.get(pg)
         if checked is None:
@@ -408,8 +388,8 @@ class ParallelStrategy(Strategy):
     def _traced(
         self, checked: collectives.CheckedGroup, name: str, run: Callable[[], _T], describe: tuple[Any, ...]
     ) -> _T:
-        """``run()``, a collective on ``checked``'s group, recorded in this rank's trail (``trail.describe(*describe)``
-        says what it is); a timeout raises :class:`CollectiveTimeoutError` with the hang report."""
+        """``run()``, a collective on ``checked``'s group, recorded in this rank's trail; a timeout raises
+        :class:`CollectiveTimeoutError` with the hang report."""
         return self._diagnosis().traced(checked, name, run, describe, self.debug_collectives)
 
     @override
@@ -442,8 +422,7 @@ class ParallelStrategy(Strategy):
     @_takes_collections
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
         """Gather ``tensor`` (or every tensor in a collection) from every process, as new tensors (see
-        ``Fabric.all_gather``); shapes or dtypes that differ across processes raise :class:`CollectiveMismatchError`
-        (a ``ValueError``) on every process."""
+        ``Fabric.all_gather``); differing shapes or dtypes raise :class:`CollectiveMismatchError` on every process."""
         if not dist.is_initialized():
             return tensor
         checked = self._checked(group)
@@ -467,8 +446,7 @@ class ParallelStrategy(Strategy):
 
     @override
     def broadcast(self, obj: TBroadcast, src: int = 0) -> TBroadcast:
-        """Send ``obj`` from global rank ``src`` to every process and return it there (see ``Fabric.broadcast``).
-        Every process must call it."""
+        """Send ``obj`` from global rank ``src`` to every process (see ``Fabric.broadcast``); all must call it."""
         if type(src) is not int or not 0 <= src < max(self.world_size, 1):
             raise ValueError(f"broadcast(src={src!r}) is not a rank: choose one of 0..{self.world_size - 1}.")
         if not dist.is_initialized():

@@ -1,28 +1,15 @@
-"""Ready-made ``parallelize_fn`` pieces for a standard transformer, so that a Llama-style model needs no hand-written
-tensor-parallel plan: attention and MLP projections column-/row-wise, norms sequence-parallel, FSDP2 per block, and
-optional activation checkpointing. They are plain functions over torch's own APIs (``parallelize_module``,
-``fully_shard``), in the order torchtitan applies them::
-
-    from functools import partial
-    from fabric_lite.strategies import ModelParallelStrategy
-    from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
+"""Ready-made ``parallelize_fn`` pieces for a standard transformer, plain functions over ``parallelize_module`` and
+``fully_shard`` in the order torchtitan applies them::
 
     parallelize = partial(parallelize_transformer, plan=TransformerPlan(), loss_parallel=True)
     strategy = ModelParallelStrategy(parallelize, tensor_parallel_size=2)
 
-The names in :class:`TransformerPlan` default to the Llama layout of torchtitan and of Lightning Fabric's
-``tensor_parallel`` example (``layers[i].attention.wq``, ``layers[i].feed_forward.w1``, ...); pass others for other
-models (Hugging Face's Llama: ``blocks="model.layers"``, ``attention="self_attn"``,
-``attention_in=("q_proj", "k_proj", "v_proj")``, ``attention_out="o_proj"``, ``mlp="mlp"``,
-``mlp_in=("gate_proj", "up_proj")``, ``mlp_out="down_proj"``, ``norms=("input_layernorm",
-"post_attention_layernorm")``, ``embedding="model.embed_tokens"``, ``final_norm="model.norm"``,
-``output="lm_head"``).
-
-What the model must do for tensor parallelism: attention reshapes its projections with ``-1`` heads (``view(batch,
-seq, -1, head_dim)``), since each rank holds ``n_heads / tensor_parallel_size`` of them; the number of heads
-must divide by the tensor-parallel size, and so must the MLP's hidden size.
-
-Nothing here imports ``torch.distributed.tensor`` at module level.
+:class:`TransformerPlan` defaults to torchtitan's Llama layout (``layers[i].attention.wq``, ...). Hugging Face's
+Llama: ``blocks="model.layers"``, ``attention="self_attn"``, ``attention_in=("q_proj", "k_proj", "v_proj")``,
+``attention_out="o_proj"``, ``mlp="mlp"``, ``mlp_in=("gate_proj", "up_proj")``, ``mlp_out="down_proj"``,
+``norms=("input_layernorm", "post_attention_layernorm")``, ``embedding="model.embed_tokens"``,
+``final_norm="model.norm"``, ``output="lm_head"``. For tensor parallelism attention must reshape with ``-1`` heads
+(``view(batch, seq, -1, head_dim)``), and the heads and the MLP's hidden size must divide by its size.
 """
 
 from __future__ import annotations
@@ -50,17 +37,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TransformerPlan:
-    """Where a transformer's parts are: module paths (dotted) on the model (``blocks``, ``embedding``,
-    ``final_norm``, ``output``) and on each block (the rest). ``None`` leaves a top-level part out of the plan.
+    """Where a transformer's parts are: dotted module paths on the model (``blocks``, ``embedding``, ``final_norm``,
+    ``output``; ``None`` leaves one out) and on each block (the rest).
 
     Args:
-        blocks: the container (``ModuleList``/``ModuleDict``) of transformer blocks.
-        attention: the attention module of a block; ``attention_inputs`` is how many positional arguments its
-            forward takes (``x`` and, for Llama, ``freqs_cis``: 2); only the first is sequence-sharded.
-        attention_in: the query/key/value projections (column-wise); ``attention_out`` the output projection
-            (row-wise).
-        mlp: the MLP of a block (one positional input); ``mlp_in`` its input projections (column-wise),
-            ``mlp_out`` its output projection (row-wise).
+        blocks: the container of transformer blocks.
+        attention: a block's attention; ``attention_inputs`` counts its forward's positional arguments (only the
+            first is sequence-sharded).
+        attention_in, attention_out: the q/k/v projections (column-wise) and the output projection (row-wise).
+        mlp, mlp_in, mlp_out: a block's MLP, its input projections (column-wise) and output projection (row-wise).
         norms: the norms of a block (sequence-parallel with ``sequence_parallel=True``, otherwise replicated).
         embedding: the token embedding (row-wise); ``final_norm`` the last norm; ``output`` the head (column-wise).
 
@@ -94,20 +79,12 @@ class TransformerPlan:
 
 
 def blocks_of(model: Module, plan: TransformerPlan) -> list[Module]:
-    """The transformer blocks of ``model`` (the children of ``plan.blocks``).
-
-    Raises:
-        AttributeError: ``model`` has no such container; the message names the path and the model's children.
-    """
+    """The transformer blocks of ``model`` (the children of ``plan.blocks``); ``AttributeError`` if none."""
     return list(_get(model, plan.blocks, "blocks").children())
 
 
 def check_plan(model: Module, plan: TransformerPlan) -> None:
-    """Check that ``model`` has every part ``plan`` names.
-
-    Raises:
-        AttributeError: a part is missing; the message names it and the children of where it was looked for.
-    """
+    """Check that ``model`` has every part ``plan`` names; ``AttributeError`` naming a missing one."""
     for path, role in ((plan.embedding, "embedding"), (plan.final_norm, "final_norm"), (plan.output, "output")):
         if path is not None:
             _get(model, path, role)
@@ -137,15 +114,10 @@ def apply_tensor_parallel(
     sequence_parallel: bool = True,
     loss_parallel: bool = False,
 ) -> None:
-    """Tensor-parallelise ``model`` in place over ``tp_mesh``: in every block the attention and MLP input
-    projections column-wise and their output projections row-wise (one all-reduce, or with sequence parallelism
-    one reduce-scatter, per projection pair), the embedding row-wise and the head column-wise.
-
-    With ``sequence_parallel`` the activations between the parallel regions (norms, residuals) are sharded along
-    the sequence (dimension 1), each rank computing its slice; without, they are replicated. With ``loss_parallel``
-    the head's output stays sharded over the vocabulary (a DTensor): compute the loss and call backward under
-    ``torch.distributed.tensor.parallel.loss_parallel()``.
-    """
+    """Tensor-parallelise ``model`` in place over ``tp_mesh`` as ``plan`` says. ``sequence_parallel`` shards the
+    activations between the parallel regions along the sequence (else they are replicated); with ``loss_parallel``
+    the head's output stays sharded over the vocabulary, so compute the loss and backward under
+    ``torch.distributed.tensor.parallel.loss_parallel()``."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -195,8 +167,7 @@ def apply_tensor_parallel(
 
 
 def apply_activation_checkpointing(model: Module, plan: TransformerPlan) -> None:
-    """Recompute each block's activations in backward instead of keeping them (torch's composable
-    ``checkpoint``: parameter names do not change). Apply it before :func:`apply_fsdp`."""
+    """Recompute each block's activations in backward; apply before :func:`apply_fsdp`."""
     from torch.distributed._composable.checkpoint_activation import checkpoint
 
     for block in blocks_of(model, plan):
@@ -211,9 +182,8 @@ def apply_fsdp(
     mp_policy: MixedPrecisionPolicy | None = None,
     reshard_after_forward: bool = True,
 ) -> None:
-    """Shard ``model`` over ``dp_mesh`` with ``fully_shard``: every block a unit of its own, then the model (the
-    embedding, final norm and head). A 2-D ``dp_mesh`` (replicate, shard) gives HSDP. The last block keeps its
-    parameters gathered after forward, since backward needs them first."""
+    """Shard ``model`` over ``dp_mesh`` (2-D: HSDP) with ``fully_shard``: each block a unit, then the model. The
+    last block stays gathered after forward, since backward needs it first."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = mp_policy if mp_policy is not None else MixedPrecisionPolicy()
@@ -235,15 +205,9 @@ def parallelize_transformer(
     mp_policy: MixedPrecisionPolicy | None = None,
     reshard_after_forward: bool = True,
 ) -> Module:
-    """A whole ``parallelize_fn`` for :class:`~fabric_lite.strategies.ModelParallelStrategy`: tensor parallelism on
-    ``device_mesh["tensor_parallel"]`` (when it has more than one rank), activation checkpointing, then FSDP2 (or
-    HSDP) on the data-parallel dimensions (when they have more than one rank). Returns ``model``.
-
-    Bind the options with ``functools.partial`` and hand the result to the strategy::
-
-        parallelize = partial(parallelize_transformer, loss_parallel=True, mp_policy=MixedPrecisionPolicy(
-            param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-        strategy = ModelParallelStrategy(parallelize, data_parallel_size=2, tensor_parallel_size=2)
+    """A whole ``parallelize_fn`` for :class:`~fabric_lite.strategies.ModelParallelStrategy`: tensor parallelism,
+    activation checkpointing, then FSDP2 (or HSDP), each over its mesh dimensions when they hold more than one rank.
+    Returns ``model``.
 
     Raises:
         AttributeError: the model lacks a part that ``plan`` names; the message names it.

@@ -1,20 +1,9 @@
-"""Every built-in strategy name, in one visible table, in Lightning Fabric's registry.
+"""Every built-in strategy name in one visible table: the class it builds, with which keyword arguments, and how
+its extra processes start (``popen``: the script is run again per extra local rank; ``spawn``/``fork``:
+``launch(fn)`` starts them; ``None``: none, or an outside launcher does).
 
-``grep '"ddp_spawn"'`` lands here. Each entry says which class the name builds, with which keyword arguments,
-whether it runs one process per device, and how the extra processes are started:
-
-* ``popen``: the script is run again once per extra local rank (like ``torch.distributed.run``),
-* ``spawn`` / ``fork``: ``Fabric.launch(fn)`` starts one process per device with that start method,
-* ``None``: a single process (``dp`` drives several devices from it), or processes that an outside launcher
-  starts (``horovodrun`` for ``horovod``).
-
-The ``deepspeed*`` names are Lightning Fabric's; their keyword arguments are ``DeepSpeedStrategy``'s.
-``STRATEGY_REGISTRY`` has Lightning Fabric's registry API (``register``, also as a decorator, ``get``, ``remove``,
-``available_strategies``, entries read as ``["strategy"]``/``["init_params"]``/``["description"]``), so a strategy
-registered as Lightning documents works in ``Fabric(strategy=NAME)``. Its entries are Lightning Fabric's names
-exactly (what ``available_strategies()`` lists and iteration gives); fabric_lite's own names (``single_device``,
-``horovod``, the ``find_unused_parameters`` spellings of every start method) are its *aliases*: looked up, tested with
-``in`` and built like entries, but not listed, so a listing is the same under both libraries.
+``STRATEGY_REGISTRY`` has Lightning Fabric's registry API and lists exactly Lightning's names; fabric_lite's own
+names are *aliases*, resolved like entries but not listed, so a listing is the same under both libraries.
 """
 
 from __future__ import annotations
@@ -37,19 +26,12 @@ _KEYS = ("strategy", "strategy_name", "description", "init_params")
 
 @dataclass(frozen=True)
 class StrategyEntry(Mapping[str, Any]):
-    """What a strategy name stands for. ``Fabric`` asks the class itself (:meth:`load`) everything else: whether it
-    runs one process per device, drives several devices, shards parameters, ... (see :class:`Strategy`), so a new
-    strategy plugs in with an entry of its own (or with :meth:`_StrategyRegistry.register`).
-
-    It reads as Lightning Fabric's entry too: ``entry["strategy"]`` (the class), ``entry["strategy_name"]``,
-    ``entry["description"]``, ``entry["init_params"]``.
+    """What a strategy name stands for; ``Fabric`` asks the class itself (:meth:`load`) everything else. It reads as
+    Lightning's entry too (``entry["strategy"]``, ``["strategy_name"]``, ``["description"]``, ``["init_params"]``).
 
     Example::
 
-        STRATEGY_REGISTRY["my_ddp"] = StrategyEntry(
-            "MyDDPStrategy", True, "popen", "DDP with my hooks", {"start_method": "popen"}, module="my_project.ddp"
-        )
-        Fabric(strategy="my_ddp", devices=2)
+        STRATEGY_REGISTRY["my_ddp"] = StrategyEntry("MyDDP", True, "popen", "DDP with my hooks", module="my.ddp")
     """
 
     class_name: str
@@ -67,12 +49,7 @@ class StrategyEntry(Mapping[str, Any]):
     strategy_class: Callable[..., Any] | None = None
 
     def load(self) -> type[Strategy]:
-        """The class the name builds, imported on first use.
-
-        Example::
-
-            STRATEGY_REGISTRY["fsdp"].load()  # <class 'fabric_lite.strategies.fsdp.FSDPStrategy'>
-        """
+        """The class the name builds, imported on first use."""
         if self.strategy_class is not None:
             return self.strategy_class  # type: ignore[return-value]
         cls: type[Strategy] = getattr(importlib.import_module(self.module), self.class_name)
@@ -97,9 +74,8 @@ class StrategyEntry(Mapping[str, Any]):
 
 
 def _start_method_of(strategy: Callable[..., Any], init_params: Mapping[str, Any]) -> StartMethod | None:
-    """How a registered strategy starts its processes: its ``start_method`` argument as registered, else the default
-    of that parameter in the nearest class that declares one (``DDPStrategy``'s ``"popen"`` for a subclass whose
-    ``__init__`` passes ``**kwargs`` on), else ``None`` (it starts none itself)."""
+    """How a registered strategy starts its processes: its registered ``start_method``, else that parameter's default
+    in the nearest class declaring one, else ``None``."""
     given = init_params.get("start_method")
     if isinstance(given, str):
         return given  # type: ignore[return-value]
@@ -117,22 +93,17 @@ def _start_method_of(strategy: Callable[..., Any], init_params: Mapping[str, Any
 
 
 class _StrategyRegistry(dict[str, StrategyEntry]):
-    """Strategy names mapped to :class:`StrategyEntry` (Lightning Fabric's ``_StrategyRegistry``):
-    :meth:`register` adds one (also as a decorator), :meth:`get` builds an instance.
+    """Strategy names mapped to :class:`StrategyEntry` (Lightning's ``_StrategyRegistry``): :meth:`register` adds
+    one (also as a decorator), :meth:`get` builds an instance.
 
     Example::
 
-        @STRATEGY_REGISTRY.register("ddp_static_graph", description="DDP with a static graph", static_graph=True)
-        class StaticGraphDDP(DDPStrategy): ...
-
         STRATEGY_REGISTRY.register("my_ddp", MyDDPStrategy, description="DDP with my hooks", bucket_cap_mb=50)
-        Fabric(strategy="my_ddp", devices=2)  # MyDDPStrategy(bucket_cap_mb=50) on two processes
     """
 
     def __init__(self, aliases: Mapping[str, StrategyEntry] | None = None) -> None:
         super().__init__()
-        #: names that resolve like entries but are not listed (fabric_lite's own names, in ``STRATEGY_REGISTRY``);
-        #: a name registered later takes precedence over an alias of the same name
+        #: names that resolve like entries but are not listed; a registered name takes precedence over an alias
         self.aliases: Mapping[str, StrategyEntry] = MappingProxyType(
             {name: replace(entry, name=name) for name, entry in (aliases or {}).items()}
         )
@@ -184,12 +155,8 @@ class _StrategyRegistry(dict[str, StrategyEntry]):
         return do_register(strategy) if strategy is not None else do_register
 
     def get(self, name: str, default: Any | None = None) -> Any:
-        """A new instance of the strategy registered under ``name``, built with its ``init_params``; ``default``
-        when there is none and ``default`` is not ``None``.
-
-        Raises:
-            KeyError: ``name`` is not registered and no ``default`` is given; the message lists the names.
-        """
+        """A new instance of the strategy registered under ``name``, built with its ``init_params``, else ``default``;
+        ``KeyError``, listing the names, when there is neither."""
         if name in self:
             entry = self[name]
             return entry.load()(**entry.init_kwargs)
@@ -198,11 +165,7 @@ class _StrategyRegistry(dict[str, StrategyEntry]):
         raise KeyError(f"'{name}' not found in registry. Available names: {', '.join(sorted(self)) or 'none'}")
 
     def remove(self, name: str) -> None:
-        """Unregister ``name``.
-
-        Raises:
-            KeyError: ``name`` is not registered.
-        """
+        """Unregister ``name``; ``KeyError`` if it is not registered."""
         self.pop(name)
 
     def available_strategies(self) -> list[str]:

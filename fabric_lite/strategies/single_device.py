@@ -23,8 +23,7 @@ class SingleDeviceStrategy(Strategy):
 
     Example::
 
-        fabric = Fabric(strategy=SingleDeviceStrategy("cuda:1"))  # one process, on the second GPU
-        fabric.all_reduce(torch.tensor(3.0))  # tensor(3.): collectives are identities
+        fabric = Fabric(strategy=SingleDeviceStrategy("cuda:1"))
     """
 
     def __init__(

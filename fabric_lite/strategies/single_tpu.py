@@ -1,5 +1,4 @@
-"""Lightning Fabric's former name of :class:`~fabric_lite.strategies.single_xla.SingleDeviceXLAStrategy`, at its
-former path."""
+"""Lightning's former name of ``SingleDeviceXLAStrategy``, at its former path."""
 
 from __future__ import annotations
 

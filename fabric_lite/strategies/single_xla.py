@@ -1,5 +1,4 @@
-"""Lightning Fabric's ``SingleDeviceXLAStrategy``: importable, an error when built (see
-:mod:`fabric_lite.accelerators.xla`)."""
+"""Lightning Fabric's ``SingleDeviceXLAStrategy``: importable, an error when built."""
 
 from __future__ import annotations
 

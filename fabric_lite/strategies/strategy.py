@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 
 
 class _Compiler(Protocol):
-    """What :meth:`Strategy.compile_module` asks of the settings of a ``torch.compile`` call to apply again
-    (``fabric_lite._compile.Compiler`` is one): compile a module whole, or some of its submodules in place."""
+    """The settings of a ``torch.compile`` call, applied again by :meth:`Strategy.compile_module`: compile a module
+    whole, or some of its submodules in place."""
 
     def wrap(self, module: Module) -> Module: ...
 
@@ -50,38 +50,29 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _takes_collections(method: _F) -> _F:
-    """Mark a strategy's ``all_reduce``/``all_gather`` as one that takes a whole collection of tensors at once (one
-    collective per dtype), which ``Fabric`` then passes the collection's tensors to in one call. A method without the
-    mark (a strategy of your own that overrides it, written for Lightning's single-tensor contract) is called once
-    per tensor, as Lightning's Fabric calls it."""
+    """Mark an ``all_reduce``/``all_gather`` that takes a whole collection at once (one collective per dtype).
+    ``Fabric`` calls an unmarked override (Lightning's single-tensor contract) once per tensor."""
     method.__dict__["_takes_collections"] = True
     return method
 
 
 class Strategy(ABC):
-    """Base class of every strategy.
-
-    A strategy owns the device placement of the module, the backward and optimizer step (through its precision),
-    the collectives and checkpointing. Subclasses override what differs; every override keeps the contract of the
-    method it overrides or raises ``NotImplementedError`` saying why.
+    """Base class of every strategy: device placement, backward and optimizer step (through the precision),
+    collectives and checkpoints. An override keeps the contract of the method it overrides or raises
+    ``NotImplementedError`` saying why.
 
     Args:
-        accelerator: the kind of device. Filled in by ``Fabric`` when not given.
+        accelerator: the kind of device; filled in by ``Fabric`` when not given.
         checkpoint_io: how checkpoint files are written and read (default :class:`TorchCheckpointIO`).
-        precision: the precision plugin. Filled in by ``Fabric`` when not given.
+        precision: the precision plugin; filled in by ``Fabric`` when not given.
 
     Example::
 
         fabric = Fabric(accelerator="cpu", devices=2, strategy=DDPStrategy(timeout=timedelta(minutes=5)))
-        fabric.strategy.world_size  # 2: every strategy answers the same questions, whatever it runs on
-
-        class TracedDevice(SingleDeviceStrategy):  # a strategy of your own overrides only what differs
-            def barrier(self, name=None):
-                print(f"barrier {name}")
     """
 
-    # What the plan (``fabric_lite/_plan.py``) and the build step ask of a strategy, for a class named in the registry
-    # and for an instance alike: they never name a strategy class.
+    # Traits the plan and the build step read, on a registered class or an instance alike, so that they never name
+    # a strategy class.
     #: whether the strategy runs one process per device (and needs ``fabric.launch()``)
     is_parallel: bool = False
     #: whether one process drives several devices (``DataParallel``), so that several devices need no extra process
@@ -168,12 +159,10 @@ class Strategy(ABC):
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
-        """How ``save_checkpoint``/``load_checkpoint`` write and read files (a :class:`TorchCheckpointIO` unless one
-        was given through ``checkpoint_io=`` or ``Fabric(plugins=[...])``).
+        """How ``save_checkpoint``/``load_checkpoint`` write and read files (:class:`TorchCheckpointIO` by default).
 
         Raises:
-            NotImplementedError: the strategy writes its checkpoints itself (:attr:`accepts_checkpoint_io` is
-                ``False``), as Lightning Fabric's FSDP, model-parallel and DeepSpeed strategies do.
+            NotImplementedError: the strategy writes its own checkpoints (:attr:`accepts_checkpoint_io` is ``False``).
         """
         if not self.accepts_checkpoint_io:
             raise NotImplementedError(
@@ -212,38 +201,33 @@ class Strategy(ABC):
 
     @property
     def start_method(self) -> str | None:
-        """How ``fabric.launch()`` starts the other local processes (``"popen"``, ``"spawn"``, ``"fork"``); ``None``
-        when it starts none."""
+        """How ``fabric.launch()`` starts the other local processes; ``None`` when it starts none."""
         return None
 
     @classmethod
     def _check_choices(cls, *, label: str, accelerator: str, precision: str) -> None:
-        """Refuse, in ``Fabric(...)`` before any process starts, an accelerator or a precision this strategy cannot
-        run; ``label`` is how the user named the strategy. Nothing by default."""
+        """Refuse, before any process starts, an accelerator or precision this strategy cannot run; ``label`` is how
+        the user named the strategy. Nothing by default."""
 
     @classmethod
     def _named_precision(cls, name: str) -> Precision | None:
-        """The precision plugin ``Fabric(precision=name)`` makes for this strategy where it runs a plugin of its own
-        kind (FSDP's ``FSDPPrecision``, as in Lightning); ``None``: the generic plugin of that name."""
+        """The strategy's own plugin for ``Fabric(precision=name)``; ``None``: the generic one."""
         return None
 
     @classmethod
     def _create(cls, devices: list[torch.device], **kwargs: Any) -> Strategy:
-        """The strategy a registry name stands for, on the devices the plan chose: ``cls(**kwargs)``, the devices
-        filled in by :meth:`_complete`."""
+        """The strategy a registry name stands for: ``cls(**kwargs)``; :meth:`_complete` fills in the devices."""
         return cls(**kwargs)
 
     def _complete(
         self, devices: list[torch.device], *, environment: ClusterEnvironment, num_nodes: int, start_method: str | None
     ) -> None:
-        """Take what ``Fabric``'s plan decided and the strategy was not given: the devices, the cluster environment,
-        the number of nodes and how the extra processes start (which makes the launcher). Nothing by default: one
-        device, chosen at construction."""
+        """Take from the plan what the strategy was not given: devices, environment, number of nodes and start method
+        (which makes the launcher). Nothing by default."""
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any] | None:
-        """``num_replicas`` and ``rank`` for a ``DistributedSampler``: one replica per process where the strategy
-        :attr:`is_parallel`; ``None`` where the data is not split (one process sees every batch)."""
+        """``num_replicas`` and ``rank`` for a ``DistributedSampler`` where :attr:`is_parallel`; else ``None``."""
         return {"num_replicas": self.world_size, "rank": self.global_rank} if self.is_parallel else None
 
     def setup_environment(self) -> None:
@@ -255,9 +239,8 @@ class Strategy(ABC):
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """Set up a module and its optimizers together (by default one after the other), and the learning-rate
-        ``scheduler`` of ``fabric.setup(..., scheduler=...)``, if any, which is returned as it is unless the
-        strategy needs its own (Lightning's contract: the three, in the order given)."""
+        """Set up a module and its optimizers (by default one after the other); ``scheduler`` is returned as given
+        unless the strategy needs its own."""
         return self.setup_module(module), [self.setup_optimizer(opt) for opt in optimizers], scheduler
 
     def setup_module(self, module: Module) -> Module:
@@ -273,13 +256,11 @@ class Strategy(ABC):
         module.to(self.root_device)
 
     def compile_module(self, module: Module, compiler: _Compiler) -> Module:
-        """Compile ``module``, just set up by this strategy, again with ``compiler``'s settings (those of the
-        ``torch.compile`` the user applied before ``fabric.setup``); returns what calls of the model go through.
-        By default ``torch.compile`` around the whole set-up module (DDP's hooks then run inside the graph).
+        """Compile ``module``, just set up, again with the settings of the user's ``torch.compile``; return what
+        the model's calls go through. By default ``torch.compile`` around the whole set-up module.
 
         Example::
 
-            model, compiler = unwrap_compiled(torch.compile(net))
             call = strategy.compile_module(strategy.setup_module(model), compiler)
         """
         return compiler.wrap(module)
@@ -296,11 +277,8 @@ class Strategy(ABC):
         return stack
 
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
-        """A new module's parameters are created on :attr:`root_device` with the precision's dtype.
-
-        With ``empty_init=True`` parameter initialisation is skipped (the memory is left uninitialised), for
-        models whose weights are about to be loaded from a checkpoint.
-        """
+        """A new module's parameters are created on :attr:`root_device` with the precision's dtype;
+        ``empty_init=True`` skips their initialisation (for weights about to be loaded)."""
         stack = ExitStack()
         stack.enter_context(self.root_device)
         if empty_init:
@@ -327,8 +305,7 @@ class Strategy(ABC):
         return precision.optimizer_step(optimizer, **kwargs)
 
     def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
-        """A context in which backward does not synchronise gradients, through :attr:`_backward_sync_control`. A
-        no-op for strategies without one."""
+        """A context in which backward does not synchronise gradients (no-op without a ``_backward_sync_control``)."""
         control = self._backward_sync_control
         return nullcontext() if control is None else control.no_backward_sync(module, enabled)
 
@@ -341,10 +318,7 @@ class Strategy(ABC):
         error_if_nonfinite: bool = True,
     ) -> Tensor:
         """Scale gradients so that their total ``norm_type``-norm is at most ``max_norm``; return the norm before.
-
-        With a loss scaler the gradients are unscaled first (once per step), and inf/NaN gradients do not raise:
-        they are the scaler's to handle, by skipping the step.
-        """
+        With a loss scaler they are unscaled first, and inf/NaN gradients do not raise (the scaler skips the step)."""
         precision = self.precision
         precision.unscale_gradients(optimizer)
         parameters = list(precision.main_params(optimizer))
@@ -385,12 +359,7 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ checkpoints
     def get_module_state_dict(self, module: Module) -> dict[str, Any]:
-        """The module's state dict, without any wrapper prefix.
-
-        Example::
-
-            DataParallelStrategy().get_module_state_dict(DataParallel(nn.Linear(2, 1)))  # keys: weight, bias
-        """
+        """The module's state dict, without any wrapper prefix."""
         return self._unwrapped(module).state_dict()
 
     def load_module_state_dict(self, module: Module, state_dict: dict[str, Any], strict: bool = True) -> None:
@@ -398,8 +367,7 @@ class Strategy(ABC):
         self._unwrapped(module).load_state_dict(state_dict, strict=strict)
 
     def _unwrapped(self, module: Module) -> Module:
-        """``module`` without the wrapper that :meth:`setup_module` put around it (``DataParallel``,
-        ``DistributedDataParallel``), so that checkpoints hold the plain module's keys; here, ``module`` itself."""
+        """``module`` without the wrapper :meth:`setup_module` put around it, so checkpoints hold plain keys."""
         return module
 
     def get_optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
@@ -414,10 +382,8 @@ class Strategy(ABC):
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
         """Save ``state`` to ``path``: modules and optimizers by state dict, stateful objects by ``state_dict()``,
-        other values as they are. The precision's own state (a loss scaler's) is saved with them, under
-        ``PRECISION_KEY``. Global rank 0 writes, through :attr:`checkpoint_io` (atomically by default), passing it
-        ``storage_options``; then every process learns the outcome (:meth:`_share_save_outcome`), so a failed write
-        raises everywhere and no process returns before the file is complete."""
+        other values as they are, the precision's state under ``PRECISION_KEY``. Rank 0 writes through
+        :attr:`checkpoint_io`; every process returns once the file is complete, and raises if the write failed."""
         message: str | None = None
         error: Exception | None = None
         try:
@@ -431,13 +397,12 @@ class Strategy(ABC):
         self._raise_shared_outcome(error, message, "Rank 0 failed to save the checkpoint")
 
     def _share_save_outcome(self, message: str | None) -> str | None:
-        """Rank 0's outcome of :meth:`save_checkpoint` (``None``, or the error it raised), on every process: a
-        broadcast from rank 0 in a strategy of several processes; ``message`` itself in one process."""
+        """Rank 0's ``message`` (``None``, or its error) on every process; here ``message`` itself."""
         return message
 
     def _raise_shared_outcome(self, error: Exception | None, message: str | None, failure: str) -> None:
-        """Raise this process's own ``error``, if any; else, where rank 0's ``message`` (shared with every process by
-        :meth:`_share_save_outcome`) says that it failed, a :class:`CheckpointError` starting with ``failure``."""
+        """Raise this process's ``error``, if any; else, if rank 0's ``message`` says it failed, a
+        :class:`CheckpointError` starting with ``failure``."""
         message = self._share_save_outcome(message)
         if error is not None:
             raise error
@@ -445,18 +410,14 @@ class Strategy(ABC):
             raise CheckpointError(f"{failure}: {message}")
 
     def _async_io(self) -> AsyncCheckpointIO | None:
-        """The :class:`AsyncCheckpointIO` this strategy saves through, if any (read directly: strategies that refuse
-        a ``CheckpointIO`` raise on access to :attr:`checkpoint_io`)."""
+        """The :class:`AsyncCheckpointIO` this strategy saves through, if any."""
+        # read directly: strategies that refuse a CheckpointIO raise on access to the property
         io = self._checkpoint_io
         return io if isinstance(io, AsyncCheckpointIO) else None
 
     def _wait_for_saves(self) -> None:
-        """Wait for a checkpoint being written in the background, if any; every process must call it (where the
-        strategy saves through :class:`AsyncCheckpointIO`: the same on every process).
-
-        Rank 0's outcome reaches every process (:meth:`_share_save_outcome`), so no process goes on (reads the
-        checkpoint) before it is published, and a failed write raises :class:`CheckpointError` on every process.
-        """
+        """Wait for a checkpoint being written in the background, if any; every process must call it. No process
+        returns before it is published, and a failed write raises :class:`CheckpointError` on every process."""
         io = self._async_io()
         if io is None:
             return
@@ -469,8 +430,8 @@ class Strategy(ABC):
         self._raise_shared_outcome(error, message, "Rank 0's checkpoint was not saved")
 
     def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
-        """After an error in training: wait up to ``timeout`` seconds for the write in flight, and print its error
-        instead of raising it (the training error stays the one raised). No collective."""
+        """After a training error: wait up to ``timeout`` s for the write in flight and print, not raise, its error
+        (the training error stays the one raised). No collective."""
         io = self._async_io()
         if io is None:
             return
@@ -493,21 +454,13 @@ class Strategy(ABC):
         strict: bool = True,
         weights_only: bool | None = True,
     ) -> dict[str, Any]:
-        """Restore ``state`` in place from ``path`` and return what was not restored.
+        """Restore ``state`` in place from ``path`` (read by :attr:`checkpoint_io`, or a local sharded folder) and
+        return what was not restored; the precision's state is always restored, never returned.
 
-        The file is read by :attr:`checkpoint_io`. The precision's saved state (a loss scaler's) is always restored
-        into the precision and never returned.
-
-        * ``state`` is ``None`` or empty: the whole checkpoint is returned.
-        * ``state`` is a module or optimizer: the file holds its raw state dict.
-        * ``state`` is a dict: modules, optimizers and stateful objects are restored in place, plain values are
-          written back into ``state``, and the checkpoint's other entries are returned. With ``strict=True`` a key
-          of ``state`` that the checkpoint lacks raises ``KeyError`` naming every missing key.
-
-        A local sharded checkpoint folder (``torch.distributed.checkpoint``, as the FSDP and model-parallel
-        strategies write by default) is read too, into plain modules and optimizers, by every rank.
-
-        A checkpoint being written in the background (:class:`AsyncCheckpointIO`) is waited for first, on every rank.
+        ``state`` ``None`` or empty returns the whole checkpoint; a module or optimizer loads its raw state dict; a
+        dict restores its modules, optimizers and stateful objects in place, writes plain values back into it and
+        returns the other entries. With ``strict=True`` a key of ``state`` the checkpoint lacks raises ``KeyError``.
+        A save in the background is waited for first, on every rank.
         """
         self._wait_for_saves()
         if not _is_remote(path) and folders.is_sharded_checkpoint(path):  # a local DCP folder (checked without fsspec)
@@ -533,8 +486,7 @@ class Strategy(ABC):
         weights_only: bool | None,
         modules: Iterable[Module] = (),
     ) -> dict[str, Any]:
-        """Read a sharded folder or a full file with the state dict API, every rank its own shards; ``modules`` are
-        those a sharding strategy set up (none for the others)."""
+        """Read a sharded folder or a full file, every rank its own shards, into ``modules`` set up by this strategy."""
         return sharded.load(
             path, state, strict, weights_only, load_precision=self.precision.load_state_dict, modules=modules
         )
@@ -552,33 +504,15 @@ class Strategy(ABC):
 
 
 class _Sharded(Strategy):
-    """What the strategies that shard a module when they set it up (``FSDPStrategy``, ``ModelParallelStrategy``) do
-    the same way, under the name of Lightning Fabric's interface of sharding strategies
-    (:meth:`module_sharded_context`).
-
-    * Setting a module up replaces its parameters (sharded tensors): an optimizer created before, set up together
-      with the module, is pointed at the new parameters by name; an optimizer set up alone must update the
-      parameters of a module set up here.
-    * ``init_module(empty_init=True)`` creates the parameters on the meta device; setting up allocates and
-      initialises each rank's shards, so nothing is moved to the device before.
-    * A compiled model is compiled again one ``fully_shard`` unit at a time.
-    * Checkpoints are ``torch.distributed.checkpoint`` folders or gathered files, written by the strategy (no
-      ``CheckpointIO``); :attr:`state_dict_type` says which.
-    * ``setup_environment`` builds the device mesh (:meth:`_build_mesh`) once the processes have joined;
-      ``teardown`` drops it.
+    """What ``FSDPStrategy`` and ``ModelParallelStrategy`` share (Lightning's sharding interface): setting a module
+    up replaces its parameters with shards, so optimizers are rebound by name; ``empty_init`` creates parameters on
+    the meta device; a compiled model is compiled again unit by unit; checkpoints are DCP folders or gathered files
+    written by the strategy (:attr:`state_dict_type`); the device mesh is built in ``setup_environment``.
 
     Example::
 
         class MyShardedStrategy(_Sharded, ParallelStrategy):
             state_dict_type = "sharded"
-
-            def _build_mesh(self):
-                return init_device_mesh(self.root_device.type, (self.world_size,))
-
-            def setup_module(self, module):
-                module = my_shard(module, self._device_mesh)
-                self._modules.add(module)  # so that optimizers and checkpoints find it
-                return module
     """
 
     accepts_checkpoint_io = False
@@ -589,24 +523,19 @@ class _Sharded(Strategy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: the gloo process group of the saves written in the background, made at the first one (never used by
-        #: training collectives: the background's collectives run while training goes on)
+        #: the gloo group of the background saves, made at the first one (apart from training's collectives, which
+        #: run meanwhile)
         self._checkpoint_group: Any | None = None
         self._background_tag, self._background_saves = "", 0
         #: the modules set up by this strategy, to find the module an optimizer belongs to
         self._modules: weakref.WeakSet[Module] = weakref.WeakSet()
-        # no_backward_sync skips FSDP2's gradient reduction (its reduce-scatter, and HSDP's all-reduce); nested
-        # blocks switch it back on when the outermost one ends
+        # nested no_backward_sync blocks switch FSDP2's gradient reduction back on when the outermost one ends
         self._backward_sync_control: _NestedSyncSwitch = _NestedSyncSwitch(self._sync_target, _set_gradient_sync)
         #: the mesh modules are sharded over, built by ``setup_environment`` once the processes have joined
         self._device_mesh: DeviceMesh | None = None
 
     def _sync_target(self, module: Module) -> Module:
-        """``module`` itself, for ``no_backward_sync``, if this strategy set it up.
-
-        Raises:
-            TypeError: it did not.
-        """
+        """``module`` itself, for ``no_backward_sync``; ``TypeError`` unless this strategy set it up."""
         if module not in self._modules:
             raise TypeError(
                 f"Blocking backward sync is only possible for a module set up by {type(self).__name__}, got"
@@ -629,29 +558,17 @@ class _Sharded(Strategy):
         """What ``fabric.save`` writes: ``"sharded"`` (a folder, every rank its shards) or ``"full"`` (one file)."""
 
     def module_sharded_context(self) -> AbstractContextManager[Any]:
-        """A context for creating a module whose parameters are sharded as they are created (Lightning's
-        interface): nothing here, the module is sharded when it is set up.
-
-        Example::
-
-            with strategy.module_sharded_context():
-                model = GPT(config)
-        """
+        """Lightning's context for creating a module sharded; a no-op here, as the module is sharded at setup."""
         return nullcontext()
 
     @override
     def setup_module_and_optimizers(
         self, module: Module, optimizers: list[Optimizer], scheduler: Any = None
     ) -> tuple[Module, list[Optimizer], Any]:
-        """Set the module up, then point each optimizer at the parameters that replaced the ones it was created
-        with, by name (``fabric.setup(model, optimizer)``, as Lightning's users call it). An optimizer without state
-        only holds references to its parameters, so it is then the optimizer it would have been if it had been
-        created after :meth:`setup_module`.
+        """Set the module up, then point each optimizer at the new parameters by name, as if created after it.
 
         Raises:
-            ValueError: an optimizer already holds state (it has stepped: the state belongs to the replaced
-                tensors), or holds a parameter that is not one of the module's, or one the set-up module no longer
-                has under its name.
+            ValueError: an optimizer already holds state, or a parameter the module does not have under its name.
         """
         optimizers = [optimizers] if isinstance(optimizers, Optimizer) else list(optimizers)
         names = _fsdp_setup.optimizer_parameter_names(module, optimizers, type(self).__name__)
@@ -663,17 +580,13 @@ class _Sharded(Strategy):
         return set_up, optimizers, scheduler
 
     def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
-        """The module whose parameters replace those of ``module``, which :meth:`setup_module` turned into
-        ``set_up``: by default ``set_up`` itself."""
+        """The module whose parameters replace ``module``'s after setup: by default ``set_up`` itself."""
         return set_up
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
-        """Check that ``optimizer`` updates the parameters of modules set up by this strategy.
-
-        Raises:
-            ValueError: it holds other tensors, typically because it was created before ``setup_module``.
-        """
+        """Check that ``optimizer`` updates the parameters of modules set up by this strategy; ``ValueError`` where
+        it holds others (it was created before ``setup_module``)."""
         owned = {id(p) for module in self._modules for p in module.parameters()}
         params = [p for group in optimizer.param_groups for p in group["params"]]
         foreign = sum(1 for p in params if id(p) not in owned)
@@ -694,14 +607,12 @@ class _Sharded(Strategy):
 
     @override
     def module_to_device(self, module: Module) -> None:
-        """Nothing: ``setup_module`` places each rank's shards (moving the whole model first would need the memory
-        that sharding saves, and a meta-device model cannot be moved)."""
+        """Nothing: ``setup_module`` places each rank's shards (moving the whole model would defeat sharding)."""
 
     @override
     def module_init_context(self, empty_init: bool | None = None) -> AbstractContextManager[Any]:
-        """With ``empty_init=True`` a new module's parameters are created on the meta device (no memory, no
-        initialisation; ``setup_module`` allocates and initialises each rank's shards). Otherwise on the CPU, from
-        where ``setup_module`` moves each rank's shards to the device. In the precision's dtype either way."""
+        """New parameters go to the meta device with ``empty_init=True`` (``setup_module`` allocates the shards),
+        else to the CPU; in the precision's dtype either way."""
         stack = ExitStack()
         if empty_init:
             stack.enter_context(torch.device("meta"))
@@ -710,14 +621,8 @@ class _Sharded(Strategy):
 
     @override
     def compile_module(self, module: Module, compiler: _Compiler) -> Module:
-        """Compile each ``fully_shard`` unit of ``module`` below the root in place (block by block, as torchtitan
-        does; the root only when it is the one unit), so the parameter all-gathers stay eager between compiled
-        blocks and state dict keys are unchanged. Returns ``module``.
-
-        Example::
-
-            model = strategy.compile_module(strategy.setup_module(model), compiler)  # blocks compiled one by one
-        """
+        """Compile each ``fully_shard`` unit in place, so the all-gathers stay eager between compiled blocks and the
+        state dict keys are unchanged. Returns ``module``."""
         from torch.distributed.fsdp import FSDPModule
 
         compiler.compile_units(module, [unit for unit in module.modules() if isinstance(unit, FSDPModule)])
@@ -731,19 +636,13 @@ class _Sharded(Strategy):
         storage_options: Any | None = None,
         filter: dict[str, Callable[[str, Any], bool]] | None = None,
     ) -> None:
-        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file gathered on rank 0 (its
-        optimizer state keyed by parameter name). Every rank must call it.
+        """Save ``state`` as a sharded folder or, with ``state_dict_type="full"``, one file gathered on rank 0. Every
+        rank must call it.
 
-        The folder is written beside ``path`` and swapped into place once complete, so ``path`` always holds either
-        the previous checkpoint or the whole new one; a previous checkpoint there is replaced, any other folder
-        refused. On several nodes ``path`` must be on a shared filesystem. Every rank returns once the checkpoint is
-        complete, and raises :class:`CheckpointError` if any rank failed; with ``AsyncCheckpointIO()`` ranks return
-        once the state is copied, and a failure raises at the next save or load. ``path`` may be an fsspec URL,
-        whose filesystem gets ``storage_options`` (a local path takes none).
-
-        Example::
-
-            fabric.save("checkpoints/step-100", {"model": model, "optimizer": optimizer, "step": 100})
+        The folder is written beside ``path`` and swapped in once complete, so ``path`` holds the previous checkpoint
+        or the whole new one (on several nodes, on a shared filesystem). Every rank returns once it is complete and
+        raises :class:`CheckpointError` if any rank failed; with ``AsyncCheckpointIO()`` once the state is copied,
+        a failure raising at the next save or load. An fsspec URL's filesystem gets ``storage_options``.
         """
         sharded.check_storage_options(type(self).__name__, path, storage_options)
         full = self.state_dict_type == "full"
@@ -761,8 +660,8 @@ class _Sharded(Strategy):
         )
 
     def _background(self, io: AsyncCheckpointIO, full: bool) -> sharded.Background:
-        """How this save is written in the background: the process group of the background saves, made at the first
-        one by every rank, with rank 0's tag for the temporary folders' names (agreed on then, once), numbered."""
+        """How this save is written in the background: the background group (made at the first save, with rank 0's
+        tag for the temporary folders' names) and a numbered tag."""
         if full:
             return sharded.Background(io, None)
         if self._checkpoint_group is None:
@@ -788,21 +687,13 @@ class _Sharded(Strategy):
         strict: bool = True,
         weights_only: bool | None = True,
     ) -> dict[str, Any]:
-        """Restore ``state`` in place from a sharded folder or a full file, at any world size, and return what was not
-        restored. Every rank must call it.
-
-        As for :meth:`Strategy.load_checkpoint`, except that a sharded folder's module and optimizer entries are only
-        loaded into modules and optimizers, never returned (``state=None`` returns everything). A full file may come
-        from any strategy. Sharded folders are always read with ``weights_only=True``.
+        """As :meth:`Strategy.load_checkpoint`, at any world size, from a sharded folder (read with
+        ``weights_only=True``; module and optimizer entries only loaded, never returned) or a full file of any
+        strategy. Every rank must call it.
 
         Raises:
-            CheckpointError: ``path`` is a folder but no sharded checkpoint, one file of a sharded checkpoint, or
-                unreadable; the message names the path.
+            CheckpointError: ``path`` is a folder but no sharded checkpoint, or unreadable.
             FileNotFoundError: nothing exists at ``path``.
-
-        Example::
-
-            remainder = fabric.load("checkpoints/step-100", {"model": model, "optimizer": optimizer})
         """
         self._wait_for_saves()
         return self._load_sharded_checkpoint(path, state, strict, weights_only, modules=self._modules)
@@ -817,8 +708,7 @@ class _Sharded(Strategy):
 
 
 def _set_gradient_sync(module: Module, enabled: bool) -> None:
-    """Switch FSDP2's gradient reduction (reduce-scatter, and HSDP's all-reduce) on or off for every ``fully_shard``
-    unit in ``module``; a module without units has nothing to switch."""
+    """Switch FSDP2's gradient reduction on or off for every ``fully_shard`` unit in ``module``."""
     from torch.distributed.fsdp import FSDPModule
 
     for unit in module.modules():
@@ -830,8 +720,7 @@ _CHECKPOINT_IO_METHODS = ("save_checkpoint", "load_checkpoint", "remove_checkpoi
 
 
 def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | None:
-    """``io`` if it can save, load and remove checkpoints: a ``CheckpointIO``, or any object with those three methods
-    (Lightning accepts any object; a class, a path or a string is a mistake worth naming here)."""
+    """``io`` if it is a ``CheckpointIO`` or has its three methods; a class, path or string raises ``TypeError``."""
     missing = [name for name in _CHECKPOINT_IO_METHODS if not callable(getattr(io, name, None))]
     if io is not None and not isinstance(io, CheckpointIO) and (isinstance(io, type) or missing):
         raise TypeError(
@@ -844,13 +733,8 @@ def _check_checkpoint_io(io: CheckpointIO | None, owner: str) -> CheckpointIO | 
 def _validate_keys_for_strict_loading(
     requested_keys: Iterable[str], checkpoint_keys: Iterable[str], strict: bool
 ) -> None:
-    """With ``strict``, raise ``KeyError`` for the first requested key the checkpoint lacks (Lightning Fabric's
-    private helper, which custom strategies' ``load_checkpoint`` call).
-
-    Example::
-
-        _validate_keys_for_strict_loading(state.keys(), checkpoint.keys(), strict=True)
-    """
+    """With ``strict``, raise ``KeyError`` for the first requested key the checkpoint lacks (Lightning's helper,
+    called by custom strategies' ``load_checkpoint``)."""
     present = set(checkpoint_keys)
     missing = [key for key in requested_keys if key not in present]
     if strict and missing:

@@ -17,7 +17,6 @@ class XLAStrategy(_NeedsXLA, ParallelStrategy):
 
     Example::
 
-        isinstance(fabric.strategy, XLAStrategy)  # False: no fabric_lite strategy is one
         XLAStrategy()  # ModuleNotFoundError: XLAStrategy needs torch_xla and an XLA device ...
     """
 

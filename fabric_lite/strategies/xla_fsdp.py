@@ -1,5 +1,4 @@
-"""Lightning Fabric's ``XLAFSDPStrategy`` and the helpers clients import from its module: importable, an error when
-used (see :mod:`fabric_lite.accelerators.xla`)."""
+"""Lightning Fabric's ``XLAFSDPStrategy`` and its module's helpers: importable, an error when used."""
 
 from __future__ import annotations
 

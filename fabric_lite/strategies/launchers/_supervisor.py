@@ -1,27 +1,12 @@
-"""Supervision of a launcher's ranks, from the launching process.
+"""Supervision of a launcher's ranks from the launching process, over a thin :class:`Rank` adapter per kind of
+process: :func:`watch` until :class:`~fabric_lite.runtime.supervision.RootCause` names the root cause, :func:`report`
+where every rank was, :func:`forward_signal`, :func:`stop`. The script launcher's :class:`ProcessSupervisor` applies
+it from rank 0.
 
-The machinery both launchers share is here, over a thin :class:`Rank` adapter per kind of process: watching the ranks
-until :class:`~fabric_lite.runtime.supervision.RootCause` names the root cause (:func:`watch`), reporting where every
-rank was (:func:`report`), passing a signal on (:func:`forward_signal`) and stopping the ranks (:func:`stop`). The
-script launcher's :class:`ProcessSupervisor` applies it from rank 0, as follows (the spawn launcher's is
-``multiprocessing._supervise``).
-
-The job ends when its first rank fails, and the report names that rank as the root cause:
-
-* A daemon thread in rank 0 polls the children. A child that exits non-zero or dies by a signal is a failure;
-  its traceback (written by the child, as Python reports it, into a pipe inherited from rank 0, see
-  :func:`record_child_errors`; no file is involved, so nothing is left behind even if rank 0 is killed) or its
-  signal is reported.
-* An error that only says a peer went away ("Connection closed by peer", a collective timing out) is
-  *secondary*: it is what the survivors of a crash see. A secondary failure is reported only if no primary one
-  (a real exception, a signal, a non-zero exit without a traceback) shows up within a short window, or, while a
-  child that has written its traceback is still exiting, until it has exited (30 s at most).
-* When rank 0 itself raises, its exit handler decides: a secondary error waits for the child that really
-  failed; a primary error is the root cause.
-* After a failure every other child is stopped (SIGTERM, a grace period, SIGKILL). If rank 0 is busy elsewhere
-  and does not fail by itself within a few seconds, it exits with code 1.
-
-Children also die with rank 0 even if it is killed with SIGKILL (see ``launcher.die_with_launcher``).
+The job ends when its first rank fails. A child's traceback reaches rank 0 through an inherited pipe
+(:func:`record_child_errors`), so no file is left behind. An error that only says a peer went away is *secondary*
+(what the survivors of a crash see), reported only if no primary failure shows up shortly. After a failure every
+other child is stopped (SIGTERM, a grace period, SIGKILL), and rank 0 exits if it does not fail by itself.
 """
 
 from __future__ import annotations
@@ -51,13 +36,8 @@ _MAX_REPORT = 60_000
 
 
 class Rank(Protocol):
-    """A rank's process as a supervisor sees it: a thin adapter over ``subprocess.Popen`` or
-    ``multiprocessing.Process``.
-
-    Attributes:
-        rank: its global rank.
-        local_rank: its local rank.
-    """
+    """A rank's process as a supervisor sees it (over ``subprocess.Popen`` or ``multiprocessing.Process``), with its
+    global ``rank`` and ``local_rank``."""
 
     rank: int
     local_rank: int
@@ -93,11 +73,9 @@ def watch(
     stopped: Callable[[], bool] = lambda: False,
     job_running: Callable[[], bool] = lambda: True,
 ) -> RankExit | None:
-    """Tell ``verdict`` of every rank's end, calling ``between`` between the rounds, until it names the root cause
-    (returned); ``None`` once every rank has exited with code 0, or ``stopped()``.
-
-    ``job_running()``: whether a rank that ends now ends while the job is still meant to run.
-    """
+    """Tell ``verdict`` of every rank's end, calling ``between`` between rounds, until it names the root cause
+    (returned); ``None`` once every rank has exited with code 0, or ``stopped()``. ``job_running()`` says whether a
+    rank ending now ends while the job is meant to run."""
     seen: set[int] = set()
     while not stopped():
         running = False
@@ -138,8 +116,7 @@ def report(
 
 
 def forward_signal(ranks: Sequence[Rank], signum: int, grace: float, run_dir: str | None = None) -> None:
-    """Pass ``signum`` on to every running rank, wait up to ``grace`` seconds for them to exit, then :func:`stop`
-    what is left."""
+    """Pass ``signum`` on to every running rank, wait up to ``grace`` s, then :func:`stop` what is left."""
     for rank in ranks:
         _send_signal(rank, signum)
     _join_all(ranks, grace)  # for the ranks to act on the signal themselves (e.g. save a checkpoint on SIGTERM)
@@ -186,8 +163,7 @@ def to_stderr(message: str) -> None:
 # ---------------------------------------------------------------------------------------------- the script launcher
 @dataclass
 class Child:
-    """A process started by the script launcher, and the read end of the pipe it reports its error into (a
-    :class:`Rank` over ``Popen``)."""
+    """A :class:`Rank` over ``Popen``, with the read end of the pipe it reports its error into."""
 
     rank: int
     local_rank: int
@@ -231,9 +207,8 @@ _recording: set[int] = set()
 
 
 def record_child_errors(error_fd: int) -> None:
-    """In a child: write the traceback of an unhandled exception into the pipe rank 0 reads, as soon as Python
-    reports it (before the exit handlers close the process group; from an exit handler where another
-    ``sys.excepthook`` took the report). Once per process: a second ``fabric.launch()`` in the script does nothing."""
+    """In a child: write an unhandled exception's traceback into the pipe rank 0 reads, as soon as Python reports it
+    (before the exit handlers close the process group). Once per process."""
     if error_fd in _recording:
         return
     _recording.add(error_fd)
@@ -266,10 +241,8 @@ class ProcessSupervisor:
 
     Args:
         children: the processes to watch, with the pipes they report their errors into.
-        teardown: releases rank 0's process group; called at a normal exit before waiting for the children, so
-            that a child still waiting in a collective for rank 0 fails at once instead of at the timeout.
-        run_dir: the job's run folder, with the ranks' trails of collectives: on a failure, where every rank was
-            is reported from it before anyone is stopped; it is removed after the job.
+        teardown: releases rank 0's process group at a normal exit, so a child waiting for rank 0 fails at once.
+        run_dir: the run folder, whose trails give the hang report on a failure; removed after the job.
         world_size: the number of ranks, for that report.
     """
 
@@ -322,9 +295,8 @@ class ProcessSupervisor:
             self._on_failure(cause)
 
     def _early_exit(self) -> RankExit | None:
-        """The first child that exited with code 0 while the others still ran, if any: called once another rank has
-        lost its peer, so a child that has exited with code 0 by now left early, even if the watching thread had not
-        noticed it yet."""
+        """The first child that exited with code 0 while others still ran, if any (once a rank has lost its peer,
+        such a child left early, noticed by the watching thread or not)."""
         return self._verdict.early_exit or next((rank_exit(c, 0) for c in self.children if c.poll() == 0), None)
 
     def _claim(self, description: str) -> bool:

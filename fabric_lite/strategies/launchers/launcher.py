@@ -31,7 +31,6 @@ class Launcher(ABC):
     Example::
 
         launcher = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn").strategy.launcher
-        type(launcher).__name__, launcher.requires_function  # ('MultiProcessingLauncher', True)
     """
 
     #: whether ``fabric.launch()`` needs a function (the processes it starts run only that function)
@@ -48,19 +47,10 @@ class Launcher(ABC):
 
 
 class ForwardSignals:
-    """While active, SIGTERM and SIGINT sent to this (launching) process are passed on to its ranks first.
-
-    ``stop(signum)`` tells the ranks (e.g. SIGTERM, a grace period, then SIGKILL). Then this process reacts to the
-    signal as it would have: SIGINT raises ``KeyboardInterrupt``, SIGTERM ends the process. Only the default
-    handlers are replaced, and only from the main thread: a handler of the user's own is left alone. The previous
-    handlers come back on :meth:`restore`.
-
-    A signal delivered to another thread (torch's store and gloo threads included), or to the main thread just
-    before it blocks in a system call (``time.sleep``, a wait), is only flagged, and the handler would wait for that
-    call to return, minutes later; seen here in about 1 of 40 launches. So a
-    :class:`~fabric_lite.runtime.diagnostics.hang_report.WakeupWatch` redirects the signal to the main thread with
-    ``pthread_kill``, repeating until the handler has started (not where the program has a wake-up fd of its own).
-    """
+    """While active, SIGTERM and SIGINT sent to this (launching) process are passed on to its ranks first
+    (``stop(signum)``); then the process reacts as it would have. Only default handlers are replaced, from the main
+    thread, until :meth:`restore`. A signal that lands on another thread, or just before the main thread blocks,
+    is redirected to the main thread (``WakeupWatch``), else it would wait for the blocking call to return."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -100,7 +90,7 @@ class ForwardSignals:
             if signal.getsignal(signum) == self._forward:
                 signal.signal(signum, previous)
         self._previous.clear()
-        # wait for the thread: a launch that returned holds no thread of ours (on a busy machine it can take a moment)
+        # wait for the thread: a launch that returned holds no thread of ours
         self._watch.stop(timeout=_WATCHER_EXIT_S)
 
     def _forward(self, signum: int, frame: Any) -> None:
@@ -120,13 +110,9 @@ class ForwardSignals:
 
 
 def die_with_launcher(launcher_pid: int, is_parent: bool = True) -> None:
-    """Make this process die (SIGKILL) when the launcher does, so a SIGKILL to the launcher leaves no orphan.
-
-    Linux only; elsewhere a no-op. Where the launcher is this process's parent, the kernel does it
-    (``prctl(PR_SET_PDEATHSIG)``), and if the parent is gone already, this process exits now. Where it is not (a
-    child of ``multiprocessing``'s fork server, which lives on while its children hold its liveness pipe), a daemon
-    thread waits on a pidfd of the launcher.
-    """
+    """Make this process die (SIGKILL) when the launcher does, so a SIGKILL to the launcher leaves no orphan (Linux
+    only): through ``prctl(PR_SET_PDEATHSIG)`` where the launcher is the parent, else (a fork server's child) a
+    thread waiting on the launcher's pidfd."""
     if not sys.platform.startswith("linux"):
         return
     if not is_parent:

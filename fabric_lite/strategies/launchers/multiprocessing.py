@@ -38,32 +38,21 @@ if TYPE_CHECKING:
 class MultiProcessingLauncher(Launcher):
     """Start one process per local device with ``torch.multiprocessing`` and run the function in each.
 
-    The launching process is not a rank: it holds the rendezvous store (so the port cannot be taken by anyone
-    else), waits for the workers and returns what the function returned in global rank 0. When a worker fails,
-    the others are stopped and the launching process raises with the worker's traceback.
-
-    With ``"spawn"`` and ``"forkserver"`` the function and its arguments are pickled into new interpreters. Each
-    worker then starts as a forked one would: with the launching process's random states, deterministic-algorithm
-    and cuDNN benchmark flags (:class:`_GlobalStateSnapshot`), and with modules among the arguments holding their
-    own copy of their CPU parameters and buffers (passing them puts them in shared memory, where every worker's
-    optimizer would update the same storage).
+    The launching process is not a rank: it holds the rendezvous store and returns global rank 0's result; when a
+    worker fails, the others are stopped and it raises with that worker's traceback. A spawned worker starts as a
+    forked one would (random states, determinism flags), its argument modules' CPU tensors not shared.
 
     Args:
         strategy: the strategy whose processes to start.
-        start_method: ``"spawn"`` (a fresh interpreter: the function and its arguments must be picklable and the
-            script must guard its top level with ``if __name__ == "__main__":``), ``"fork"`` or ``"forkserver"``.
+        start_method: ``"spawn"`` (the function and its arguments must be picklable, and the script guarded by
+            ``if __name__ == "__main__":``), ``"fork"`` or ``"forkserver"``.
 
     Raises:
         ValueError: ``start_method`` is not available on this platform (``fork`` on Windows).
 
     Example::
 
-        def train(fabric):
-            return fabric.all_reduce(torch.tensor(1.0), reduce_op="sum").item()
-
-        if __name__ == "__main__":
-            fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn")
-            print(fabric.launch(train))  # 2.0: rank 0's result
+        print(Fabric(accelerator="cpu", devices=2, strategy="ddp_spawn").launch(train))  # rank 0's result
     """
 
     requires_function = True
@@ -94,15 +83,14 @@ class MultiProcessingLauncher(Launcher):
         listener = None
         port = environment.main_port
         if strategy.node_rank == 0:
-            # the port is bound before any worker starts, and the store hosted on it once they all have (see
-            # rendezvous.listen: a worker forked beside the store's server thread can hang); held for the whole job
+            # bound before any worker starts, the store hosted on it once they all have (a worker forked beside the
+            # store's server thread can hang)
             listener = rendezvous.listen(environment, 0)
             port = listener.getsockname()[1]
         store = None
         context = mp.get_context(self._start_method)
         results = context.SimpleQueue()  # rank 0's return value; read while joining, so a large one cannot block
-        # the ranks' trails of collectives, read here when a rank dies (the workers get the strategy, and so the
-        # folder, with their arguments); removed after the job
+        # the ranks' trails of collectives, read here when a rank dies; removed after the job
         run_dir = _trail.make_run_dir()
         strategy.attach_run(RunContext(launcher="spawn", run_dir=run_dir))
         try:
@@ -143,15 +131,7 @@ _MultiProcessingLauncher = MultiProcessingLauncher
 
 @dataclass
 class _GlobalStateSnapshot:
-    """The process-wide settings that a new interpreter starts without: the deterministic-algorithms flags, cuDNN's
-    benchmark flag and the random generators' states. Captured in the launching process and restored first in each
-    spawned worker, so that a worker starts where a forked one would (Lightning's private name).
-
-    Example::
-
-        snapshot = _GlobalStateSnapshot.capture()  # in the launching process
-        snapshot.restore()                         # in the worker: torch.initial_seed() as in the launcher, ...
-    """
+    """Process-wide settings a spawned worker restores, to start as a forked one would (Lightning's name)."""
 
     use_deterministic_algorithms: bool
     use_deterministic_algorithms_warn_only: bool
@@ -186,8 +166,7 @@ class _GlobalStateSnapshot:
 
 
 def _check_bad_cuda_fork(strategy: ParallelStrategy) -> None:
-    """Refuse to fork workers that would use CUDA where a forked process cannot: after CUDA was initialised here, or
-    in a process that was itself forked so. Where every device is the CPU, the workers never touch CUDA."""
+    """Refuse to fork workers that would use CUDA after CUDA was initialised here (or in a process forked so)."""
     devices = getattr(strategy, "parallel_devices", None)
     if isinstance(devices, list) and devices and all(device.type == "cpu" for device in devices):
         return
@@ -208,8 +187,7 @@ def _check_bad_cuda_fork(strategy: ParallelStrategy) -> None:
 
 
 def _check_missing_main_guard() -> None:
-    """Raise when this process is a spawned worker that is importing the user's script, and the script launches
-    again at import time (it has no ``if __name__ == "__main__":`` guard)."""
+    """Raise where a spawned worker importing the script would launch again (no ``__main__`` guard)."""
     if getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
             "fabric.launch() was called while a new process was importing your script: launching processes with the"
@@ -220,12 +198,7 @@ def _check_missing_main_guard() -> None:
 
 
 def _unshare_modules(data: Any) -> None:
-    """Give every module in ``data`` its own copy of the CPU parameters and buffers that sit in shared memory.
-
-    ``torch.multiprocessing`` passes a worker's CPU tensors through shared memory, so without this every worker
-    would train the same storage, each optimizer step racing with the others'. Tied parameters stay tied: a module
-    yields a shared parameter once.
-    """
+    """Give every module in ``data`` its own copy of its CPU tensors in shared memory (tied ones stay tied)."""
     leaves, _ = flatten(data)
     with torch.no_grad():
         for module in (leaf for leaf in leaves if isinstance(leaf, Module)):
@@ -236,8 +209,7 @@ def _unshare_modules(data: Any) -> None:
 
 @dataclass
 class _SpawnedRank:
-    """A worker as the supervisor sees it (a :class:`~fabric_lite.strategies.launchers._supervisor.Rank` over a
-    ``multiprocessing`` process); ``local_rank`` is its index among this node's workers."""
+    """A :class:`~fabric_lite.strategies.launchers._supervisor.Rank` over a ``multiprocessing`` process."""
 
     rank: int
     local_rank: int
@@ -277,15 +249,9 @@ def _supervise(
     first_rank: int = 0,
     world: int | None = None,
 ) -> bytes | None:
-    """Wait for the workers and return rank 0's pickled result (``None`` where rank 0 runs on another node), read as it
-    comes; on a failure, end the job with its root cause.
-
-    ``torch.multiprocessing`` would report whichever failed worker it noticed first, often a rank that only lost
-    its peer ("Connection closed by peer"). Here, as in the script launcher, a failure that only reports a lost peer
-    waits up to ``window`` seconds for the worker that really failed. Before the others are stopped, where every
-    rank was is reported from the trails in ``run_dir`` (unless a rank reported it already); ``first_rank`` is the
-    global rank of the first worker, ``world`` the number of ranks.
-    """
+    """Wait for the workers and return rank 0's pickled result (``None`` where rank 0 runs on another node); on a
+    failure, stop the others and raise with the root cause, not whichever worker ``torch.multiprocessing`` noticed
+    first (a secondary failure waits ``window`` seconds for it). ``first_rank`` is the first worker's global rank."""
     ranks = [
         _SpawnedRank(first_rank + i, i, process, processes.error_files[i])
         for i, process in enumerate(processes.processes)
@@ -351,13 +317,8 @@ def _supervise(
 
 @dataclass(frozen=True)
 class _Worker:
-    """What every worker runs: join the job (the strategy, the address and port of the launching process's store),
-    then run the function; global rank 0 sends its result back through ``results``.
-
-    A worker dies with the launching process (``launcher_pid``), also under ``forkserver``, where it is the fork
-    server's child. With the start methods that pickle the arguments, modules among them are unshared first (see
-    :func:`_unshare_modules`).
-    """
+    """What every worker runs: join the job through the launcher's store, then run the function; global rank 0
+    sends its result back through ``results``. A worker dies with the launching process (``launcher_pid``)."""
 
     strategy: ParallelStrategy
     address: str

@@ -35,10 +35,8 @@ class _Job:
     supervisor: ProcessSupervisor | None
 
 
-#: the job this process launched, if any. A second ``Fabric`` in the script (a second ``fabric.launch()``) joins it,
-#: as the same line does in the children, which see ``LOCAL_RANK``: starting the script again would leave a child
-#: waiting forever on a rendezvous that no other rank joins (Lightning sets ``LOCAL_RANK=0`` in rank 0's own
-#: environment for this)
+#: the job this process launched, if any: a second ``Fabric`` in the script joins it, as the same line does in the
+#: children (starting the script again would leave a child waiting on a rendezvous no other rank joins)
 _launched: _Job | None = None
 
 
@@ -54,26 +52,17 @@ def script_command() -> list[str]:
 
 
 class SubprocessScriptLauncher(Launcher):
-    """Start local ranks ``1..N-1`` by running this script again, then run the function in this process.
+    """Start local ranks ``1..N-1`` by running this script again, with ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``NODE_RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set as torchrun does, then run the function in this process
+    (local rank 0, which holds the rendezvous store on the main node); every process returns its own result.
 
-    The process the user started is local rank 0. On the main node it holds the rendezvous store on
-    ``MASTER_PORT`` (a free port when unset: the port is bound before any child starts, so concurrent jobs never
-    race for it). Each child gets ``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``LOCAL_RANK`` and
-    ``WORLD_SIZE`` in its environment and, like torchrun's workers, sees the same script and arguments.
-
-    Children are supervised (see :mod:`fabric_lite.strategies.launchers._supervisor`): the first failure ends the
-    whole job with that rank's traceback as the reported root cause, and no child outlives rank 0. Where
-    ``OMP_NUM_THREADS`` is unset, every process gets its share of the cores: rank 0 sets the variable, and the
-    children inherit it.
-
-    The function's return value is returned in every process (each process returns its own). A later ``Fabric``
-    in the script, with the same ``devices`` and ``num_nodes``, joins the processes already running, in rank 0 as in
-    the children; once the process group was destroyed, its ranks form a new one over the same rendezvous.
+    The first failure ends the whole job with that rank's traceback as the root cause
+    (:mod:`~fabric_lite.strategies.launchers._supervisor`), and no child outlives rank 0. A later ``Fabric`` in the
+    script with the same ``devices`` and ``num_nodes`` joins the processes already running.
 
     Example::
 
-        fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
-        fabric.launch()  # the script runs once more, with LOCAL_RANK=1; both continue from here
+        Fabric(accelerator="cpu", devices=2, strategy="ddp").launch()  # the script runs once more, as LOCAL_RANK=1
     """
 
     def __init__(self, strategy: ParallelStrategy) -> None:
@@ -184,6 +173,5 @@ class SubprocessScriptLauncher(Launcher):
         _launched = _Job(num_processes, strategy.world_size, strategy.node_rank, run, self.children, self.supervisor)
 
 
-#: Lightning Fabric's name of the launcher. Lightning builds its launcher from (cluster environment, processes per
-#: node, nodes); this one is built from the strategy, which it asks for the store and the ranks
+#: Lightning's name of the launcher (Lightning's is built from the environment and sizes; this one from the strategy)
 _SubprocessScriptLauncher = SubprocessScriptLauncher
