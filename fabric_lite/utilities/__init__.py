@@ -1,9 +1,5 @@
-"""Utilities: collection helpers, seeding, data loading, rank-zero logging, throughput and checkpoint files.
-
-The names of Lightning Fabric's ``lightning_fabric.utilities`` are here too. ``progress_bar``/``ProgressBar``,
-``consolidate_checkpoint`` and the throughput helpers are imported on first use, so that ``import fabric_lite``
-stays fast.
-"""
+"""Utilities, under the names of Lightning Fabric's ``utilities``; the progress bar, consolidation and throughput
+helpers are imported on first use, so that ``import fabric_lite`` stays fast."""
 
 from __future__ import annotations
 

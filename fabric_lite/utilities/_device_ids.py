@@ -1,9 +1,5 @@
-"""Which GPU indices a ``devices=`` value selects: one pure parser over the value and the indices a machine has.
-
-fabric_lite's plan (with its machine snapshot), the accelerators' ``parse_devices`` and Lightning's
-:mod:`fabric_lite.utilities.device_parser` (with the indices this machine has) all call :func:`parse_device_ids`, so
-a value means the same everywhere. It reads nothing itself; the errors carry Lightning's wording and fabric_lite's fix.
-"""
+"""Which GPU indices a ``devices=`` value selects: one pure parser over the value and a machine's indices, so that a
+value means the same to the plan, the accelerators and :mod:`fabric_lite.utilities.device_parser`."""
 
 from __future__ import annotations
 
@@ -17,11 +13,7 @@ _CHOICES = "Use an int, -1 for every GPU, a list of indices such as [0, 1], a st
 
 
 def _check_data_type(device_ids: object) -> None:
-    """Refuse a value that is not an int, a string or a sequence of ints (a bool is no int here).
-
-    Raises:
-        TypeError: naming what was passed.
-    """
+    """Raise ``TypeError`` for a value that is not an int, a string or a sequence of ints (a bool is no int here)."""
     if device_ids is None:
         raise TypeError(f"{_TYPE_MESSAGE} None. {_CHOICES}")
     if isinstance(device_ids, (MutableSequence, tuple)):
@@ -35,11 +27,7 @@ def _check_data_type(device_ids: object) -> None:
 
 
 def _check_unique(device_ids: Sequence[int]) -> None:
-    """Refuse an index listed twice (the backends cannot use one device twice).
-
-    Raises:
-        MisconfigurationException: naming the list.
-    """
+    """Raise ``MisconfigurationException`` for an index listed twice."""
     if len(device_ids) != len(set(device_ids)):
         raise MisconfigurationException(
             f"Device ID's (GPU) must be unique: {list(device_ids)} lists a device twice; each device can be used once."
@@ -48,8 +36,7 @@ def _check_unique(device_ids: Sequence[int]) -> None:
 
 
 def _normalize_parse_gpu_string_input(s: int | str | list[int]) -> int | list[int]:
-    """A string as the number or the index list it spells (``"-1"``, ``"3"``, ``"0, 2"``, ``"1,"``); other values
-    unchanged.
+    """A string as the number or index list it spells (``"-1"``, ``"0, 2"``, ``"1,"``); other values unchanged.
 
     Raises:
         TypeError: a string that spells neither.
@@ -66,16 +53,15 @@ def _normalize_parse_gpu_string_input(s: int | str | list[int]) -> int | list[in
 
 
 def _shown(available: Sequence[int]) -> str:
-    """``available`` for a message, short even when it is a range of thousands."""
+    """``available`` for a message, short even for a range of thousands."""
     if len(available) > 16:
         return f"[{available[0]}, ..., {available[-1]}]"
     return str(list(available))
 
 
 def requested_ids(devices: int | str | Sequence[int], available: Sequence[int]) -> list[int] | None:
-    """The indices ``devices`` asks for, before they are checked against ``available``: ``None`` for no GPU (``0``,
-    ``"0"``, ``[]``), all of ``available`` for ``-1``/``"-1"``, ``[0..n)`` for a count ``n``, the list itself for a
-    list or an index string.
+    """The indices ``devices`` asks for, unchecked: ``None`` for none (``0``, ``"0"``, ``[]``), all of ``available`` for
+    ``-1``, ``[0..n)`` for a count ``n``, the list itself for a list or an index string.
 
     Raises:
         TypeError: a value of another type.
@@ -104,11 +90,7 @@ def requested_ids(devices: int | str | Sequence[int], available: Sequence[int]) 
 
 
 def check_available(ids: list[int], available: Sequence[int]) -> list[int]:
-    """``ids`` unchanged when each is listed once and exists in ``available``.
-
-    Raises:
-        MisconfigurationException: an index listed twice, or one this machine does not have.
-    """
+    """``ids`` unchanged when each is listed once and in ``available``, else ``MisconfigurationException``."""
     _check_unique(ids)
     missing = [i for i in ids if i not in available]
     if missing:
@@ -123,20 +105,13 @@ def check_available(ids: list[int], available: Sequence[int]) -> list[int]:
 def parse_device_ids(
     devices: int | str | Sequence[int], available: Sequence[int], *, one_device_per_process: bool = False
 ) -> list[int] | None:
-    """The GPU indices ``devices`` selects on a machine with the device indices ``available``; ``None`` when it
-    selects none (``0``, ``"0"``, ``[]``).
+    """The GPU indices ``devices`` selects among ``available``; ``None`` for none (``0``, ``"0"``, ``[]``).
 
-    With ``one_device_per_process`` (a launcher such as torchrun gave each process one visible GPU), a request for
-    any other number of devices is returned as it is: it counts the processes on the node, not this process's GPUs.
-
-    Example::
-
-        parse_device_ids("1, 3", range(4))  # [1, 3]
-        parse_device_ids(-1, range(2))      # [0, 1]
-        parse_device_ids(3, range(2))       # MisconfigurationException: You requested gpu: [0, 1, 2] ...
+    With ``one_device_per_process`` (a launcher gave each process one visible GPU), another count is returned
+    unchecked: it counts the node's processes, not this process's GPUs.
 
     Raises:
-        TypeError: a value that is neither an int, a string nor a sequence of ints.
+        TypeError: a value that is not an int, a string or a sequence of ints.
         MisconfigurationException: a negative count other than -1, an index listed twice or missing.
     """
     ids = requested_ids(devices, available)

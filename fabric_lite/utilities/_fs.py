@@ -1,6 +1,4 @@
-"""Where a path leads: a local file, or a URL that only ``fsspec`` opens (the helpers under
-:mod:`fabric_lite.utilities.cloud_io` and the checkpoint code). Telling the two apart never imports ``fsspec``.
-"""
+"""Where a path leads: a local file, or a URL only ``fsspec`` opens; telling them apart never imports ``fsspec``."""
 
 from __future__ import annotations
 
@@ -18,30 +16,29 @@ _OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "ad
 
 
 def _protocol(path: _PATH) -> str:
-    """The protocol of ``path`` as fsspec reads it (the part before the first ``::`` or ``://``), ``"file"`` when
-    there is none. Decided without fsspec."""
+    """``path``'s protocol as fsspec reads it (before the first ``::`` or ``://``), ``"file"`` when there is none."""
     parts = re.split(r"(::|://)", str(path), maxsplit=1)
     return parts[0] if len(parts) > 1 else "file"
 
 
 def _is_local_file_protocol(path: _PATH) -> bool:
-    """Whether ``path`` names a local file: its protocol is absent or ``file``. Decided without fsspec."""
+    """Whether ``path`` names a local file: its protocol is absent or ``file``."""
     return _protocol(path) == "file"
 
 
 def _is_remote(path: _PATH) -> bool:
-    """Whether ``path`` is a URL that only ``fsspec`` can open (any protocol other than ``file``)."""
+    """Whether ``path`` is a URL that only ``fsspec`` can open."""
     return _protocol(path) != "file"
 
 
 def _local_path(path: _PATH) -> str:
-    """A local path or ``file://`` URL as a path ``open`` understands (``file:///a/b`` -> ``/a/b``)."""
+    """A local path or ``file://`` URL as a path ``open`` understands."""
     text = str(path)
     return text[len("file://") :] if text.startswith("file://") else text
 
 
 def _is_object_store(url: _PATH) -> bool:
-    """Whether ``url`` is on an object store (S3, GCS, Azure, ...): no folders, whole-object uploads."""
+    """Whether ``url`` is on an object store (S3, GCS, Azure, ...)."""
     return _protocol(str(url).split("::")[-1]) in _OBJECT_STORES
 
 
@@ -49,8 +46,8 @@ def _filesystem(url: _PATH, storage_options: dict[str, Any] | None = None) -> tu
     """The fsspec filesystem of ``url`` and the path on it; ``storage_options`` go to the filesystem's constructor.
 
     Raises:
-        ImportError: fsspec, or the protocol's package, is missing; the message names ``url`` and what to install.
-        ValueError: fsspec knows no filesystem for the protocol; the message names ``url``.
+        ImportError: fsspec or the protocol's package is missing; the message says what to install.
+        ValueError: fsspec knows no filesystem for the protocol.
         TypeError: ``storage_options`` is not a dict.
     """
     if storage_options is not None and not isinstance(storage_options, dict):

@@ -9,15 +9,8 @@ from typing import Any
 
 
 def lazy_getattr(package: str, lazy: dict[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` for ``package`` that imports ``lazy[name]`` when ``name`` is first asked for and
-    returns that module's ``name``. A submodule of the package is imported when first asked for as an attribute (as
-    where a package imports all its modules eagerly: ``fabric_lite.strategies.fsdp`` without importing it first);
-    any other name raises ``AttributeError``.
-
-    Example::
-
-        __getattr__ = lazy_getattr(__name__, {"FSDPStrategy": "fabric_lite.strategies.fsdp"})
-    """
+    """A module ``__getattr__`` for ``package``: ``name`` is imported from ``lazy[name]``, or as a submodule, on first
+    use; any other name raises ``AttributeError``."""
 
     def __getattr__(name: str) -> Any:
         if name in lazy:

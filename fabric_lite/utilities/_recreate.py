@@ -1,21 +1,7 @@
-"""Re-creating a ``DataLoader`` (or its batch sampler) with another sampler: how ``setup_dataloaders`` gives a loader
-its ``DistributedSampler`` (Lightning Fabric's ``_update_dataloader`` and the names around it, re-exported by
-:mod:`fabric_lite.utilities.data`).
-
-A loader's sampler cannot be swapped in place (torch forbids setting it after construction), so the loader is built
-again from its constructor arguments, found in one of two ways:
-
-* recorded: inside :func:`_replace_dunder_methods`, each loader (or batch sampler) created keeps the arguments it was
-  called with, and the attributes set on it afterwards, in attributes of its own (``__pl_saved_args``, ... as
-  Lightning names them, so a loader recorded by either library is re-created by the other);
-* read back: otherwise each parameter of the class's ``__init__`` is taken from the instance attribute of the same
-  name (``DataLoader`` keeps ``dataset``, ``batch_size``, ``num_workers``, ...). A subclass whose extra arguments are
-  not kept under their own names cannot be re-created this way; the error names them.
-
-Example::
-
-    loader = DataLoader(dataset, batch_size=32, shuffle=True, num_workers=4)
-    sharded = _update_dataloader(loader, DistributedSampler(dataset, num_replicas=2, rank=0))
+"""Re-creating a ``DataLoader`` (or its batch sampler) around another sampler, as ``setup_dataloaders`` does: torch
+forbids swapping a loader's sampler. The constructor arguments are recorded (inside :func:`_replace_dunder_methods`,
+in Lightning's attribute names, so either library re-creates the other's loaders) or read back from the instance
+attributes named like the ``__init__`` parameters.
 """
 
 from __future__ import annotations
@@ -47,8 +33,7 @@ _RECORDING = "__fabric_lite_recording"
 
 
 class _WrapAttrTag(LightningEnum):
-    """What a recorded attribute call did: ``SET`` (``setattr``) or ``DEL`` (``delattr``). Calling a tag with the
-    call's arguments does it again on another object."""
+    """A recorded attribute call, ``SET`` or ``DEL``; calling the tag with the call's arguments repeats it."""
 
     SET = "set"
     DEL = "del"
@@ -61,15 +46,11 @@ class _WrapAttrTag(LightningEnum):
 
 
 def get_all_subclasses(cls: type) -> set[type]:
-    """Every direct and indirect subclass of ``cls`` (defined so far).
+    """Every direct and indirect subclass of ``cls`` defined so far.
 
     Example::
 
-        >>> class A: ...
-        >>> class B(A): ...
-        >>> class C(B): ...
-        >>> sorted(c.__name__ for c in get_all_subclasses(A))
-        ['B', 'C']
+        get_all_subclasses(torch.optim.Optimizer)  # {SGD, Adam, AdamW, ...}
     """
     found: set[type] = set()
     pending: list[type] = [cls]
@@ -83,9 +64,8 @@ def get_all_subclasses(cls: type) -> set[type]:
 
 
 def _recording_init(init: Callable[..., None], store_explicit_arg: str | None) -> Callable[..., None]:
-    """``init`` (one class's own ``__init__``), which first records the call on the object: the outermost
-    ``__init__`` of a subclass chain is the call to repeat, the innermost value of ``store_explicit_arg`` is what
-    the base class received (``dataset`` after a subclass changed it)."""
+    """``init`` recording its call on the object: the outermost ``__init__`` of a subclass chain is the call to repeat;
+    the innermost value of ``store_explicit_arg`` is what the base class received."""
     signature = inspect.signature(init)
     positional = [
         p.name
@@ -123,9 +103,8 @@ def _recording_init(init: Callable[..., None], store_explicit_arg: str | None) -
 
 
 def _recording_attr_method(method: Callable[..., None], tag: _WrapAttrTag) -> Callable[..., None]:
-    """``method`` (a ``__setattr__`` or ``__delattr__``), which records the calls made after ``__init__`` so that
-    they can be made again on the re-created object; only the outermost of a chain of overrides is recorded,
-    with the arguments the user gave."""
+    """``method`` (``__setattr__``/``__delattr__``) recording the calls made after ``__init__``, to repeat on the
+    re-created object; only the outermost of a chain of overrides is recorded."""
 
     @functools.wraps(method)
     def wrapper(obj: Any, *args: Any) -> None:
@@ -146,20 +125,11 @@ def _recording_attr_method(method: Callable[..., None], tag: _WrapAttrTag) -> Ca
 
 @contextmanager
 def _replace_dunder_methods(base_cls: type, store_explicit_arg: str | None = None) -> Iterator[None]:
-    """Within the context, objects of ``base_cls`` and its subclasses record how they were made (the constructor's
-    arguments, and ``store_explicit_arg``'s value as the base class received it) and the attributes set or deleted
-    on them afterwards, so that :func:`_update_dataloader` can make them again with another sampler, whatever
-    arguments a subclass's ``__init__`` takes.
+    """Within the context, objects of ``base_cls`` and its subclasses record their constructor call (and
+    ``store_explicit_arg`` as the base class received it) and later attribute calls, for :func:`_update_dataloader`.
 
-    It replaces ``__init__``, ``__setattr__`` and ``__delattr__`` on the classes (those of ``base_cls`` always, a
-    subclass's where it defines them) and puts the originals back on exit, also after an error. The replacement is
-    process-wide while the context lasts: objects created by other threads meanwhile record their arguments too.
-
-    Example::
-
-        with _replace_dunder_methods(DataLoader, "dataset"), _replace_dunder_methods(BatchSampler):
-            loader = MyLoader(images, labels, batch_size=32)  # arguments DataLoader's own attributes do not keep
-        loader = _update_dataloader(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=0))
+    Patches ``__init__``, ``__setattr__`` and ``__delattr__`` on the classes and restores them on exit, also after an
+    error. The patch is process-wide: other threads' objects record too meanwhile.
     """
     originals: list[tuple[type, str, Any]] = []
     try:
@@ -190,15 +160,8 @@ def _replace_value_in_saved_args(
     default_kwargs: dict[str, Any],
     arg_names: tuple[str, ...],
 ) -> tuple[bool, tuple[Any, ...], dict[str, Any]]:
-    """Put ``replace_value`` in place of the argument ``replace_key`` of a recorded call: in ``args`` where it was
-    passed by position, else in ``kwargs`` (also when it was left at its default). Returns ``(found, args,
-    kwargs)``; ``kwargs`` is changed in place.
-
-    Example::
-
-        >>> _replace_value_in_saved_args("sampler", "new", ("old", 3), {}, {"drop_last": False}, ("sampler", "n"))
-        (True, ('new', 3), {})
-    """
+    """Put ``replace_value`` in place of the argument ``replace_key`` of a recorded call, in ``args`` where it was
+    positional, else in ``kwargs`` (changed in place). Returns ``(found, args, kwargs)``."""
     if replace_key in arg_names:
         index = arg_names.index(replace_key)
         return True, (*args[:index], replace_value, *args[index + 1 :]), kwargs
@@ -209,8 +172,7 @@ def _replace_value_in_saved_args(
 
 
 def _reinstantiate(original: Any, *args: Any, **kwargs: Any) -> Any:
-    """A new object of ``original``'s class from ``args``/``kwargs``, with the attribute calls recorded on
-    ``original`` made again on it."""
+    """A new object of ``original``'s class from ``args``/``kwargs``, with ``original``'s recorded attribute calls."""
     cls = type(original)
     try:
         result = cls(*args, **kwargs)
@@ -239,8 +201,7 @@ _CUSTOM_BATCH_SAMPLER = (
 
 
 def _resolve_sampler(dataloader: DataLoader[Any], sampler: Sampler[Any] | Iterable[Any]) -> dict[str, Any]:
-    """The sampling arguments of the re-created loader: ``sampler`` itself, or a batch sampler made again around it
-    when the loader has a custom one."""
+    """The re-created loader's sampling arguments: ``sampler``, or the custom batch sampler made again around it."""
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:
         return {"sampler": sampler, "shuffle": False, "batch_sampler": None}
@@ -284,17 +245,13 @@ def _resolve_sampler(dataloader: DataLoader[Any], sampler: Sampler[Any] | Iterab
 def _get_dataloader_init_args_and_kwargs(
     dataloader: DataLoader[Any], sampler: Sampler[Any] | Iterable[Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The arguments that make ``dataloader`` again with ``sampler``: ``(args, kwargs)`` for its class.
-
-    Recorded loaders (see :func:`_replace_dunder_methods`) give their call; others give, for each parameter of their
-    ``__init__`` (and ``DataLoader``'s, where it takes ``**kwargs``), the instance attribute of the same name where
-    it differs from the default. The sampling arguments come from ``sampler`` (left out for an iterable dataset).
+    """``(args, kwargs)`` that make ``dataloader`` again with ``sampler`` (an iterable dataset's loader gets none).
 
     Raises:
         ValueError: ``dataloader`` is not a ``DataLoader``.
-        MisconfigurationException: a required ``__init__`` argument is not an instance attribute of the same name.
-        TypeError: the class's ``__init__`` does not take an argument that must be passed (no ``**kwargs``), or it
-            has a custom batch sampler that cannot be made again around ``sampler``.
+        MisconfigurationException: a required ``__init__`` argument is no instance attribute of the same name.
+        TypeError: ``__init__`` does not take an argument that must be passed, or a custom batch sampler cannot be
+            made again around ``sampler``.
     """
     if not isinstance(dataloader, DataLoader):
         raise ValueError(
@@ -354,16 +311,10 @@ def _get_dataloader_init_args_and_kwargs(
 
 
 def _update_dataloader(dataloader: DataLoader[Any], sampler: Sampler[Any] | Iterable[Any]) -> DataLoader[Any]:
-    """A new loader of ``dataloader``'s class, with its settings (batch size, workers, ``collate_fn``, ...), that
-    draws from ``sampler`` (a custom batch sampler is made again around it); ``dataloader`` is left as it was.
+    """A new loader of ``dataloader``'s class and settings that draws from ``sampler``; ``dataloader`` is unchanged.
 
     Raises:
-        MisconfigurationException, TypeError: the loader cannot be made again (see
-            :func:`_get_dataloader_init_args_and_kwargs`); the message says what to change.
-
-    Example::
-
-        sharded = _update_dataloader(loader, DistributedSampler(loader.dataset, num_replicas=2, rank=0))
+        MisconfigurationException, TypeError: see :func:`_get_dataloader_init_args_and_kwargs`.
     """
     args, kwargs = _get_dataloader_init_args_and_kwargs(dataloader, sampler)
     return _reinstantiate(dataloader, *args, **kwargs)  # type: ignore[no-any-return]

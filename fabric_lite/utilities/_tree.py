@@ -1,15 +1,6 @@
-"""Flatten nested collections into a list of leaves and rebuild them, in one place.
-
-Every function that walks a user's collection (collectives, device transfer, number conversion) goes through
-``flatten`` and ``unflatten`` so that the supported container types are defined once:
-
-* mappings (``dict``, ``OrderedDict``, ``defaultdict`` and other ``Mapping`` types that can be rebuilt from
-  their items),
-* lists, tuples and namedtuples,
-* dataclass instances (every field is a child; the instance is shallow-copied and the fields written back, so
-  ``init=False`` fields and frozen dataclasses keep working).
-
-Anything else is a leaf, including strings, bytes, sets, ``torch.Size`` and tensors.
+"""Flatten nested collections into leaves and rebuild them: the one definition of the containers every walk over a
+user's collection supports. Mappings, lists, tuples, namedtuples and dataclasses (shallow-copied with their fields
+written back, so frozen ones work) are containers; anything else, strings and tensors included, is a leaf.
 """
 
 from __future__ import annotations
@@ -72,7 +63,7 @@ def _flatten_into(obj: Any, leaves: list[Any]) -> Spec:
 
 
 def flatten(obj: Any) -> tuple[list[Any], Spec]:
-    """Return the leaves of ``obj`` in a stable depth-first order and a spec to rebuild it."""
+    """The leaves of ``obj`` in a stable depth-first order, and a spec to rebuild it."""
     if type(obj) is list and all(type(x) in _ATOMS for x in obj):
         # a flat list of tensors or numbers (what Fabric hands its strategy): no recursion needed
         return list(obj), (_LIST, list, [_LEAF_SPEC] * len(obj))
@@ -118,13 +109,13 @@ def _build(spec: Spec, it: Any) -> Any:
 
 
 def unflatten(spec: Spec, leaves: list[Any]) -> Any:
-    """Rebuild the collection described by ``spec`` from ``leaves`` (as returned by :func:`flatten`)."""
+    """The collection ``spec`` describes, rebuilt from ``leaves`` (see :func:`flatten`)."""
     if spec is _LEAF_SPEC:
         return leaves[0]
     return _build(spec, iter(leaves))
 
 
 def map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply ``fn`` to every leaf of ``obj`` and rebuild the collection."""
+    """``obj`` rebuilt with ``fn`` applied to every leaf."""
     leaves, spec = flatten(obj)
     return unflatten(spec, [fn(leaf) for leaf in leaves])

@@ -17,9 +17,8 @@ def _from_numpy(value: np.ndarray[Any, Any], device: torch.device | str | int) -
     return torch.from_numpy(value).to(device)
 
 
-#: ``(type, converter)`` pairs: how :func:`convert_to_tensors` turns Python and NumPy values into tensors
-#: (``converter(value, device=device)``), in order. The dtypes are Lightning Fabric's, so that results are identical:
-#: bool -> uint8 (NCCL cannot reduce bool tensors), int -> int32, float -> float32; NumPy arrays keep their dtype
+#: ``(type, converter)`` pairs, in order, for :func:`convert_to_tensors`: Lightning Fabric's dtypes, so that results
+#: are identical (bool -> uint8: NCCL cannot reduce bool tensors); NumPy arrays keep their dtype
 CONVERSION_DTYPES: list[tuple[Any, Callable[..., Tensor]]] = [
     (bool, partial(torch.tensor, dtype=torch.uint8)),
     (int, partial(torch.tensor, dtype=torch.int)),
@@ -36,8 +35,7 @@ def apply_to_collection(
 ) -> Any:
     """Apply ``function(leaf, *args, **kwargs)`` to every leaf of ``data`` that is an instance of ``dtype``.
 
-    Mappings, lists, tuples, namedtuples and dataclasses are walked and rebuilt with the same types; every other
-    leaf is returned as it is.
+    Mappings, lists, tuples, namedtuples and dataclasses are rebuilt with their types; other leaves are kept.
 
     Example::
 
@@ -62,9 +60,7 @@ def _move(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
 
 
 def move_data_to_device(batch: Any, device: torch.device | str | int) -> Any:
-    """Move every tensor (and every object with a ``.to(device)`` method) in ``batch`` to ``device``.
-
-    Tensors already on ``device`` are returned as they are (no copy). Host-to-CUDA copies are non-blocking.
+    """Move every tensor (and object with ``.to(device)``) in ``batch`` to ``device``; host-to-CUDA copies don't block.
 
     Example::
 
@@ -88,10 +84,9 @@ def _to_tensor(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
 
 
 def convert_to_tensors(data: Any, device: torch.device | str | int) -> Any:
-    """Turn Python numbers and NumPy arrays in ``data`` into tensors on ``device`` and move tensors there.
+    """Make Python numbers and NumPy arrays in ``data`` tensors on ``device``, and move tensors there.
 
-    ``bool`` becomes ``uint8``, ``int`` becomes ``int32`` and ``float`` becomes ``float32``, as in Lightning Fabric.
-    Other leaves (strings, ``None``, ...) are left alone.
+    As in Lightning, ``bool`` becomes ``uint8``, ``int`` ``int32`` and ``float`` ``float32``; other leaves are kept.
 
     Example::
 
@@ -127,15 +122,12 @@ def convert_leaves(leaves: list[Any], device: torch.device) -> list[Any]:
 
 
 def convert_tensors_to_scalars(data: Any) -> Any:
-    """Replace every one-element tensor in ``data`` by its Python number (``tensor.item()``).
-
-    Raises:
-        ValueError: a tensor has more than one element (or none).
+    """Replace every one-element tensor in ``data`` by ``tensor.item()``; raises ``ValueError`` for other tensors.
 
     Example::
 
-        >>> convert_tensors_to_scalars({"loss": torch.tensor(0.5), "step": [torch.tensor(3)]})
-        {'loss': 0.5, 'step': [3]}
+        >>> convert_tensors_to_scalars({"loss": torch.tensor(0.5)})
+        {'loss': 0.5}
     """
 
     def to_item(value: Tensor) -> int | float | bool:

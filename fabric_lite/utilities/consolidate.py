@@ -1,12 +1,7 @@
-"""Turn a sharded checkpoint folder (``FSDPStrategy``'s default, or ``DeepSpeedStrategy``'s) into one full checkpoint
-file: fabric_lite's public module for :func:`consolidate_checkpoint` and the consolidate command, whose code lives at
-Lightning Fabric's path, :mod:`fabric_lite.utilities.consolidate_checkpoint`.
+"""fabric_lite's public module for :func:`consolidate_checkpoint` and the consolidate command, whose code lives at
+Lightning's path, :mod:`fabric_lite.utilities.consolidate_checkpoint`.
 
     fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt
-    python -m fabric_lite.utilities.consolidate checkpoints/step-1000 step-1000.ckpt   # the same
-
-The same from Python: :func:`fabric_lite.utilities.consolidate_checkpoint`, which says what a DeepSpeed folder
-becomes.
 """
 
 from __future__ import annotations
@@ -24,13 +19,11 @@ __all__ = ["add_consolidate_arguments", "consolidate_checkpoint", "main", "run_c
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line: ``python -m fabric_lite.utilities.consolidate FOLDER [OUTPUT | --output_file OUTPUT]``;
-    returns the exit status (see :func:`run_consolidate`).
+    """``python -m fabric_lite.utilities.consolidate FOLDER [OUTPUT | --output_file OUTPUT]``; returns the exit status.
 
     Example::
 
         python -m fabric_lite.utilities.consolidate checkpoints/step-1000 step-1000.ckpt
-        # wrote step-1000.ckpt (604.1 MB)
     """
     parser = argparse.ArgumentParser(
         prog="python -m fabric_lite.utilities.consolidate",

@@ -1,20 +1,10 @@
-"""Turn a sharded checkpoint folder (``FSDPStrategy``'s default, ``ModelParallelStrategy``'s, or
-``DeepSpeedStrategy``'s) into one full checkpoint file: :func:`consolidate_checkpoint`, and the command line at
-Lightning Fabric's module path.
+"""Turn a sharded checkpoint folder (FSDP's, ModelParallel's or DeepSpeed's) into one full checkpoint file, with
+the command line at Lightning's module path::
 
     python -m fabric_lite.utilities.consolidate_checkpoint checkpoints/step-1000 --output_file step-1000.ckpt
-    fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt   # the same
 
-The file holds every entry whole, on the CPU, in the layout of ``FSDPStrategy(state_dict_type="full")``: a
-module's state dict as ``module.state_dict()`` gives it (it loads anywhere, with or without fabric_lite), optimizer
-state keyed by parameter name. It needs no process group and no GPU, but the memory to hold the whole checkpoint.
-The command line is Lightning's (``fabric consolidate``, and ``python -m`` this module under Lightning's name):
-without ``--output_file`` the file is written beside the folder, named after it with the suffix ``.consolidated``,
-and an existing file is never overwritten.
-
-``fabric_lite.utilities.consolidate_checkpoint`` names both this module and the function (fabric_lite's public name,
-from :mod:`fabric_lite.utilities.consolidate`): once the module is imported, the import system puts it where the
-package had the function, so the module is callable as the function.
+Once imported, the module is callable as :func:`consolidate_checkpoint`: the import system puts it where
+``fabric_lite.utilities`` had that function.
 """
 
 from __future__ import annotations
@@ -48,31 +38,21 @@ _DESCRIPTION = (
 
 
 def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
-    """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``.
+    """Write the sharded checkpoint in ``checkpoint_folder`` as one ``torch.save`` file at ``output_file``, atomically.
 
-    The file is written atomically (:func:`~fabric_lite.runtime.checkpoint.atomic_save`), with what torch's
-    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` would write. Run it in one process: it reads
-    every shard.
-    A DeepSpeed checkpoint folder (``DeepSpeedStrategy``'s) becomes ``{model_key: float32 weights, **other entries}``
-    through DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint`` (no optimizer state; needs DeepSpeed).
-
-    Either may be an fsspec URL (``s3://bucket/run/step-1000``): the folder is then read with torch's
-    ``FsspecReader`` and the file uploaded whole (see :mod:`fabric_lite.runtime.checkpoint`).
-
-    Returns:
-        The path of the file written (a ``Path``; the URL string for a URL).
+    Every entry is whole and on the CPU, as ``FSDPStrategy(state_dict_type="full")`` saves it, so the file loads
+    without fabric_lite, a process group or a GPU. A DeepSpeed folder becomes
+    ``{model_key: float32 weights, **other entries}`` (needs DeepSpeed). Either path may be an fsspec URL. Returns the
+    path written (a string for a URL).
 
     Raises:
         FileNotFoundError: nothing exists at ``checkpoint_folder``.
-        CheckpointError: ``checkpoint_folder`` is not a sharded checkpoint (a plain file, or a folder without DCP's
-            ``.metadata``), ``output_file`` is a folder, or reading or writing failed; the message names the path.
+        CheckpointError: ``checkpoint_folder`` is no sharded checkpoint, ``output_file`` is a folder, or reading or
+            writing failed; the message names the path.
 
     Example::
 
-        from fabric_lite.utilities import consolidate_checkpoint
-
         consolidate_checkpoint("checkpoints/step-1000", "step-1000.ckpt")
-        state = torch.load("step-1000.ckpt", weights_only=True)  # {"model": {...}, "optimizer": {...}, ...}
     """
     if not _is_remote(output_file) and deepspeed.is_deepspeed_checkpoint(checkpoint_folder):
         return deepspeed.consolidate(checkpoint_folder, output_file)
@@ -88,13 +68,12 @@ def consolidate_checkpoint(checkpoint_folder: _PATH, output_file: _PATH) -> Any:
 
 
 def add_consolidate_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the arguments of the consolidate command (Lightning's): ``CHECKPOINT_FOLDER [--output_file FILE]``.
+    """Add the consolidate command's arguments (Lightning's): ``CHECKPOINT_FOLDER [--output_file FILE]``; by default the
+    file goes beside the folder, with the suffix ``.consolidated``, and no existing file is overwritten.
 
     Example::
 
-        parser = argparse.ArgumentParser()
         add_consolidate_arguments(parser)
-        parser.parse_args(["ckpt", "--output_file", "out.pt"])  # Namespace(checkpoint_folder='ckpt', ...)
     """
     parser.add_argument(
         "checkpoint_folder",
@@ -114,8 +93,7 @@ def add_consolidate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse_cli_args() -> argparse.Namespace:
-    """The command line of this module (``sys.argv``): ``checkpoint_folder`` and ``output_file`` (None when not
-    given), unchecked (see :func:`_process_cli_args`)."""
+    """This module's command line, unchecked (see :func:`_process_cli_args`)."""
     parser = argparse.ArgumentParser(
         prog="python -m fabric_lite.utilities.consolidate_checkpoint", description=_DESCRIPTION
     )
@@ -124,13 +102,11 @@ def _parse_cli_args() -> argparse.Namespace:
 
 
 def _checked(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` checked: the folder is a sharded checkpoint and the output file does not exist yet (its default
-    filled in). Local paths become ``Path`` objects; URLs stay strings, and their folder is checked when read.
+    """``args`` checked, with the default output file filled in; local paths become ``Path`` objects.
 
     Raises:
         RuntimeError: torch is older than 2.3.
-        FileNotFoundError, NotADirectoryError, CheckpointError, FileExistsError: the message names the path and the
-            fix (in Lightning's wording).
+        FileNotFoundError, NotADirectoryError, CheckpointError, FileExistsError: in Lightning's wording, with the fix.
     """
     if not _TORCH_GREATER_EQUAL_2_3:
         raise RuntimeError("Processing distributed checkpoints requires PyTorch >= 2.3. Upgrade torch.")
@@ -177,8 +153,7 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def _process_cli_args(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` of the command line checked, as ``Namespace(checkpoint_folder, output_file)`` with the default output
-    file filled in; a problem is logged (with the path and the fix) and ends the program with status 1."""
+    """:func:`_checked`, where a problem is logged and ends the program with status 1."""
     try:
         return _checked(args)
     except (RuntimeError, OSError, CheckpointError) as err:
@@ -187,13 +162,10 @@ def _process_cli_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def run_consolidate(args: argparse.Namespace) -> int:
-    """Run the consolidate command with parsed arguments; returns the exit status: 0, or 1 with the reason on
-    stderr (no such folder, not a sharded checkpoint folder, an output file that exists, a failed read or write).
+    """Run the consolidate command; returns the exit status, 0 or 1 (with the reason on stderr).
 
     Example::
 
-        parser = argparse.ArgumentParser()
-        add_consolidate_arguments(parser)
         run_consolidate(parser.parse_args(["checkpoints/step-1000"]))  # writes checkpoints/step-1000.consolidated
     """
     try:
@@ -208,8 +180,7 @@ def run_consolidate(args: argparse.Namespace) -> int:
 
 
 class _CallableModule(types.ModuleType):
-    """This module, which may stand where ``fabric_lite.utilities`` had the function :func:`consolidate_checkpoint`
-    (see the module's docstring): calling it calls the function."""
+    """This module, callable as :func:`consolidate_checkpoint` (see the module's docstring)."""
 
     def __call__(self, checkpoint_folder: _PATH, output_file: _PATH) -> Any:
         return consolidate_checkpoint(checkpoint_folder, output_file)

@@ -1,15 +1,5 @@
-"""Dataloader helpers: distributed samplers, re-creating a loader with a new sampler (its machinery is
-:mod:`fabric_lite.utilities._recreate`, re-exported here under Lightning's names), lengths, worker counts, and
-``AttributeDict`` (the public names of Lightning Fabric's ``utilities.data``); and ``SeedPerSample``, per-sample
-random streams for augmentation that survives a resume inside an epoch.
-
-Example::
-
-    from fabric_lite.utilities.data import AttributeDict, suggested_max_num_workers
-
-    state = AttributeDict(model=model, step=0)
-    loader = DataLoader(dataset, num_workers=suggested_max_num_workers(fabric.world_size))
-"""
+"""Dataloader helpers under the public names of Lightning Fabric's ``utilities.data`` (re-creating a loader lives in
+:mod:`fabric_lite.utilities._recreate`), and :class:`SeedPerSample`."""
 
 from __future__ import annotations
 
@@ -61,7 +51,7 @@ __all__ = [
 
 
 def has_iterable_dataset(dataloader: object) -> bool:
-    """Whether ``dataloader`` has a ``dataset`` attribute that is an ``IterableDataset``.
+    """Whether ``dataloader.dataset`` is an ``IterableDataset``.
 
     Example::
 
@@ -71,7 +61,7 @@ def has_iterable_dataset(dataloader: object) -> bool:
 
 
 def sized_len(dataloader: object) -> int | None:
-    """``len(dataloader)``, or ``None`` when it has no length (``TypeError`` or ``NotImplementedError``).
+    """``len(dataloader)``, or ``None`` when it has none (``TypeError`` or ``NotImplementedError``).
 
     Example::
 
@@ -85,8 +75,8 @@ def sized_len(dataloader: object) -> int | None:
 
 
 def has_len(dataloader: object) -> TypeGuard[Sized]:
-    """Whether ``dataloader`` has a length; warns (on rank 0) when the length is 0, or when an ``IterableDataset``
-    has one (with several workers it may be wrong unless each worker skips the others' data).
+    """Whether ``dataloader`` has a length; warns on rank 0 when it is 0, or when an ``IterableDataset`` has one (with
+    several workers it may be wrong).
 
     Example::
 
@@ -105,15 +95,15 @@ def has_len(dataloader: object) -> TypeGuard[Sized]:
 
 
 def suggested_max_num_workers(local_world_size: int) -> int:
-    """An upper bound for ``DataLoader(num_workers=...)``: the CPU cores this process may use, divided among the
-    ``local_world_size`` processes of this machine, minus one for each main process (at least 1).
+    """An upper bound for ``num_workers``: this process's CPU cores shared among the ``local_world_size`` processes of
+    the machine, minus one for each main process (at least 1).
 
     Raises:
         ValueError: ``local_world_size < 1``.
 
     Example::
 
-        num_workers = suggested_max_num_workers(fabric.world_size // fabric.num_nodes)  # 7 with 16 cores, 2 GPUs
+        num_workers = suggested_max_num_workers(fabric.world_size // fabric.num_nodes)
     """
     if local_world_size < 1:
         raise ValueError(f"`local_world_size` should be >= 1, got {local_world_size}.")
@@ -121,19 +111,14 @@ def suggested_max_num_workers(local_world_size: int) -> int:
 
 
 class AttributeDict(dict[str, Any]):
-    """A ``dict`` whose keys are also attributes: ``state.step += 1`` is ``state["step"] += 1``.
-
-    Handy for the state passed to ``fabric.save``/``fabric.load``. Its repr lists one key per line, sorted.
+    """A ``dict`` whose keys are also attributes; its repr lists one key per line, sorted.
 
     Example::
 
-        >>> state = AttributeDict(step=0, lr=0.1)
+        >>> state = AttributeDict(step=0)
         >>> state.step += 1
         >>> state["step"]
         1
-        >>> state
-        "lr":   0.1
-        "step": 1
     """
 
     def __getattr__(self, key: str) -> Any:
@@ -159,11 +144,10 @@ class AttributeDict(dict[str, Any]):
 
 
 def distributed_sampler(dataloader: DataLoader[Any], num_replicas: int, rank: int) -> DistributedSampler:  # type: ignore[type-arg]
-    """A ``DistributedSampler`` that keeps the loader's shuffling and seed.
+    """A ``DistributedSampler`` that keeps the loader's shuffling (a ``RandomSampler``) and seed.
 
-    ``shuffle`` is on when the loader shuffled (a ``RandomSampler``). The seed is the seed of the loader's own
-    ``generator`` when it has one, else the seed given to ``seed_everything``, else 0; every process must use the
-    same seed, so that their shards do not overlap.
+    The seed is the loader's ``generator``'s, else ``seed_everything``'s, else 0: every process must use the same,
+    so that the shards do not overlap. Any other sampler is wrapped in :class:`DistributedSamplerWrapper`, in its order.
     """
     sampler = dataloader.sampler
     generator = getattr(sampler, "generator", None) or dataloader.generator
@@ -185,13 +169,7 @@ replace_sampler = _update_dataloader
 
 
 def _set_sampler_epoch(dataloader: object, epoch: int) -> None:
-    """Call ``set_epoch(epoch)`` on the loader's sampler and on its batch sampler's sampler, where they have it (once
-    where they are the same object): a ``DistributedSampler`` shuffles by its epoch.
-
-    Example::
-
-        _set_sampler_epoch(loader, 3)  # loader.sampler.set_epoch(3), if it has set_epoch
-    """
+    """Call ``set_epoch(epoch)`` on the loader's sampler and its batch sampler's (once if the same), where defined."""
     sampler = getattr(dataloader, "sampler", None)
     inner = getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)
     for target in (sampler, None if inner is sampler else inner):
@@ -201,31 +179,24 @@ def _set_sampler_epoch(dataloader: object, epoch: int) -> None:
 
 
 def add_worker_init_fn(dataloader: DataLoader[Any], rank: int) -> None:
-    """Give the loader's workers distinct seeds when ``seed_everything(workers=True)`` asked for it, with Lightning's
-    ``worker_init_fn`` (:func:`pl_worker_init_function`): the workers draw the same numbers as under Lightning."""
+    """Give the loader Lightning's :func:`pl_worker_init_function` when ``seed_everything(workers=True)`` asked for it
+    and the loader has no ``worker_init_fn``."""
     if dataloader.worker_init_fn is None and seed_workers_requested():
         dataloader.worker_init_fn = functools.partial(pl_worker_init_function, rank=rank)
 
 
 class SeedPerSample(Dataset[Any]):
-    """A map-style dataset whose every sample draws its random numbers from a stream of its own, seeded from
-    ``(seed, epoch, index)``: random augmentation then gives the same result whichever worker reads the sample,
-    and so also after a resume inside an epoch (where the batches fall to other workers than in the original run).
+    """A map-style dataset whose every sample draws from a random stream of its own, seeded by ``(seed, epoch, index)``.
 
-    Off by default, as an explicit wrapper: it changes the numbers a script prints, since augmentation no longer
-    draws from the workers' own streams. Before each call it seeds torch, ``random`` and NumPy; in the main process
-    (``num_workers=0``) it puts their states back after the call, so that the model's draws (dropout) are not
-    disturbed, at a cost of some 10-20 µs a sample. A loader from ``Fabric.setup_dataloaders`` sets its epoch at
-    each new iteration; ``persistent_workers=True`` is refused there (the workers would keep their first epoch).
-
-    Args:
-        dataset: the map-style dataset; its ``__getitem__`` is called one index at a time.
-        seed: the base seed; by default the one given to ``seed_everything``, else 0.
+    Random augmentation then gives the same result whichever worker reads the sample, also after a resume inside an
+    epoch. Opt-in, as it changes the numbers a script draws. In the main process (``num_workers=0``) the generators'
+    states are restored after each sample, so that the model's draws are undisturbed. ``seed`` defaults to
+    ``seed_everything``'s, else 0. ``setup_dataloaders`` sets the epoch, and refuses ``persistent_workers=True``
+    (whose workers would keep their first epoch).
 
     Example::
 
         loader = DataLoader(SeedPerSample(AugmentedImages(...)), batch_size=32, shuffle=True, num_workers=4)
-        loader = fabric.setup_dataloaders(loader)
     """
 
     def __init__(self, dataset: Dataset[Any], seed: int | None = None) -> None:

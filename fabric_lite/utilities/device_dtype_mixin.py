@@ -1,10 +1,7 @@
-"""A module that knows its device and dtype: ``module.device`` and ``module.dtype``, at Lightning Fabric's path.
+"""``module.device`` and ``module.dtype`` for modules, at Lightning Fabric's path.
 
-A plain ``nn.Module`` has no device of its own: its parameters may sit on several devices, and a module without
-parameters has none to ask. A module built on :class:`_DeviceDtypeModuleMixin` records the device and dtype it was
-created under, and then those it was last moved or cast to (``to``, ``cuda``, ``cpu``, ``type``, ``float``,
-``double``, ``half``), and hands them to every such module inside it, also under plain ``nn.Module`` levels.
-The module that ``Fabric.setup`` returns is one, so ``fabric_model.device`` is where the model was set up.
+A plain ``nn.Module`` has no device of its own (its parameters may sit on several, or there are none), so
+:class:`_DeviceDtypeModuleMixin` records the device and dtype a module was created under or last moved or cast to.
 """
 
 from __future__ import annotations
@@ -17,16 +14,7 @@ from typing_extensions import Self, override
 
 
 class _DeviceDtypeModuleMixin(Module):
-    """An ``nn.Module`` with ``device`` and ``dtype`` properties, kept up to date by its own moves and casts.
-
-    Example::
-
-        class Head(_DeviceDtypeModuleMixin):
-            ...
-
-        head = Head().to("cpu", torch.float64)
-        head.device, head.dtype  # device(type='cpu'), torch.float64
-    """
+    """An ``nn.Module`` whose ``device`` and ``dtype`` follow its moves and casts, passed on to such modules inside."""
 
     # TorchScript cannot compile these properties (they return Python-side state): it leaves them out
     __jit_unused_properties__: ClassVar[list[str]] = ["device", "dtype"]
@@ -59,13 +47,13 @@ class _DeviceDtypeModuleMixin(Module):
     def _recorded(
         self, moved: Self, device: torch.device | None = None, dtype: str | torch.dtype | None = None
     ) -> Self:
-        """``moved`` (this module, after a move or cast), with ``device`` and ``dtype`` recorded where given."""
+        """``moved``, with ``device`` and ``dtype`` recorded where given."""
         _update_properties(self, device=device, dtype=dtype)
         return moved
 
     @override
     def to(self, *args: Any, **kwargs: Any) -> Self:
-        """:meth:`torch.nn.Module.to`, recording the device and dtype it moves to."""
+        """:meth:`torch.nn.Module.to`, recording the device and dtype; the other moves and casts record theirs too."""
         # the arguments as nn.Module.to reads them: a device and a dtype, each given or None
         device, dtype = torch._C._nn._parse_to(*args, **kwargs)[:2]
         return self._recorded(super().to(*args, **kwargs), device=device, dtype=dtype)
@@ -81,40 +69,30 @@ class _DeviceDtypeModuleMixin(Module):
 
     @override
     def cpu(self) -> Self:
-        """:meth:`torch.nn.Module.cpu`, recording the device."""
         return self._recorded(super().cpu(), device=torch.device("cpu"))
 
     @override
     def type(self, dst_type: str | torch.dtype) -> Self:
-        """:meth:`torch.nn.Module.type`, recording the dtype."""
         return self._recorded(super().type(dst_type=dst_type), dtype=dst_type)
 
     @override
     def float(self) -> Self:
-        """:meth:`torch.nn.Module.float`, recording the dtype."""
         return self._recorded(super().float(), dtype=torch.float)
 
     @override
     def double(self) -> Self:
-        """:meth:`torch.nn.Module.double`, recording the dtype."""
         return self._recorded(super().double(), dtype=torch.double)
 
     @override
     def half(self) -> Self:
-        """:meth:`torch.nn.Module.half`, recording the dtype."""
         return self._recorded(super().half(), dtype=torch.half)
 
 
 def _update_properties(
     root: Module, device: torch.device | None = None, dtype: str | torch.dtype | None = None
 ) -> None:
-    """Record ``device`` and ``dtype`` (where given) on every :class:`_DeviceDtypeModuleMixin` in ``root``, ``root``
-    included, without moving anything (the parameters may be on several devices, or on the meta device).
-
-    Example::
-
-        _update_properties(fabric_model, device=torch.device("cuda", 0))  # fabric_model.device: cuda:0
-    """
+    """Record ``device`` and ``dtype`` (where given) on every :class:`_DeviceDtypeModuleMixin` in ``root``, without
+    moving anything."""
     for module in root.modules():
         if not isinstance(module, _DeviceDtypeModuleMixin):
             continue

@@ -1,15 +1,5 @@
-"""Lightning Fabric's ``utilities.device_parser``: parsing ``devices=`` for GPUs against this machine.
-
-The parsing itself is :func:`fabric_lite.utilities._device_ids.parse_device_ids`, the one parser fabric_lite's plan
-and accelerators use too; the functions here give it the indices this machine has, read through
-``accelerators.cuda.num_cuda_devices`` and ``accelerators.mps._get_all_available_mps_gpus`` (so patching those
-changes what they see, as in Lightning).
-
-Example::
-
-    _parse_gpu_ids("0, 2", include_cuda=True)  # [0, 2] on a machine with at least three GPUs
-    _parse_gpu_ids(0, include_cuda=True)       # None: no GPU
-"""
+"""Lightning Fabric's ``utilities.device_parser``: :func:`~fabric_lite.utilities._device_ids.parse_device_ids` given
+this machine's GPUs, read through ``accelerators.cuda`` and ``accelerators.mps`` (where tests patch them)."""
 
 from __future__ import annotations
 
@@ -30,7 +20,7 @@ from fabric_lite.utilities.types import _DEVICE
 
 
 def _determine_root_gpu_device(gpus: list[_DEVICE] | None) -> _DEVICE | None:
-    """The first of ``gpus`` (the device the main process uses), ``None`` for ``None``.
+    """The first of ``gpus``, or ``None`` for ``None``.
 
     Raises:
         TypeError: ``gpus`` is not a list.
@@ -57,7 +47,7 @@ def _sanitize_gpu_ids(gpus: list[int], include_cuda: bool = False, include_mps: 
 
     Raises:
         ValueError: neither kind of GPU is included.
-        MisconfigurationException: an index listed twice or one the machine does not have.
+        MisconfigurationException: an index listed twice or missing.
     """
     if not (include_cuda or include_mps):
         raise ValueError("At least one gpu type should be specified! Pass include_cuda=True or include_mps=True.")
@@ -67,11 +57,8 @@ def _sanitize_gpu_ids(gpus: list[int], include_cuda: bool = False, include_mps: 
 def _parse_gpu_ids(
     gpus: int | str | Sequence[int] | None, include_cuda: bool = False, include_mps: bool = False
 ) -> list[int] | None:
-    """The GPU indices ``gpus`` selects on this machine: ``None`` for none (``0``, ``"0"``, ``[]``), every GPU for
-    ``-1``, ``[0..n)`` for a count, the indices of a list or of a string such as ``"0,2"``.
-
-    Under torchelastic with one visible GPU per process, any other count is taken as given: the launcher already
-    gave each process its GPU.
+    """The GPU indices ``gpus`` selects on this machine (see the module's docstring); under torchelastic with one
+    visible GPU per process, another count is taken as given.
 
     Raises:
         TypeError: a value that is not an int, a string or a sequence of ints.

@@ -1,17 +1,5 @@
-"""Public distributed utilities (Lightning's ``pytorch_lightning.utilities.distributed``).
-
-Every function here works with or without a process group: without one (a single process, or
-``torch.distributed`` not initialised) each is an identity or a no-op, so the same code runs on one device and on
-many. Every function that communicates must be called by every process of ``group`` (default: all processes).
-
-Example::
-
-    from fabric_lite.utilities.distributed import all_gather_ddp_if_available, gather_all_tensors, sync_ddp
-
-    total = sync_ddp(torch.tensor(local_count), reduce_op="sum")     # in place, on every rank
-    scores = gather_all_tensors(per_sample_scores)                   # one tensor per rank, shapes may differ
-    embeddings = all_gather_ddp_if_available(z, sync_grads=True)     # (world_size, *z.shape), differentiable
-"""
+"""Distributed utilities (Lightning's ``utilities.distributed``). Each works without a process group (an identity
+or a no-op there); each that communicates must be called by every process of ``group``."""
 
 from __future__ import annotations
 
@@ -66,41 +54,29 @@ def distributed_available() -> bool:
 
     Example::
 
-        if distributed_available():  # False in a single process, True after fabric.launch() with several
-            torch.distributed.all_reduce(counts)
+        distributed_available()  # False in a single process
     """
     return dist.is_available() and dist.is_initialized()
 
 
 class AllGatherGrad(collectives.gather._AllGatherGrad):
-    """An all-gather that gradients flow back through: ``AllGatherGrad.apply(tensor, group=None)``.
+    """A differentiable all-gather: ``AllGatherGrad.apply(tensor, group=None)``.
 
-    Forward: every rank gets a tensor of shape ``(world_size, *tensor.shape)`` holding every rank's ``tensor``.
-    Backward: the incoming gradients are summed over the ranks and each rank's ``tensor`` receives its own slice,
-    so a loss computed on any rank from rank ``r``'s slice contributes to rank ``r``'s gradient. Every rank must
-    run the backward (as every rank must run the forward). Tensors must have the same shape and dtype everywhere.
+    Every rank gets ``(world_size, *tensor.shape)``. In the backward, the gradients are summed over the ranks and each
+    rank's ``tensor`` receives its own slice. Every rank must run forward and backward; shapes and dtypes must match.
 
     Example::
 
-        # rank 0: x = tensor([1.], requires_grad=True)   rank 1: x = tensor([2.], requires_grad=True)
-        gathered = AllGatherGrad.apply(x)        # every rank: tensor([[1.], [2.]])
-        (gathered[0] * 3 + gathered[1]).sum().backward()
-        # rank 0: x.grad == tensor([6.]) (3 from each rank)   rank 1: x.grad == tensor([2.])
+        # rank 0: x = tensor([1.])   rank 1: x = tensor([2.])   (both requires_grad=True)
+        gathered = AllGatherGrad.apply(x)  # every rank: tensor([[1.], [2.]])
     """
 
 
 def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
-    """Gather ``tensor`` from every process of ``group``; an identity without a process group.
+    """Gather ``tensor`` (the same shape and dtype everywhere) from every process of ``group``.
 
-    Args:
-        tensor: the tensor to gather; the same shape and dtype on every process.
-        group: the process group to gather from (default: all processes).
-        sync_grads: make the result differentiable: each process's ``tensor`` receives the sum, over processes, of
-            the gradients of its slice (see :class:`AllGatherGrad`). Without it the result does not require grad.
-
-    Returns:
-        A new tensor of shape ``(world_size, *tensor.shape)``, the same on every process; ``tensor`` itself
-        without a process group.
+    Every process gets a new ``(world_size, *tensor.shape)`` tensor; without a process group, ``tensor`` itself.
+    ``sync_grads=True`` makes the result differentiable (see :class:`AllGatherGrad`).
 
     Example::
 
@@ -116,20 +92,16 @@ def all_gather_ddp_if_available(tensor: Tensor, group: Any | None = None, sync_g
 
 
 def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]:
-    """Gather a tensor from every process when the sizes differ across processes (the number of dimensions and the
-    dtype must not). Every process must call it.
+    """Gather a tensor whose size may differ across processes (its number of dimensions and dtype may not).
 
-    Returns:
-        A list with one tensor per rank of ``group``, ``result[i]`` being rank ``i``'s tensor with its own shape.
-        Without a process group: ``[result]``.
+    Every process gets one tensor per rank of ``group``; ``[result]`` without a process group.
 
     Raises:
-        ValueError: on every process, when the number of dimensions or the dtype differs between processes; the
-            message lists each rank's number of dimensions and dtype.
+        ValueError: on every process, when the number of dimensions or the dtype differs; the message lists each rank's.
 
     Example::
 
-        # rank 0: torch.tensor([1, 2])      rank 1: torch.tensor([3])
+        # rank 0: tensor([1, 2])   rank 1: tensor([3])
         gather_all_tensors(t)  # every rank: [tensor([1, 2]), tensor([3])]
     """
     if not isinstance(result, Tensor):
@@ -154,26 +126,17 @@ def _as_tensor(result: Any) -> Tensor:
 
 
 def sync_ddp(result: Tensor | float, group: Any | None = None, reduce_op: str | ReduceOp | None = None) -> Tensor:
-    """Reduce ``result`` across the processes of ``group``, **in place**, and return it.
+    """Reduce ``result`` (same shape and dtype everywhere) over ``group``, **in place**; every process gets the result.
 
-    Args:
-        result: the tensor to reduce (a Python number is turned into a tensor first); the same shape and dtype on
-            every process.
-        group: the process group to reduce over (default: all processes).
-        reduce_op: ``None`` or ``"sum"`` (default: sum), ``"mean"``/``"avg"`` (divides by the size of ``group``;
-            integer tensors keep their dtype, truncated toward zero), ``"max"``, ``"min"``, ``"product"``, or a
-            ``torch.distributed.ReduceOp``.
-
-    Returns:
-        The reduced tensor, the same on every process (``result`` itself when it was a tensor).
+    A Python number is made a tensor first. ``reduce_op``: ``None``/``"sum"`` (default), ``"mean"``/``"avg"`` (integer
+    tensors keep their dtype, truncated), ``"max"``, ``"min"``, ``"product"``, or a ``torch.distributed.ReduceOp``.
 
     Raises:
-        ValueError: an unknown ``reduce_op`` (names the choices).
+        ValueError: an unknown ``reduce_op``.
 
     Example::
 
         # rank 0: tensor(1.)   rank 1: tensor(3.)
-        sync_ddp(t)                    # every rank: tensor(4.)
         sync_ddp(t, reduce_op="mean")  # every rank: tensor(2.)
     """
     op = collectives.resolve_reduce_op(reduce_op)
@@ -189,7 +152,7 @@ def sync_ddp_if_available(
 
     Example::
 
-        loss_sum = sync_ddp_if_available(loss_sum, reduce_op="sum")  # the same code on one process or many
+        loss_sum = sync_ddp_if_available(loss_sum, reduce_op="sum")
     """
     if not distributed_available():
         collectives.resolve_reduce_op(reduce_op)  # a wrong reduce_op fails on one process too
@@ -204,29 +167,18 @@ def init_dist_connection(
     world_size: int | None = None,
     **kwargs: Any,
 ) -> None:
-    """Create the default process group from a cluster environment (``torch.distributed.init_process_group``).
+    """Create the default process group from a cluster environment, through ``MASTER_ADDR``/``MASTER_PORT``.
 
-    Sets ``MASTER_ADDR`` and ``MASTER_PORT`` in ``os.environ`` from the environment and joins the group through them
-    (``env://``). When a default group already exists with the same backend, rank and world size, nothing happens.
-    An NCCL group is destroyed at exit (:func:`_destroy_dist_connection`).
-
-    Args:
-        cluster_environment: where the rank, the world size and the main process's address come from.
-        torch_distributed_backend: ``"gloo"``, ``"nccl"``, ...
-        global_rank: this process's rank (default: ``cluster_environment.global_rank()``).
-        world_size: the number of processes (default: ``cluster_environment.world_size()``).
-        **kwargs: passed to ``torch.distributed.init_process_group`` (e.g. ``timeout=timedelta(minutes=5)``).
+    Sets both in ``os.environ``; ``global_rank`` and ``world_size`` default to the environment's, ``**kwargs`` go to
+    ``torch.distributed.init_process_group``. A group with the same settings is kept; NCCL groups are destroyed at exit.
 
     Raises:
-        RuntimeError: ``torch.distributed`` is not available, or a default group already exists with another
-            backend, rank or world size (the message names both).
-        ValueError: more than one process but no ``MASTER_PORT`` to meet at.
+        RuntimeError: ``torch.distributed`` is unavailable, or a default group exists with other settings.
+        ValueError: more than one process but no ``MASTER_PORT``.
 
     Example::
 
-        from fabric_lite.plugins.environments import LightningEnvironment
-
-        init_dist_connection(LightningEnvironment(), "gloo", global_rank=rank, world_size=2)  # on both processes
+        init_dist_connection(LightningEnvironment(), "gloo", global_rank=rank, world_size=2)
     """
     if not dist.is_available():
         raise RuntimeError(
@@ -266,30 +218,18 @@ def register_ddp_comm_hook(
     ddp_comm_hook: Callable[..., Any] | None = None,
     ddp_comm_wrapper: Callable[..., Any] | None = None,
 ) -> None:
-    """Register a communication hook on a ``DistributedDataParallel`` model (PyTorch's ``ddp_comm_hooks``).
+    """Register ``ddp_comm_hook`` (PyTorch's ``ddp_comm_hooks``), with its state and wrapper, on a DDP model.
 
-    Args:
-        model: the ``DistributedDataParallel`` module, or the module returned by ``fabric.setup`` around one.
-        ddp_comm_state: the hook's state (e.g. a ``PowerSGDState``; for the default hooks a process group or
-            ``None`` for all processes).
-        ddp_comm_hook: ``hook(state, bucket: GradBucket) -> Future[Tensor]``, e.g. ``default_hooks.fp16_compress_hook``
-            or ``powerSGD_hook.powerSGD_hook``; ``None``: nothing is registered.
-        ddp_comm_wrapper: wraps the hook, e.g. ``default_hooks.fp16_compress_wrapper``.
-
-    Without a process group nothing happens.
+    ``model`` is the ``DistributedDataParallel`` module or the module ``fabric.setup`` returned around one. Without a
+    process group, or without a hook, nothing is registered.
 
     Raises:
         ValueError: a state or a wrapper without a hook.
-        TypeError: ``model`` is not a ``DistributedDataParallel`` (or a Fabric module around one), or the hook is
-            not callable.
+        TypeError: ``model`` is no DDP model, or the hook is not callable.
 
     Example::
 
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook as powerSGD
-
         register_ddp_comm_hook(ddp_model, ddp_comm_hook=default_hooks.fp16_compress_hook)
-        state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1)
-        register_ddp_comm_hook(ddp_model, ddp_comm_state=state, ddp_comm_hook=powerSGD.powerSGD_hook)
     """
     if ddp_comm_hook is None:
         if ddp_comm_state is not None or ddp_comm_wrapper is not None:
@@ -327,8 +267,7 @@ def _name(fn: Callable[..., Any]) -> str:
 
 
 class _DatasetSamplerWrapper(Dataset[Any]):
-    """The indices a sampler yields, as a dataset: ``dataset[i]`` is the sampler's ``i``-th index of the current
-    pass, drawn afresh by :meth:`reset`."""
+    """A sampler's indices as a dataset: item ``i`` is the ``i``-th index of the pass drawn by :meth:`reset`."""
 
     def __init__(self, sampler: Sampler[Any] | Iterable[Any]) -> None:
         sized = isinstance(sampler, Sized)
@@ -361,26 +300,17 @@ class _DatasetSamplerWrapper(Dataset[Any]):
 
 
 class DistributedSamplerWrapper(DistributedSampler):  # type: ignore[type-arg]
-    """Splits the indices of any sampler with a ``__len__`` across processes, as ``DistributedSampler`` splits a
-    dataset.
+    """Splits the indices of any sized sampler across processes, as ``DistributedSampler`` splits a dataset.
 
-    Every ``iter()`` draws the wrapped sampler once (its own order and randomness apply) and keeps this process's
-    share of the positions by ``DistributedSampler``'s rules (``shuffle=True``, the default, permutes them with
-    ``seed + epoch`` as in Lightning). ``set_epoch`` is forwarded to the wrapped sampler.
-
-    Args:
-        sampler: the sampler (or any sized iterable of indices) to split.
-        *args: ``DistributedSampler``'s ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last``.
-        **kwargs: the same, by name.
+    Each ``iter()`` draws the wrapped sampler once and keeps this process's share by ``DistributedSampler``'s rules
+    (``*args``/``**kwargs`` are its arguments); ``set_epoch`` is forwarded to the wrapped sampler.
 
     Raises:
         TypeError: the sampler has no ``__len__`` or an infinite one.
 
     Example::
 
-        sampler = WeightedRandomSampler(weights, num_samples=1000)
-        distributed = DistributedSamplerWrapper(sampler, num_replicas=2, rank=rank, shuffle=False)
-        loader = DataLoader(dataset, sampler=distributed)  # rank 0: 500 indices, rank 1: the other 500
+        sampler = DistributedSamplerWrapper(WeightedRandomSampler(weights, 1000), num_replicas=2, rank=rank)
     """
 
     def __init__(self, sampler: Sampler[Any] | Iterable[Any], *args: Any, **kwargs: Any) -> None:
@@ -392,7 +322,7 @@ class DistributedSamplerWrapper(DistributedSampler):  # type: ignore[type-arg]
         return (dataset[index] for index in super().__iter__())
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch (the seed of the shuffle) here and in the wrapped sampler, where it has ``set_epoch``."""
+        """Set the epoch here and in the wrapped sampler, where it has ``set_epoch``."""
         super().set_epoch(epoch)
         inner = getattr(self.dataset._sampler, "set_epoch", None)  # type: ignore[attr-defined]
         if callable(inner):
@@ -400,16 +330,10 @@ class DistributedSamplerWrapper(DistributedSampler):  # type: ignore[type-arg]
 
 
 def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout: int = 3) -> bool:
-    """Whether ``path`` is on a filesystem that every process sees (e.g. an NFS mount, or one machine's disk).
+    """Whether ``path`` (default: the working directory) is on a filesystem every process sees; all must call it.
 
-    Rank 0 creates a marker file in ``path`` (its folder, for a file) and the other ranks look for it for up to
-    ``timeout`` seconds. Every process must call it. A non-local URL and a single process answer ``True`` at once;
-    ranks whose ``path`` resolves differently answer ``False``.
-
-    Args:
-        strategy: ``fabric.strategy``.
-        path: an existing, writable folder or file (default: the working directory).
-        timeout: how long the other ranks look for rank 0's marker file, in seconds.
+    Rank 0 writes a marker file and the others look for it for up to ``timeout`` seconds. A URL or a single process
+    answers ``True``; ranks whose ``path`` resolves differently answer ``False``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist on some rank.
@@ -454,8 +378,7 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
 
 
 def _destroy_dist_connection() -> None:
-    """Destroy the default process group, if there is one (Lightning's test suite calls it after every test).
-    Ctrl+C is held off while torch tears the group down, so that no half-destroyed group is left behind."""
+    """Destroy the default process group, if any, with Ctrl+C held off so that no half-destroyed group is left."""
     if not distributed_available():
         return
     previous = (
@@ -469,12 +392,12 @@ def _destroy_dist_connection() -> None:
 
 
 def _get_default_process_group_backend_for_device(device: torch.device) -> str:
-    """The backend torch uses by default for ``device``'s type (``"nccl"`` for CUDA), else ``"gloo"``."""
+    """torch's default backend for ``device``'s type, else ``"gloo"``."""
     return dist.Backend.default_device_backend_map.get(device.type, "gloo")
 
 
 def _num_cpus_available() -> int:
-    """The CPU cores this process may run on (its affinity), not all of the machine's."""
+    """The CPU cores this process may run on (its affinity)."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     count = os.cpu_count()
@@ -482,19 +405,16 @@ def _num_cpus_available() -> int:
 
 
 def _suggested_max_num_threads(num_processes: int = 1) -> int:
-    """This process's share of the CPU cores when ``num_processes`` processes run on the machine (at least 1).
-
-    Raises:
-        ValueError: ``num_processes < 1``.
-    """
+    """This process's share of the cores when ``num_processes`` run on the machine (at least 1); raises ``ValueError``
+    when ``num_processes < 1``."""
     if num_processes < 1:
         raise ValueError(f"`num_processes` should be >= 1, got {num_processes}.")
     return max(1, _num_cpus_available() // num_processes)
 
 
 def _set_num_threads_if_needed(num_processes: int = 1) -> None:
-    """Give torch (and, through ``OMP_NUM_THREADS``, the processes this one starts) this process's share of the cores,
-    unless ``OMP_NUM_THREADS`` is set: N processes with a thread per core each would oversubscribe the machine."""
+    """Give torch and child processes (``OMP_NUM_THREADS``) this process's share of the cores unless
+    ``OMP_NUM_THREADS`` is set: a thread per core in each of N processes would oversubscribe the machine."""
     if "OMP_NUM_THREADS" not in os.environ:
         threads = _suggested_max_num_threads(num_processes)
         torch.set_num_threads(threads)
@@ -502,22 +422,11 @@ def _set_num_threads_if_needed(num_processes: int = 1) -> None:
 
 
 class _InfiniteBarrier:
-    """A barrier without a time limit, for ranks that wait while others do something long (a download, a
-    preprocessing pass) that the process group's timeout must not cut short.
+    """A barrier with no time limit, for ranks that wait on something long (a download) that no timeout may cut.
 
-    Inside the ``with`` block, ``barrier()`` waits on a gloo group of its own whose timeout is practically infinite
-    (gloo is the backend that honours such a timeout); leaving the block waits once more, then destroys the group.
-    Without a process group both wait with ``fallback`` (processes that meet without torch.distributed, such as
-    Horovod's), or not at all. Every process must enter the block and call ``barrier()`` equally often.
-
-    Example::
-
-        with _InfiniteBarrier() as barrier:
-            if rank > 0:
-                barrier()  # wait, however long it takes, for rank 0's download
-            if rank == 0:
-                download()
-                barrier()
+    Inside the block, ``barrier()`` waits on a gloo group of its own (gloo honours a practically infinite timeout);
+    leaving the block waits once more and destroys it. Without a process group it calls ``fallback``, or nothing.
+    Every process must call ``barrier()`` equally often.
     """
 
     def __init__(self, fallback: Callable[[], Any] | None = None) -> None:

@@ -1,5 +1,4 @@
-"""``LightningEnum``: a string enum compared with strings regardless of case (Lightning Fabric's
-``utilities.enums``)."""
+"""``LightningEnum`` (Lightning Fabric's ``utilities.enums``)."""
 
 from __future__ import annotations
 
@@ -12,27 +11,20 @@ _Source = Literal["key", "value", "any"]
 
 
 class LightningEnum(str, Enum):
-    """A ``str`` enum whose members equal strings (and other enums) of the same value, ignoring case.
-
-    Members hash as their lower-cased value, so ``"ddp"`` and ``MyEnum.DDP`` find the same dict entry.
+    """A ``str`` enum whose members equal (and hash as) strings and enums of the same value, ignoring case.
 
     Example::
 
         >>> class Mode(LightningEnum):
         ...     TRAIN = "Train"
-        ...     EVAL = "Eval"
-        >>> Mode.TRAIN == "train", Mode.from_str("eval"), Mode.from_str("Train", source="value")
-        (True, <Mode.EVAL: 'Eval'>, <Mode.TRAIN: 'Train'>)
+        >>> Mode.TRAIN == "train", Mode.from_str("train")
+        (True, <Mode.TRAIN: 'Train'>)
     """
 
     @classmethod
     def from_str(cls: type[_E], value: str, source: _Source = "key") -> _E:
-        """The member whose name (``source="key"``, ignoring case), value (``"value"``, ignoring case) or either
-        (``"any"``, names first) matches ``value``.
-
-        Raises:
-            ValueError: nothing matches; the message lists what would.
-        """
+        """The member whose name (``source="key"``), value (``"value"``) or either (``"any"``, names first) matches
+        ``value``, ignoring case; raises ``ValueError`` listing the choices when none does."""
         if source in ("key", "any"):
             for name in cls.__members__:
                 if name.lower() == value.lower():

@@ -1,10 +1,5 @@
-"""What this interpreter has: platform flags, torch version flags and optional packages, under the names of Lightning
-Fabric's private ``lightning_fabric.utilities.imports`` (clients import them to gate features).
-
-:class:`_Availability` is the truth value of an optional package (Lightning uses ``lightning_utilities``'
-``RequirementCache``): truthy when the package can be imported, checked on first use without importing it, and
-printing why not when it cannot.
-"""
+"""Platform flags, torch version flags and optional packages, under the names of Lightning Fabric's private
+``utilities.imports`` (clients import them to gate features)."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ import torch
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
-    """The leading numbers of a version string: ``"2.13.0+cpu"`` -> ``(2, 13, 0)``, ``"2.6.0a0"`` -> ``(2, 6, 0)``."""
+    """The leading numbers of a version: ``"2.13.0+cpu"`` -> ``(2, 13, 0)``, ``"2.6.0a0"`` -> ``(2, 6, 0)``."""
     parts = []
     for piece in text.split("."):
         digits = "".join(c for c in piece if c.isdigit())
@@ -30,14 +25,8 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 
 class _Availability:
-    """Whether ``package`` (at least ``min_version``, where given) is installed; ``str()`` says why not.
-
-    Example::
-
-        _BITSANDBYTES_AVAILABLE = _Availability("bitsandbytes")
-        if not _BITSANDBYTES_AVAILABLE:
-            print(_BITSANDBYTES_AVAILABLE)  # "the package 'bitsandbytes' is not installed: pip install bitsandbytes"
-    """
+    """Whether ``package`` (at least ``min_version``) can be imported, checked on first use without importing it;
+    ``str()`` says why not (Lightning uses ``RequirementCache``)."""
 
     def __init__(self, package: str, min_version: str | None = None, module: str | None = None) -> None:
         self.package = package
@@ -106,13 +95,11 @@ _MIN_DEEPSPEED_FOR_TORCH_2_6 = (0, 16, 0)
 
 
 def import_deepspeed(what: str = "strategy='deepspeed'") -> Any:
-    """``deepspeed``, or an error that says how to install a version that works with this torch (``what`` names
-    what needs it, at the start of the message).
+    """``deepspeed``, or an error that says how to install one that works with this torch (``what``: what needs it).
 
     Raises:
-        ModuleNotFoundError: DeepSpeed is not installed (or misses a module of its own); the message gives the
-            install command.
-        ImportError: the installed DeepSpeed does not work with the installed torch; the message names both versions.
+        ModuleNotFoundError: DeepSpeed is not installed, or misses a module; the message gives the install command.
+        ImportError: the installed DeepSpeed does not work with this torch; the message names both versions.
     """
     try:
         version: str | None = importlib.metadata.version("deepspeed")

@@ -1,13 +1,5 @@
-"""Creating modules without initialising them, and initialising meta-device modules: Lightning Fabric's private
-``lightning_fabric.utilities.init`` names (litgpt's sequential generation materialises its blocks with
-:func:`_materialize_meta_tensors`).
-
-Example::
-
-    with torch.device("meta"):
-        model = GPT(config)                         # no memory, no initialisation
-    _materialize_meta_tensors(model, "cpu")         # each submodule allocated and reset_parameters()-ed
-"""
+"""Creating modules without initialising them, and initialising meta-device modules (Lightning Fabric's private
+``utilities.init`` names)."""
 
 from __future__ import annotations
 
@@ -25,16 +17,8 @@ from fabric_lite.utilities.types import _DEVICE
 
 
 class _EmptyInit(TorchFunctionMode):
-    """Skip parameter initialisation: every ``torch.nn.init`` function returns its tensor untouched, so a module
-    created inside keeps uninitialised memory (for weights about to be loaded). A torch-function mode rather than a
-    patch of ``torch.nn.init``, so nothing global is rewritten; ``enabled=False`` makes it a no-op.
-
-    Example::
-
-        with _EmptyInit():
-            model = BigModel()
-        model.load_state_dict(torch.load("checkpoint.pt", weights_only=True))
-    """
+    """Skip parameter initialisation: every ``torch.nn.init`` function returns its tensor untouched, for weights about
+    to be loaded. A torch-function mode, so nothing global is patched; ``enabled=False`` makes it a no-op."""
 
     def __init__(self, enabled: bool = True) -> None:
         super().__init__()
@@ -54,7 +38,7 @@ class _EmptyInit(TorchFunctionMode):
 
 
 def _has_meta_device_parameters_or_buffers(obj: Module | Optimizer, recurse: bool = True) -> bool:
-    """Whether a module has a parameter or buffer on the meta device (an optimizer: a meta parameter).
+    """Whether a module has a meta-device parameter or buffer (an optimizer: a meta parameter).
 
     Raises:
         TypeError: ``obj`` is neither a module nor an optimizer.
@@ -67,11 +51,10 @@ def _has_meta_device_parameters_or_buffers(obj: Module | Optimizer, recurse: boo
 
 
 def _materialize(module: Module, device: _DEVICE) -> None:
-    """Allocate ``module``'s own parameters and buffers (not its children's) on ``device`` and initialise them
-    with its ``reset_parameters()``.
+    """Allocate ``module``'s own parameters and buffers on ``device`` and initialise them with ``reset_parameters()``.
 
     Raises:
-        TypeError: the module has no ``reset_parameters`` to initialise them with.
+        TypeError: the module has no ``reset_parameters``.
     """
     module.to_empty(device=device, recurse=False)
     reset = getattr(module, "reset_parameters", None)
@@ -86,15 +69,15 @@ def _materialize(module: Module, device: _DEVICE) -> None:
 
 
 def _materialize_meta_tensors(module: Module, device: _DEVICE) -> None:
-    """Materialise (see :func:`_materialize`) every submodule of ``module`` that holds meta-device tensors."""
+    """:func:`_materialize` every submodule of ``module`` that holds meta-device tensors."""
     for submodule in module.modules():
         if _has_meta_device_parameters_or_buffers(submodule, recurse=False):
             _materialize(submodule, device)
 
 
 def _materialize_distributed_module(module: Module, device: torch.device) -> None:
-    """Allocate a (possibly sharded) meta-device ``module`` on ``device`` with ``to_empty`` on the root, then run
-    every ``reset_parameters()``; submodules without one keep uninitialised memory, with a warning naming them."""
+    """Allocate a (possibly sharded) meta-device ``module`` on ``device`` and run every ``reset_parameters()``;
+    submodules without one keep uninitialised memory, with a warning naming them."""
     if not _has_meta_device_parameters_or_buffers(module):
         return
     module.to_empty(device=device)  # on the root: keeps DTensor shards and tied parameters as they are

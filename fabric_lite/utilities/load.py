@@ -1,17 +1,7 @@
-"""Reading checkpoints lazily and moving loaded state into objects: Lightning Fabric's private
-``lightning_fabric.utilities.load`` names, which litgpt and other clients import.
+"""Reading checkpoints lazily and moving loaded state into objects (Lightning Fabric's private ``utilities.load``).
 
-* :func:`_lazy_load` opens a ``torch.save`` file without reading its tensors: each tensor is a
-  :class:`_NotYetLoadedTensor` whose bytes are read when it is used (``torch.load(mmap=True)`` maps the file; no
-  tensor data is read until a page is touched). Loading a 7B checkpoint to convert a few tensors at a time then
-  costs the memory of those tensors, not of the file.
-* :func:`_materialize_tensors` turns every lazy tensor of a collection into a tensor.
-* :func:`_move_state_into` moves entries of a loaded checkpoint into a state dict (``load_state_dict`` for
-  objects that have one), as ``fabric.load`` does.
-* :func:`_load_distributed_checkpoint` reads a sharded (DCP) checkpoint folder into one full state dict.
-
-Unlike Lightning's ``_lazy_load``, which unpickles whatever the file holds, the file is read with
-``weights_only=True`` unless the caller passes ``weights_only=False`` for a file it trusts (as ``fabric.load``).
+:func:`_lazy_load` maps the file and reads a tensor only when it is used, so converting a large checkpoint costs
+the memory of the tensors in use; unlike Lightning's, it unpickles with ``weights_only=True`` by default.
 """
 
 from __future__ import annotations
@@ -38,18 +28,10 @@ _WITHOUT_READING = frozenset(
 
 
 class _NotYetLoadedTensor:
-    """A tensor of a file opened by :func:`_lazy_load`, read when it is first used.
+    """A tensor of a file opened by :func:`_lazy_load`, read when first used.
 
-    Its shape, dtype and size are known without reading it; :meth:`_load_tensor` (or any torch operation, or an
-    attribute such as ``.to``, ``.contiguous``, ``.data``) gives the tensor. ``model.load_state_dict(lazy)`` reads
-    each tensor as it copies it.
-
-    Example::
-
-        checkpoint = _lazy_load("lit_model.pth")       # reads the file's index, no tensor data
-        weight = checkpoint["transformer.wte.weight"]  # _NotYetLoadedTensor(shape=(32000, 4096), dtype=float16)
-        weight.shape, weight.dtype                     # no read
-        weight._load_tensor()                          # reads this tensor only
+    Its shape, dtype and size need no read; :meth:`_load_tensor`, a torch operation or another attribute gives the
+    tensor. ``model.load_state_dict(lazy)`` reads each tensor as it copies it.
     """
 
     def __init__(self, tensor: torch.Tensor) -> None:
@@ -57,7 +39,7 @@ class _NotYetLoadedTensor:
 
     @property
     def metatensor(self) -> torch.Tensor:
-        """A tensor on the meta device with this tensor's shape, strides and dtype."""
+        """A meta-device tensor with this tensor's shape, strides and dtype."""
         return torch.empty_strided(self._tensor.shape, self._tensor.stride(), dtype=self._tensor.dtype, device="meta")
 
     @property
@@ -97,23 +79,12 @@ class _NotYetLoadedTensor:
 
 
 def _lazy_load(filename: _PATH, *, weights_only: bool = True) -> Any:
-    """Open the ``torch.save`` file ``filename`` without reading its tensors; each tensor becomes a
-    :class:`_NotYetLoadedTensor` (see the module's docstring).
-
-    Args:
-        filename: a local file written by ``torch.save`` (the zip format, torch's default since 1.6).
-        weights_only: ``True`` unpickles only tensors, primitive types and containers; pass ``False`` only for a
-            file you trust (Lightning's ``_lazy_load`` always unpickles everything).
+    """Open the ``torch.save`` file ``filename`` with every tensor a :class:`_NotYetLoadedTensor`; pass
+    ``weights_only=False`` (unpickling any object) only for a file you trust.
 
     Raises:
         FileNotFoundError: ``filename`` is not a file.
-        CheckpointError: the file is not a ``torch.save`` zip file, is corrupt, or holds objects ``weights_only``
-            refuses.
-
-    Example::
-
-        state = _lazy_load("checkpoints/lit_model.pth")
-        model.load_state_dict(state)  # each tensor is read as it is copied
+        CheckpointError: the file is no ``torch.save`` zip file, is corrupt, or holds objects ``weights_only`` refuses.
     """
     if not os.path.isfile(filename):
         raise FileNotFoundError(f"Path {str(filename)!r} does not exist or is not a file.")
@@ -122,22 +93,13 @@ def _lazy_load(filename: _PATH, *, weights_only: bool = True) -> Any:
 
 
 def _materialize_tensors(collection: Any) -> Any:
-    """``collection`` (e.g. what :func:`_lazy_load` returned) with every :class:`_NotYetLoadedTensor` replaced by its
-    tensor."""
+    """``collection`` with every :class:`_NotYetLoadedTensor` replaced by its tensor."""
     return apply_to_collection(collection, _NotYetLoadedTensor, lambda t: t._load_tensor())
 
 
 def _move_state_into(source: dict[str, Any], destination: dict[str, Any], keys: set[str] | None = None) -> None:
-    """Move the entries ``keys`` (all with ``None``) of ``source`` into ``destination``: an object there with
-    ``state_dict``/``load_state_dict`` loads the entry, anything else is replaced by it. Moved entries leave
-    ``source``.
-
-    Example::
-
-        checkpoint = torch.load("last.ckpt", weights_only=True)
-        state = {"model": model, "step": 0}
-        _move_state_into(checkpoint, state)  # model.load_state_dict(...); state["step"] = checkpoint's step
-    """
+    """Move the entries ``keys`` (default: all) of ``source`` into ``destination``, as ``fabric.load`` does: an object
+    with ``load_state_dict`` loads its entry, anything else is replaced. Moved entries leave ``source``."""
     for key in set(source) if keys is None else keys & set(source):
         value = source.pop(key)
         if key in destination and isinstance(destination[key], _Stateful):
@@ -147,15 +109,10 @@ def _move_state_into(source: dict[str, Any], destination: dict[str, Any], keys: 
 
 
 def _load_distributed_checkpoint(checkpoint_folder: Path) -> dict[str, Any]:
-    """Read a sharded checkpoint folder (``torch.distributed.checkpoint``, as FSDP and ModelParallel save) into one
-    full state dict in this process, with the entries of its ``meta.pt``. It must fit in CPU memory.
+    """Read a sharded (DCP) checkpoint folder into one full state dict in CPU memory, ``meta.pt`` entries included.
 
     Raises:
-        CheckpointError: the folder is not a sharded checkpoint, or reading it failed.
-
-    Example::
-
-        state = _load_distributed_checkpoint(Path("checkpoints/step-1000"))  # {"model": {...}, "step": 1000, ...}
+        CheckpointError: the folder is no sharded checkpoint, or reading it failed.
     """
     from fabric_lite.runtime.checkpoint.folders import check_sharded_checkpoint, read_entries
 

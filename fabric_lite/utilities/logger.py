@@ -1,10 +1,5 @@
-"""Preparing hyperparameters and metrics for a logger: Lightning Fabric's private ``lightning_fabric.utilities.logger``
-helpers, which custom loggers import (NeMo, dvclive, energizer among them).
-
-Example::
-
-    params = _flatten_dict(_sanitize_callable_params(_convert_params(args)))  # {"optim/lr": 0.1, "act": "relu"}
-"""
+"""Preparing hyperparameters and metrics for a logger (Lightning Fabric's private ``utilities.logger`` helpers,
+which custom loggers import)."""
 
 from __future__ import annotations
 
@@ -27,8 +22,8 @@ def _convert_params(params: dict[str, Any] | Namespace | None) -> dict[str, Any]
 
 
 def _sanitize_callable_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Replace callables by something loggable: a class by its name; another callable by what it returns when
-    called without arguments, or by its name when that fails or returns a callable again."""
+    """Replace a class by its name, another callable by what it returns without arguments (by its name where that fails
+    or gives a callable)."""
 
     def sanitize(value: Any) -> Any:
         if inspect.isclass(value):
@@ -45,13 +40,7 @@ def _sanitize_callable_params(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _flatten_dict(params: MutableMapping[Any, Any], delimiter: str = "/", parent_key: str = "") -> dict[str, Any]:
-    """Flatten nested dicts (and dataclasses, namespaces, lists of dicts) into ``"outer/inner"`` keys.
-
-    Example::
-
-        >>> _flatten_dict({"a": {"b": 1}, "l": [{"x": 2}], "n": [1, 2]})
-        {'a/b': 1, 'l/0/x': 2, 'n': [1, 2]}
-    """
+    """Flatten nested dicts (and dataclasses, namespaces, lists of dicts) into ``"outer/inner"`` keys."""
     flat: dict[str, Any] = {}
     for key, value in params.items():
         name = f"{parent_key}{delimiter}{key}" if parent_key else str(key)
@@ -70,8 +59,7 @@ def _flatten_dict(params: MutableMapping[Any, Any], delimiter: str = "/", parent
 
 
 def _sanitize_params(params: dict[str, Any]) -> dict[str, Any]:
-    """In place: numpy scalars become Python numbers, and anything but a bool, int, float, str or tensor its
-    ``str()``."""
+    """In place: NumPy scalars become numbers; values other than bool, int, float, str or tensor their ``str()``."""
     for key, value in params.items():
         if isinstance(value, (np.bool_, np.integer, np.floating)):
             params[key] = value = value.item()
@@ -97,8 +85,7 @@ def _convert_json_serializable(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> Mapping[str, Any]:
-    """``{"loss": v}`` becomes ``{"train-loss": v}`` for ``prefix="train"`` and ``separator="-"`` (``metrics``
-    itself when there is no prefix)."""
+    """``metrics`` with keys ``f"{prefix}{separator}{name}"``; ``metrics`` itself without a prefix."""
     if not prefix:
         return metrics
     return {f"{prefix}{separator}{name}": value for name, value in metrics.items()}

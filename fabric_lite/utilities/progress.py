@@ -1,9 +1,5 @@
-"""A progress display for training and evaluation loops, shown by global rank 0 only.
-
-``progress_bar(loader, fabric=fabric)`` yields every item of ``loader`` on every process; global rank 0 shows the
-progress, the other processes show nothing. On a terminal the display is a tqdm bar when tqdm is installed
-(``pip install tqdm``, or ``pip install 'fabric-lite[progress]'``); otherwise (no tqdm, or the output goes to a
-file as under SLURM) it is a plain line every ``interval`` seconds, with no control characters::
+"""A progress display for training and evaluation loops, shown by global rank 0 only: a tqdm bar on a terminal with
+tqdm installed, else (as in a SLURM log) a plain line every ``interval`` seconds, with no control characters::
 
     epoch 1: 120/500 (24%) | 41.3 it/s | elapsed 0:02 | eta 0:09 | loss=0.4312
 """
@@ -32,16 +28,12 @@ Backend = Literal["auto", "tqdm", "plain"]
 class ProgressBar(Generic[T]):
     """Progress over an iterable (iterate over the bar) or over manual steps (:meth:`update`).
 
-    Create it with :func:`progress_bar`, which decides from the rank whether it shows anything. A bar that is not
-    shown (``enabled=False``) still yields every item and counts :attr:`n`; its other methods do nothing.
-
-    Args:
-        iterable, total, desc, backend, interval, file, unit, leave: as for :func:`progress_bar`.
-        enabled: whether to show anything.
+    Made by :func:`progress_bar`, whose arguments it takes. A bar that is not shown (``enabled=False``) still yields
+    every item and counts :attr:`n`; its other methods do nothing.
 
     Example::
 
-        bar = ProgressBar(range(100), desc="eval", backend="plain", interval=5.0)
+        bar = ProgressBar(range(100), desc="eval", backend="plain")
         for i in bar:
             bar.set_postfix(i=i)
     """
@@ -84,7 +76,7 @@ class ProgressBar(Generic[T]):
 
     @property
     def backend(self) -> Literal["tqdm", "plain", "off"]:
-        """How this bar shows progress: ``"tqdm"``, ``"plain"`` lines, or ``"off"`` (not shown)."""
+        """``"tqdm"``, ``"plain"`` or ``"off"`` (not shown)."""
         if isinstance(self._display, _TqdmDisplay):
             return "tqdm"
         return "plain" if isinstance(self._display, _PlainDisplay) else "off"
@@ -108,14 +100,13 @@ class ProgressBar(Generic[T]):
         return self.total
 
     def update(self, n: int = 1) -> None:
-        """Count ``n`` more steps done (iterating over the bar counts one per item)."""
+        """Count ``n`` more steps (iterating counts one per item)."""
         self.n += n
         if self._display is not None:
             self._display.update(self.n, n)
 
     def set_postfix(self, ordered_dict: Mapping[str, Any] | None = None, **metrics: Any) -> None:
-        """Show values after the progress, e.g. ``bar.set_postfix(loss=loss)``; one-element tensors are shown as
-        numbers. Replaces the previous values."""
+        """Show these values after the progress, replacing the previous ones; one-element tensors show as numbers."""
         if self._display is None:
             return
         values = {**(ordered_dict or {}), **metrics}
@@ -129,7 +120,7 @@ class ProgressBar(Generic[T]):
             self._display.set_description(desc)
 
     def close(self) -> None:
-        """Show the final state and release the display (called when iteration ends). Idempotent."""
+        """Show the final state and release the display (iteration's end calls it). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -156,38 +147,22 @@ def progress_bar(
     leave: bool = True,
     disable: bool = False,
 ) -> ProgressBar[T]:
-    """A progress display over ``iterable`` (or manual :meth:`ProgressBar.update` steps) shown by global rank 0.
+    """A :class:`ProgressBar` over ``iterable`` (``None`` for manual steps): every process gets every item, and only
+    global rank 0 (per ``fabric``, else the process group, else this process) shows the progress.
 
-    Every process gets every item; only global rank 0 shows progress: ``fabric.is_global_zero`` when ``fabric``
-    is given, else ``torch.distributed``'s rank when a process group exists, else this process shows it. With
-    several processes, each one's loader holds its share of the data, so the total is rank 0's number of batches.
+    ``total`` defaults to ``len(iterable)``. ``backend``: ``"auto"`` (tqdm when installed and writing to a terminal,
+    else plain lines), ``"tqdm"`` or ``"plain"``. ``interval``: seconds between plain lines (the last comes when the
+    loop ends). ``leave`` keeps the tqdm bar on screen; ``disable`` shows nothing anywhere.
 
-    Args:
-        iterable: what to iterate over (a dataloader set up with Fabric, a range, ...); ``None`` for manual steps.
-        fabric: decides which process shows the progress.
-        desc: a label in front of the progress (``"epoch 3"``).
-        total: the expected number of steps; ``len(iterable)`` when not given and possible.
-        backend: ``"auto"`` (tqdm when installed and the output is a terminal, else plain lines), ``"tqdm"``
-            (raises ``ModuleNotFoundError`` naming ``pip install tqdm`` when missing) or ``"plain"``.
-        interval: seconds between two plain lines; the final line is printed when the loop ends.
-        file: where to write; standard output by default.
-        unit: what one step is called.
-        leave: keep the tqdm bar on screen when it closes.
-        disable: show nothing on any process.
+    Raises:
+        ValueError: an unknown ``backend`` or a negative ``interval``.
+        ModuleNotFoundError: ``backend="tqdm"`` without tqdm, where the bar is shown.
 
     Example::
 
-        from fabric_lite.utilities import progress_bar
-
-        for epoch in range(epochs):
-            bar = progress_bar(loader, fabric=fabric, desc=f"epoch {epoch}")
-            for x, y in bar:
-                loss = train_step(x, y)
-                bar.set_postfix(loss=loss)
-
-        with progress_bar(total=len(dataset), fabric=fabric, desc="eval", unit="sample") as bar:
-            for x, y in loader:
-                bar.update(len(x))
+        bar = progress_bar(loader, fabric=fabric, desc=f"epoch {epoch}")
+        for x, y in bar:
+            bar.set_postfix(loss=train_step(x, y))
     """
     shown = fabric.is_global_zero if fabric is not None else _rank_and_world_size()[0] == 0
     return ProgressBar(
@@ -219,7 +194,7 @@ def _use_tqdm(backend: Backend, stream: TextIO) -> bool:
 
 
 def _clean(text: str) -> str:
-    """``text`` without control characters (a label with ``\\r`` or a colour code must not garble a log file)."""
+    """``text`` without control characters, which would garble a log file."""
     return "".join(ch if ch.isprintable() else " " for ch in text)
 
 

@@ -1,18 +1,7 @@
 """Run functions, log and warn on global rank 0 only (Lightning Fabric's ``utilities.rank_zero``).
 
-``rank_zero_only.rank`` holds this process's global rank. At import it is read from the environment (``RANK``,
-``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``, else 0), as Lightning does, and fabric_lite's strategies
-set it again once they know the rank (``fabric.launch()``).
-
-Example::
-
-    from fabric_lite.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
-
-    @rank_zero_only
-    def save_plot(path):  # runs on rank 0, returns None on the other ranks
-        ...
-
-    rank_zero_info("epoch %d done", epoch)  # logged once, not once per process
+``rank_zero_only.rank`` is read from the environment at import (``RANK``, ``LOCAL_RANK``, ``SLURM_PROCID``,
+``JSM_NAMESPACE_RANK``, else 0), as in Lightning, and set by the strategies once they know the rank.
 """
 
 from __future__ import annotations
@@ -38,7 +27,7 @@ _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 
 
 def _get_rank() -> int | None:
-    """The global rank announced by the environment, ``None`` when no variable announces one."""
+    """The global rank the environment announces, or ``None``."""
     for name in _RANK_VARIABLES:
         value = os.environ.get(name)
         if value is not None:
@@ -59,22 +48,17 @@ def rank_zero_only(fn: Callable[P, T], default: T) -> Callable[P, T]: ...
 
 
 def rank_zero_only(fn: Callable[P, T], default: T | None = None) -> Callable[P, T | None]:
-    """Wrap ``fn`` so that it runs on global rank 0 only and returns ``default`` on the other ranks.
+    """Wrap ``fn`` to run on global rank 0 only and return ``default`` on the other ranks.
 
-    The rank is read from ``rank_zero_only.rank`` at each call (not when decorating), so functions decorated at
-    import time follow the rank that ``fabric.launch()`` sets later.
+    The rank is read at each call, so functions decorated at import follow the rank ``fabric.launch()`` sets later.
 
     Raises:
-        RuntimeError: at call time, when ``rank_zero_only.rank`` was set to ``None``.
+        RuntimeError: at call time, when ``rank_zero_only.rank`` is ``None``.
 
     Example::
 
         @rank_zero_only
-        def print_once(msg):
-            print(msg)
-
-        print_once("hello")  # printed by rank 0 only
-        count = rank_zero_only(len, default=0)([1, 2])  # rank 0: 2   other ranks: 0
+        def save_plot(path): ...  # runs on rank 0, returns None elsewhere
     """
 
     @wraps(fn)
@@ -97,12 +81,11 @@ rank_zero_only.rank = getattr(rank_zero_only, "rank", _get_rank() or 0)  # type:
 
 
 class LightningDeprecationWarning(DeprecationWarning):
-    """The category of the deprecation warnings of :func:`rank_zero_deprecation` (Lightning's class name).
+    """The category of :func:`rank_zero_deprecation`'s warnings (Lightning's class name).
 
     Example::
 
-        import warnings
-        warnings.simplefilter("error", LightningDeprecationWarning)  # make deprecations fail the tests
+        warnings.simplefilter("error", LightningDeprecationWarning)
     """
 
 
@@ -144,7 +127,7 @@ def rank_zero_warn(message: str | Warning, stacklevel: int = 4, **kwargs: Any) -
 
 
 def rank_zero_deprecation(message: str | Warning, stacklevel: int = 5, **kwargs: Any) -> None:
-    """A deprecation warning (category :class:`LightningDeprecationWarning` unless given) on global rank 0 only.
+    """A deprecation warning (default category :class:`LightningDeprecationWarning`) on global rank 0 only.
 
     Example::
 
@@ -155,7 +138,7 @@ def rank_zero_deprecation(message: str | Warning, stacklevel: int = 5, **kwargs:
 
 
 def rank_prefixed_message(message: str, rank: int | None) -> str:
-    """``"[rank: {rank}] {message}"``, or ``message`` unchanged when ``rank`` is ``None``.
+    """``"[rank: {rank}] {message}"``, or ``message`` when ``rank`` is ``None``.
 
     Example::
 
@@ -168,13 +151,12 @@ def rank_prefixed_message(message: str, rank: int | None) -> str:
 
 
 class WarningCache(set[str]):
-    """A set of messages already emitted: each message is warned, logged or deprecated once (on rank 0).
+    """The messages already emitted: each is warned, logged or deprecated once (on rank 0).
 
     Example::
 
         cache = WarningCache()
-        for batch in loader:
-            cache.warn("the batch has no labels")  # shown the first time only
+        cache.warn("the batch has no labels")  # shown the first time only
     """
 
     def warn(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:

@@ -1,12 +1,4 @@
-"""Lightning Fabric's ``utilities.registry``: callbacks that other installed packages offer through entry points.
-
-Example::
-
-    # in another package's pyproject.toml:
-    #   [project.entry-points."lightning.pytorch.callbacks_factory"]
-    #   mine = "my_package.callbacks:factory"     # a function returning a callback or a list of them
-    _load_external_callbacks("lightning.pytorch.callbacks_factory")  # [MyCallback()]
-"""
+"""Lightning Fabric's ``utilities.registry``: callbacks that installed packages offer through entry points."""
 
 from __future__ import annotations
 
@@ -19,12 +11,8 @@ _log = get_logger(__name__)
 
 
 def _load_external_callbacks(group: str) -> list[Any]:
-    """The callbacks of every factory registered under the entry-point ``group``: each entry point names a function
-    that returns a callback or a list of callbacks, called here once.
-
-    Args:
-        group: the entry-point group, e.g. ``"lightning.pytorch.callbacks_factory"``.
-    """
+    """The callbacks of every factory under the entry-point ``group`` (a function returning a callback or a list of
+    them), each called once."""
     callbacks: list[Any] = []
     for entry_point in entry_points(group=group):
         made = entry_point.load()()

@@ -15,11 +15,10 @@ from fabric_lite.utilities.rank_zero import _get_rank, rank_prefixed_message, ra
 
 log = get_logger(__name__)
 
-# Written by seed_everything so that processes started later (script re-run, spawn, dataloader workers) see it:
-# Lightning's names, so that a job started with PL_GLOBAL_SEED=2020 is seeded with 2020 under either library
+# Written by seed_everything for the processes started later; Lightning's names, so either library reads the seed
 ENV_SEED = "PL_GLOBAL_SEED"
 ENV_SEED_WORKERS = "PL_SEED_WORKERS"
-#: fabric_lite's earlier names, read (never written) where Lightning's are unset
+#: fabric_lite's own names, read (never written) where Lightning's are unset
 _READ_ALIASES = {ENV_SEED: "FABRIC_LITE_GLOBAL_SEED", ENV_SEED_WORKERS: "FABRIC_LITE_SEED_WORKERS"}
 #: the range of seeds NumPy accepts (unsigned 32-bit), as in Lightning
 max_seed_value = 4294967295
@@ -28,7 +27,7 @@ _MIN_SEED, _MAX_SEED = min_seed_value, max_seed_value
 
 
 def _read(name: str) -> tuple[str, str] | None:
-    """``(variable, value)`` of ``name``, or of its read alias where ``name`` is unset; ``None`` if neither is set."""
+    """``(variable, value)`` of ``name`` or, where it is unset, of its read alias; ``None`` if neither is set."""
     for variable in (name, _READ_ALIASES[name]):
         value = os.environ.get(variable)
         if value is not None:
@@ -37,25 +36,18 @@ def _read(name: str) -> tuple[str, str] | None:
 
 
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:
-    """Seed ``random``, NumPy and torch (all devices) with ``seed`` and return it.
+    """Seed ``random``, NumPy and torch (all devices) with ``seed`` and return it; ``verbose`` logs it.
 
-    The seed is also written to the ``PL_GLOBAL_SEED`` environment variable and ``workers`` to ``PL_SEED_WORKERS``
-    (Lightning's names), so that processes started afterwards inherit them and ``setup_dataloaders`` seeds its
-    ``DistributedSampler`` with it.
-
-    Args:
-        seed: an integer in ``[0, 2**32 - 1]``. ``None`` reads ``PL_GLOBAL_SEED`` (or ``FABRIC_LITE_GLOBAL_SEED``),
-            or uses 0 if unset.
-        workers: also give every dataloader worker of loaders set up afterwards its own seed, derived from the
-            seed, the worker id and the global rank (via a ``worker_init_fn``, unless the loader has one).
-        verbose: log the seed at INFO level.
+    ``seed`` (in ``[0, 2**32 - 1]``) and ``workers`` are written to ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS``
+    (Lightning's names), so that processes started later inherit them and ``setup_dataloaders`` seeds its samplers
+    with them. ``seed=None`` reads ``PL_GLOBAL_SEED`` (or ``FABRIC_LITE_GLOBAL_SEED``), else uses 0.
+    ``workers=True`` gives each worker of the loaders set up afterwards its own seed (from seed, worker id and rank).
 
     Raises:
-        ValueError: the seed is out of range or not an integer, also when read from the environment.
+        ValueError: the seed is not an integer in range, also when read from the environment.
 
     Example::
 
-        from fabric_lite import seed_everything
         seed_everything(42)
     """
     if seed is None:
@@ -93,18 +85,15 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
 
 
 def reset_seed() -> None:
-    """Seed every generator again with the seed :func:`seed_everything` last set (in this process or an ancestor),
-    with the same ``workers`` setting, read from ``PL_GLOBAL_SEED`` and ``PL_SEED_WORKERS``; nothing happens when it
-    was never called.
-
-    Example::
-
-        seed_everything(42)
-        ...                # draw random numbers
-        reset_seed()       # the generators are back to their state right after seed_everything(42)
+    """Seed every generator again as :func:`seed_everything` last did (in this process or an ancestor, read from the
+    environment); nothing happens when it was never called.
 
     Raises:
         ValueError: ``PL_GLOBAL_SEED`` is not an integer in range.
+
+    Example::
+
+        reset_seed()
     """
     if _read(ENV_SEED) is None:
         return
@@ -112,16 +101,12 @@ def reset_seed() -> None:
 
 
 def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
-    """Lightning's ``worker_init_fn``: seed torch, ``random`` and NumPy in a dataloader worker from the process's
-    seed, the worker id and the global rank, drawing the same numbers as Lightning Fabric's function.
-
-    Args:
-        worker_id: the worker's id (what ``DataLoader`` passes).
-        rank: the global rank; default ``rank_zero_only.rank``.
+    """Lightning's ``worker_init_fn``: seed torch, ``random`` and NumPy in a dataloader worker from the process's seed,
+    the worker id and ``rank`` (default ``rank_zero_only.rank``), drawing the same numbers as Lightning.
 
     Example::
 
-        loader = DataLoader(dataset, num_workers=4, worker_init_fn=functools.partial(pl_worker_init_function, rank=1))
+        DataLoader(dataset, num_workers=4, worker_init_fn=functools.partial(pl_worker_init_function, rank=1))
     """
     global_rank = rank if rank is not None else rank_zero_only.rank  # type: ignore[attr-defined]
     # torch seeds worker ``i`` with ``base_seed + i``: back out the base seed to use all of its bits
@@ -139,8 +124,8 @@ def pl_worker_init_function(worker_id: int, rank: int | None = None) -> None:
 
 
 def _generate_seed_sequence(base_seed: int, worker_id: int, global_rank: int, count: int) -> list[int]:
-    """``count`` 64-bit seeds from (base seed, worker id, rank): the MurmurHash3 finalizer to spread the bits, then a
-    linear congruential generator (Knuth's MMIX constants) - the same numbers as Lightning."""
+    """``count`` 64-bit seeds from (base seed, worker id, rank), the same as Lightning's: a MurmurHash3 finalizer, then
+    an LCG (Knuth's MMIX constants)."""
     mask = (1 << 64) - 1
     state = (base_seed << 32) | (worker_id << 16) | global_rank
     state ^= state >> 33
@@ -156,12 +141,11 @@ def _generate_seed_sequence(base_seed: int, worker_id: int, global_rank: int, co
 
 
 def global_seed() -> int | None:
-    """The seed set by :func:`seed_everything` in this process or an ancestor (``PL_GLOBAL_SEED``), if any.
+    """The seed :func:`seed_everything` set in this process or an ancestor (``PL_GLOBAL_SEED``), if any.
 
     Example::
 
-        seed_everything(7)
-        global_seed()  # 7
+        global_seed()  # 7 after seed_everything(7)
     """
     found = _read(ENV_SEED)
     try:
@@ -175,22 +159,19 @@ def seed_workers_requested() -> bool:
 
     Example::
 
-        seed_everything(7, workers=True)
-        seed_workers_requested()  # True
+        seed_workers_requested()  # True after seed_everything(7, workers=True)
     """
     found = _read(ENV_SEED_WORKERS)
     return found is not None and found[1] == "1"
 
 
 def worker_init_function(worker_id: int, rank: int = 0) -> None:
-    """Seed a dataloader worker from the process's seed, the worker id and the global rank.
-
-    Every (rank, worker) pair gets different streams for torch, ``random`` and NumPy, and the same ones on every
-    run with the same seed.
+    """Seed a dataloader worker: every (rank, worker) pair gets its own streams for torch, ``random`` and NumPy, the
+    same ones in every run with the same seed.
 
     Example::
 
-        loader = DataLoader(dataset, num_workers=2, worker_init_fn=functools.partial(worker_init_function, rank=0))
+        DataLoader(dataset, num_workers=2, worker_init_fn=functools.partial(worker_init_function, rank=0))
     """
     base_seed = torch.initial_seed() - worker_id  # torch seeds each worker with base + worker_id
     sequence = np.random.SeedSequence([base_seed % 2**64, worker_id, rank])
@@ -225,18 +206,8 @@ def _restore(state: dict[str, Any]) -> None:
 
 
 def _collect_rng_states(include_cuda: bool = True) -> dict[str, Any]:
-    """The global random states of torch, CUDA (with ``include_cuda``), numpy and Python, in the form Lightning
-    Fabric's private ``_collect_rng_states`` returns (``"torch"``, ``"torch.cuda"``, ``"numpy"``, ``"python"``).
-
-    Its numpy state holds an ``ndarray``: reading it back needs ``torch.load(weights_only=False)``. For a checkpoint
-    that loads with ``weights_only=True``, save a :class:`RandomState` instead.
-
-    Example::
-
-        states = _collect_rng_states()
-        ...
-        _set_rng_states(states)  # the same random numbers again
-    """
+    """The global random states in Lightning's private form (``"torch"``, ``"torch.cuda"``, ``"numpy"``, ``"python"``);
+    its NumPy ``ndarray`` needs ``weights_only=False`` to load, unlike :class:`RandomState`'s plain values."""
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -248,7 +219,7 @@ def _collect_rng_states(include_cuda: bool = True) -> dict[str, Any]:
 
 
 def _set_rng_states(rng_state_dict: dict[str, Any]) -> None:
-    """Restore what :func:`_collect_rng_states` returned (``"torch.cuda"`` and ``"numpy"`` where present)."""
+    """Restore what :func:`_collect_rng_states` returned."""
     torch.set_rng_state(rng_state_dict["torch"])
     if "torch.cuda" in rng_state_dict:
         torch.cuda.set_rng_state_all(rng_state_dict["torch.cuda"])
@@ -259,14 +230,14 @@ def _set_rng_states(rng_state_dict: dict[str, Any]) -> None:
 
 
 def _rank_and_world_size() -> tuple[int, int]:
-    """This process's rank and the world size of the default process group; ``(0, 1)`` without one."""
+    """This process's rank and the default group's world size; ``(0, 1)`` without one."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
 
 def _gather_per_rank(mine: Any) -> list[Any]:
-    """Every process's ``mine``, in rank order: a collective when there are several processes (each must call it)."""
+    """Every process's ``mine``, in rank order; a collective with several processes."""
     world_size = _rank_and_world_size()[1]
     if world_size == 1:
         return [mine]
@@ -276,24 +247,19 @@ def _gather_per_rank(mine: Any) -> list[Any]:
 
 
 class RandomState:
-    """The random generators of every process (Python, NumPy, torch, CUDA), as an object to save and load.
+    """Every process's random generators (Python, NumPy, torch, CUDA), as an object for ``fabric.save``/``fabric.load``.
 
-    Put it in the state passed to ``fabric.save``/``fabric.load`` and a resumed run draws the same random numbers
-    as one that never stopped (dropout, shuffling, augmentation). Each process's own states are gathered when
-    saving (every process must call ``fabric.save``, as always) and each process gets its own back when loading.
-    The values are plain tensors and numbers, so the checkpoint loads with ``weights_only=True``.
+    A resumed run then draws the same random numbers as one that never stopped. Saving gathers each process's states;
+    loading gives each process its own. The values are plain, so the checkpoint loads with ``weights_only=True``.
 
     Example::
 
-        state = {"model": model, "optimizer": optimizer, "rng": RandomState(), "loader": loader}
+        state = {"model": model, "optimizer": optimizer, "rng": RandomState()}
         fabric.save("last.ckpt", state)
-        ...
-        fabric.load("last.ckpt", state)  # the generators of every process are restored in place
     """
 
     def state_dict(self) -> dict[str, Any]:
-        """Every process's generator states, ``{"per_rank": [...]}``; a collective when there are several processes
-        (every process must call it, as ``fabric.save`` does)."""
+        """``{"per_rank": [...]}``, every process's states; a collective with several processes."""
         return {"per_rank": _gather_per_rank(_capture())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

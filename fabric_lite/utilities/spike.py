@@ -1,16 +1,5 @@
-"""Stop training when the loss spikes, and remember which batches to skip on resume (Lightning Fabric's
-``utilities.spike``).
-
-Example::
-
-    from fabric_lite.utilities.spike import SpikeDetection, TrainingSpikeException
-
-    fabric = Fabric(callbacks=[SpikeDetection(window=10, rtol=2.0)])
-    ...
-    for batch_idx, batch in enumerate(loader):
-        loss = step(batch)
-        fabric.call("on_train_batch_end", fabric=fabric, loss=loss, batch=batch, batch_idx=batch_idx)
-"""
+"""Stop training when the loss spikes, and record which batches to skip on resume (Lightning Fabric's
+``utilities.spike``)."""
 
 from __future__ import annotations
 
@@ -43,8 +32,8 @@ class TrainingSpikeException(RuntimeError):
 
 
 class _RunningMean:
-    """The mean of the elements of the last ``window`` updates (NaN elements are left out, as torchmetrics'
-    ``Running(MeanMetric())`` that Lightning uses does); NaN while there is nothing to average."""
+    """The mean of the non-NaN elements of the last ``window`` updates (as Lightning's ``Running(MeanMetric())``); NaN
+    while there is nothing to average."""
 
     def __init__(self, window: int) -> None:
         self.updates: deque[tuple[float, int]] = deque(maxlen=window)
@@ -66,23 +55,13 @@ _SETTINGS = ("mode", "warmup", "atol", "rtol")
 class SpikeDetection:
     """A Fabric callback that raises :class:`TrainingSpikeException` when the loss jumps away from its running mean.
 
-    On every ``on_train_batch_end`` each rank compares its loss with the mean of its own last ``window`` losses; if
-    any rank sees a spike, every rank raises (the decision is all-reduced). Rank 0 first writes the indices of the
-    current and the previous batch (the previous one may have corrupted the weights) to a JSON file, so a resumed
-    run can skip them. A loss counts as a spike when it is not an improvement over the previous loss (lower with
-    ``mode="min"``, higher with ``"max"``) and differs from the running mean by at least ``atol`` and by at least
-    ``rtol`` times the running mean (a ``None`` tolerance is not checked).
-
-    Args:
-        mode: ``"min"`` when the loss should go down, ``"max"`` when it should go up.
-        window: how many recent losses the running mean covers.
-        warmup: spikes are looked for from this batch index on.
-        atol: the absolute tolerance, or ``None``.
-        rtol: the relative tolerance (a factor of the running mean), or ``None``.
-        exclude_batches_path: a ``.json`` file, or a folder for ``skip_batches.json`` (default: the working
-            directory at the first batch).
-        finite_only: with ``True``, a NaN or infinite loss is a spike; with ``False``, non-finite losses are not
-            spikes and are left out of the running mean (when any rank's loss is non-finite).
+    Each rank compares its loss with the mean of its own last ``window`` losses, from batch ``warmup`` on. If any rank
+    sees a spike, rank 0 writes the current and the previous batch index (either may have done the damage) to
+    ``exclude_batches_path`` (a ``.json`` file, or a folder for ``skip_batches.json``; default: the working
+    directory) and every rank raises. A spike is a loss that does not improve on the previous one (per ``mode``) and
+    differs from the running mean by at least ``atol`` and by at least ``rtol`` times the mean (``None``: unchecked).
+    With ``finite_only``, a non-finite loss is a spike; without it, a batch where any rank's loss is non-finite is
+    left out of the mean.
 
     Raises:
         ValueError: an unknown ``mode`` or a ``window`` below 1.
@@ -90,9 +69,6 @@ class SpikeDetection:
     Example::
 
         fabric = Fabric(callbacks=[SpikeDetection(mode="min", window=10, warmup=1, rtol=2.0)])
-        fabric.call("on_train_batch_end", fabric=fabric, loss=loss, batch=batch, batch_idx=batch_idx)
-        # rank 0 wrote [batch_idx - 1, batch_idx] to ./skip_batches.json, then every rank raised
-        # TrainingSpikeException
     """
 
     def __init__(
@@ -121,7 +97,7 @@ class SpikeDetection:
 
     @torch.no_grad()
     def on_train_batch_end(self, fabric: Fabric, loss: torch.Tensor, batch: Any, batch_idx: int) -> None:
-        """Check ``loss`` for a spike; a collective: every rank must call it for every batch.
+        """Check ``loss`` for a spike; every rank must call it for every batch.
 
         Raises:
             TrainingSpikeException: on every rank, when any rank saw a spike.
@@ -175,12 +151,7 @@ class SpikeDetection:
         self.last_val = value
 
     def state_dict(self) -> dict[str, Any]:
-        """The detector's state, to save with ``fabric.save`` and restore with :meth:`load_state_dict`.
-
-        Example::
-
-            fabric.save("last.ckpt", {"model": model, "spike": spike_detection.state_dict()})
-        """
+        """The detector's state, to save in a checkpoint and restore with :meth:`load_state_dict`."""
         last = self.last_val.item() if isinstance(self.last_val, torch.Tensor) else self.last_val
         return {
             "last_val": last,
@@ -191,12 +162,7 @@ class SpikeDetection:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the state from :meth:`state_dict`.
-
-        Example::
-
-            spike_detection.load_state_dict(checkpoint["spike"])
-        """
+        """Restore the state from :meth:`state_dict`."""
         self.last_val = state_dict["last_val"]
         for name in _SETTINGS:
             setattr(self, name, state_dict[name])

@@ -1,17 +1,5 @@
 """Throughput (batches, samples, items and FLOPs per second) and model FLOP utilisation (Lightning Fabric's
-``utilities.throughput``).
-
-Example::
-
-    from fabric_lite.utilities.throughput import Throughput, measure_flops
-
-    throughput = Throughput(available_flops=312e12, world_size=fabric.world_size)
-    start = time.perf_counter()
-    for i, batch in enumerate(loader, 1):
-        step(batch)
-        throughput.update(time=time.perf_counter() - start, batches=i, samples=i * batch_size)
-    throughput.compute()  # {"time": ..., "batches": ..., "device/samples_per_sec": ..., ...}
-"""
+``utilities.throughput``)."""
 
 from __future__ import annotations
 
@@ -34,8 +22,7 @@ T = TypeVar("T", bound=float)
 
 
 class _MonotonicWindow(list[T]):
-    """The last ``maxlen`` values appended, which must strictly increase (a counter or a clock that goes back is a
-    bug in the caller's bookkeeping, and would make the rates wrong or divide by zero)."""
+    """The last ``maxlen`` values appended, which must strictly increase (else rates are wrong or divide by zero)."""
 
     def __init__(self, maxlen: int) -> None:
         super().__init__()
@@ -55,18 +42,10 @@ class _MonotonicWindow(list[T]):
 class Throughput:
     """Rates over a window of the most recent :meth:`update` calls, per device and (``world_size > 1``) global.
 
-    :meth:`compute` returns ``time``, ``batches``, ``samples`` (and ``lengths`` when given): the last values passed
-    to :meth:`update`. Once ``window_size`` updates were made it adds ``device/batches_per_sec`` and
-    ``device/samples_per_sec`` (and ``device/items_per_sec`` from ``lengths``), and once ``window_size`` ``flops``
-    were given, ``device/flops_per_sec`` and, with ``available_flops``, ``device/mfu``. With ``world_size > 1`` the
-    global ``batches_per_sec``, ``samples_per_sec``, ``items_per_sec`` and ``flops_per_sec`` are the per-device rates
-    times ``world_size`` (every device is assumed to run at the same rate).
-
-    Args:
-        available_flops: the theoretical FLOP/s of one device (see :func:`get_available_flops`), for ``device/mfu``.
-        world_size: the number of devices, across all machines.
-        window_size: how many of the most recent updates the rates are computed over (at least 2).
-        separator: what joins ``device`` and the metric name in the keys.
+    :meth:`compute` returns the last ``time``, ``batches``, ``samples`` (and ``lengths``); once ``window_size``
+    updates were made, ``device/batches_per_sec``, ``device/samples_per_sec`` (and ``device/items_per_sec``); once
+    ``window_size`` ``flops`` were given, ``device/flops_per_sec`` and, with ``available_flops`` (one device's peak,
+    see :func:`get_available_flops`), ``device/mfu``. The global rates are the device rates times ``world_size``.
 
     Raises:
         ValueError: ``world_size < 1`` or ``window_size < 2``.
@@ -76,8 +55,7 @@ class Throughput:
         throughput = Throughput(window_size=2)
         throughput.update(time=1.0, batches=1, samples=4)
         throughput.update(time=3.0, batches=2, samples=8)
-        throughput.compute()
-        # {'time': 3.0, 'batches': 2, 'samples': 8, 'device/batches_per_sec': 0.5, 'device/samples_per_sec': 2.0}
+        throughput.compute()  # {..., 'device/batches_per_sec': 0.5, 'device/samples_per_sec': 2.0}
     """
 
     def __init__(
@@ -102,15 +80,11 @@ class Throughput:
     def update(
         self, *, time: float, batches: int, samples: int, lengths: int | None = None, flops: int | None = None
     ) -> None:
-        """Record the running totals after a batch.
+        """Record this device's running totals after a batch.
 
-        Args:
-            time: seconds elapsed since the start; must increase with every call.
-            batches: batches seen by this device so far; must increase with every call.
-            samples: samples seen by this device so far (at least ``batches``); must increase with every call.
-            lengths: items (e.g. tokens) seen by this device so far (at least ``samples``); give it at every call
-                or never.
-            flops: FLOPs done by this device since the previous call (e.g. :func:`measure_flops` times the batches).
+        ``time`` (seconds since the start), ``batches``, ``samples`` (at least ``batches``) and ``lengths`` (items
+        such as tokens, at least ``samples``; at every call or never) must increase at every call. ``flops``: this
+        device's FLOPs since the previous call.
 
         Raises:
             ValueError: a total that does not increase, ``samples < batches`` or ``lengths < samples``.
@@ -118,7 +92,7 @@ class Throughput:
 
         Example::
 
-            throughput.update(time=time.perf_counter() - start, batches=i, samples=i * 32, lengths=i * 32 * 512)
+            throughput.update(time=time.perf_counter() - start, batches=i, samples=i * 32)
         """
         # the same order of appends and checks as Lightning, so a failing call leaves the same state behind
         self._time.append(time)
@@ -139,16 +113,7 @@ class Throughput:
             self._flops.append(flops * self.world_size)  # the FLOPs of all devices together
 
     def compute(self) -> _THROUGHPUT_METRICS:
-        """The metrics described in the class docstring.
-
-        Raises:
-            IndexError: :meth:`update` was never called.
-
-        Example::
-
-            metrics = throughput.compute()
-            metrics["device/samples_per_sec"]  # present once window_size updates were made
-        """
+        """The metrics described in the class docstring; raises ``IndexError`` before the first :meth:`update`."""
         sep = self.separator
         metrics: _THROUGHPUT_METRICS = {
             "time": self._time[-1],
@@ -185,35 +150,23 @@ class Throughput:
         return metrics
 
     def reset(self) -> None:
-        """Forget every update.
-
-        Example::
-
-            throughput.reset()  # e.g. after a validation loop, so that its time is not counted
-        """
+        """Forget every update (e.g. after a validation loop, whose time must not count)."""
         for window in (self._time, self._batches, self._samples, self._lengths, self._flops):
             window.clear()
 
 
 class ThroughputMonitor(Throughput):
-    """A :class:`Throughput` for a launched ``Fabric`` that logs through ``fabric.log_dict``.
+    """A :class:`Throughput` for a launched ``Fabric``, logging through ``fabric.log_dict``.
 
-    ``world_size`` comes from ``fabric`` and ``available_flops`` from :func:`get_available_flops` for
-    ``fabric.device`` and the precision's compute dtype. As in Lightning, :meth:`update`, :meth:`compute`,
-    :meth:`compute_and_log` and :meth:`reset` only act on global rank 0 (elsewhere they return ``None``/``{}``).
-
-    Args:
-        fabric: a launched ``Fabric``.
-        **kwargs: ``window_size`` and ``separator`` of :class:`Throughput`.
+    ``world_size`` and ``available_flops`` come from ``fabric``; ``**kwargs`` go to :class:`Throughput`. As in
+    Lightning, :meth:`update`, :meth:`compute`, :meth:`compute_and_log` and :meth:`reset` act on global rank 0 only
+    (elsewhere they return ``None``/``{}``).
 
     Example::
 
         monitor = ThroughputMonitor(fabric, window_size=10)
-        for i, batch in enumerate(loader, 1):
-            ...
-            monitor.update(time=time.perf_counter() - start, batches=i, samples=i * batch_size)
-            if i % 10 == 0:
-                monitor.compute_and_log(step=i)
+        monitor.update(time=time.perf_counter() - start, batches=i, samples=i * batch_size)
+        monitor.compute_and_log(step=i)
     """
 
     def __init__(self, fabric: Fabric, **kwargs: Any) -> None:
@@ -227,12 +180,7 @@ class ThroughputMonitor(Throughput):
             setattr(self, name, rank_zero_only(getattr(self, name), default=default))
 
     def compute_and_log(self, step: int | None = None, **kwargs: Any) -> _THROUGHPUT_METRICS:
-        """:meth:`compute` and ``fabric.log_dict(metrics, step)``; ``step`` defaults to one more than the last.
-
-        Example::
-
-            metrics = monitor.compute_and_log()  # logged at step 0, then 1, 2, ...
-        """
+        """:meth:`compute` and ``fabric.log_dict(metrics, step)``; ``step`` defaults to one more than the last."""
         self.step = (self.step + 1) if step is None else step
         metrics = self.compute(**kwargs)
         self._fabric.log_dict(metrics=metrics, step=self.step)
@@ -244,23 +192,13 @@ def measure_flops(
     forward_fn: Callable[[], torch.Tensor],
     loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> int:
-    """The FLOPs of ``forward_fn()`` (and of ``loss_fn(output).backward()`` when ``loss_fn`` is given), counted by
-    ``torch.utils.flop_counter.FlopCounterMode``.
+    """The FLOPs of ``forward_fn()``, and of ``loss_fn(output).backward()`` when given (``FlopCounterMode``).
 
-    A model on the ``meta`` device is measured without allocating or computing anything.
-
-    Args:
-        model: the model ``forward_fn`` runs (kept for Lightning's signature).
-        forward_fn: runs the forward and returns its output.
-        loss_fn: turns the output into a loss; the loss and the backward are then counted too.
+    A model on the ``meta`` device is measured without allocating anything; ``model`` is kept for Lightning's signature.
 
     Example::
 
-        with torch.device("meta"):
-            model = MyModel()
-            x = torch.randn(2, 32)
-        forward_flops = measure_flops(model, lambda: model(x))
-        training_flops = measure_flops(model, lambda: model(x), lambda y: y.sum())
+        flops = measure_flops(model, lambda: model(x), lambda y: y.sum())
     """
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -273,8 +211,8 @@ def measure_flops(
     return int(counter.get_total_flops())
 
 
-# Peak dense FLOP/s from NVIDIA's data sheets (the same figures as Lightning Fabric 2.6.6's table): one row a chip,
-# one column a dtype of _FLOPS_DTYPES; None where the data sheet gives no figure for that dtype.
+# Peak dense FLOP/s from NVIDIA's data sheets (Lightning Fabric's figures): one row a chip, one column a dtype of
+# _FLOPS_DTYPES; None where the data sheet gives no figure.
 _FLOPS_DTYPES: tuple[torch.dtype | str, ...] = (
     torch.float64,
     torch.float32,
@@ -341,8 +279,7 @@ _SIMPLE_CHIPS = (
 
 
 def _chip_of(device_name: str) -> str | None:
-    """The key of :data:`_CUDA_FLOPS` that a CUDA device name maps to (the same parsing as Lightning), or ``None``
-    when the name is not recognised."""
+    """The :data:`_CUDA_FLOPS` key for a CUDA device name (Lightning's parsing), or ``None``."""
     chip = device_name.lower()
     if "h200" in chip:
         if "sxm1" in chip:
@@ -372,8 +309,7 @@ def _chip_of(device_name: str) -> str | None:
 
 
 def _cuda_flops(device_name: str, dtype: torch.dtype | str, tf32: bool) -> int | None:
-    """The table lookup of :func:`get_available_flops` for a CUDA device name; ``tf32``: float32 matmuls run on
-    TF32 tensor cores (Ampere or later, and ``torch.get_float32_matmul_precision() != "highest"``)."""
+    """:func:`get_available_flops` for a CUDA device name; ``tf32``: float32 matmuls run on TF32 tensor cores."""
     chip = _chip_of(device_name)
     if chip is None:
         rank_zero_warn(f"FLOPs not found for {device_name!r}")
@@ -391,20 +327,17 @@ def _cuda_flops(device_name: str, dtype: torch.dtype | str, tf32: bool) -> int |
 
 
 def get_available_flops(device: torch.device, dtype: torch.dtype | str) -> int | None:
-    """The theoretical peak FLOP/s of ``device`` for ``dtype`` (an optimistic upper bound: only large matmuls in a
-    benchmark come near it), from a table of NVIDIA GPUs.
+    """The theoretical peak FLOP/s of ``device`` for ``dtype``, from a table of NVIDIA GPUs.
 
-    Returns ``None`` for non-CUDA devices, and ``None`` with a warning for a GPU or a dtype not in the table. For
-    ``torch.float32`` on Ampere or later, the TF32 figure is used unless
-    ``torch.get_float32_matmul_precision() == "highest"``.
+    ``None`` for non-CUDA devices, and ``None`` with a warning for a GPU or dtype not in the table. For float32 on
+    Ampere or later, the TF32 figure unless ``torch.get_float32_matmul_precision() == "highest"``.
 
     Example::
 
         get_available_flops(torch.device("cuda", 0), torch.bfloat16)  # 312000000000000 on an A100
-        get_available_flops(torch.device("cpu"), torch.float32)       # None
     """
     if device.type != "cuda":
-        # Lightning also knows TPUs (through torch_xla), which fabric_lite does not support
+        # no TPU support (Lightning's torch_xla branch)
         return None
     tf32 = (
         dtype is torch.float32
@@ -415,8 +348,8 @@ def get_available_flops(device: torch.device, dtype: torch.dtype | str) -> int |
 
 
 def _plugin_to_compute_dtype(plugin: Precision) -> torch.dtype:
-    """The dtype the matmuls run in under ``plugin``, as Lightning decides it: the half dtype of mixed and true-half
-    precision, float64 for double precision, FSDP's gradient-reduction dtype, float32 otherwise."""
+    """The dtype matmuls run in under ``plugin``, as Lightning decides it: the half dtype of mixed or true-half
+    precision, float64 for double, FSDP's reduce dtype, else float32."""
     from fabric_lite.plugins.precision import Precision
 
     if not isinstance(plugin, Precision):

@@ -1,11 +1,4 @@
-"""Type aliases and protocols shared across fabric_lite (Lightning Fabric's ``utilities.types``).
-
-Example::
-
-    from fabric_lite.utilities.types import Optimizable, Steppable
-
-    isinstance(torch.optim.SGD(model.parameters(), lr=0.1), Optimizable)  # True
-"""
+"""Type aliases and protocols shared across fabric_lite (Lightning Fabric's ``utilities.types``)."""
 
 from __future__ import annotations
 
@@ -32,12 +25,12 @@ if torch.distributed.is_available():
 else:  # a build of torch without distributed support: importing fabric_lite must still work
 
     class _RedOpType(enum.Enum):
-        """torch's reduce operations by name, so that the tables keyed by them build without torch.distributed."""
+        """torch's reduce operations by name, for a torch without ``torch.distributed``."""
 
         SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM = range(9)
 
     class _ReduceOp:
-        """A stand-in for ``torch.distributed.ReduceOp``: its members, and no collective to use them with."""
+        """A stand-in for ``torch.distributed.ReduceOp``: its members only."""
 
         RedOpType = _RedOpType
         SUM, AVG, PRODUCT, MIN, MAX = _RedOpType.SUM, _RedOpType.AVG, _RedOpType.PRODUCT, _RedOpType.MIN, _RedOpType.MAX
@@ -52,7 +45,7 @@ TReduce = TypeVar("TReduce")
 
 @runtime_checkable
 class _Stateful(Protocol):
-    """An object whose state can be saved and restored: ``state_dict()`` and ``load_state_dict(state)``."""
+    """An object with ``state_dict()`` and ``load_state_dict(state)``."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -61,7 +54,7 @@ class _Stateful(Protocol):
 
 @runtime_checkable
 class CollectibleGroup(Protocol):
-    """A process group, structurally: it has ``size()`` and ``rank()``.
+    """A process group, structurally: ``size()`` and ``rank()``.
 
     Example::
 
@@ -98,7 +91,6 @@ class Optimizable(Steppable, Protocol):
     Example::
 
         isinstance(torch.optim.SGD(model.parameters(), lr=0.1), Optimizable)  # True
-        isinstance(object(), Optimizable)                                     # False
     """
 
     param_groups: list[dict[Any, Any]]

@@ -1,15 +1,7 @@
 """Warning categories (Lightning Fabric's ``utilities.warnings``).
 
-Unlike Lightning, importing this module changes no ``warnings.formatwarning`` and no filter of its own:
-:class:`LightningDeprecationWarning` follows Python's default filters for ``DeprecationWarning``. The one filter it
-adds is the one a user asks for with Lightning's documented variable ``POSSIBLE_USER_WARNINGS=0`` (or ``off``): every
-:class:`PossibleUserWarning` ignored, as :func:`disable_possible_user_warnings` does.
-
-Example::
-
-    from fabric_lite.utilities.warnings import PossibleUserWarning, disable_possible_user_warnings
-
-    disable_possible_user_warnings()  # silence the "this might be a mistake" warnings
+Unlike Lightning's, importing it changes no warning format or filter, except what Lightning's documented
+``POSSIBLE_USER_WARNINGS=0`` (or ``off``) asks for: every :class:`PossibleUserWarning` ignored.
 """
 
 from __future__ import annotations
@@ -23,7 +15,7 @@ from fabric_lite.utilities.rank_zero import LightningDeprecationWarning
 
 
 class PossibleUserWarning(UserWarning):
-    """A warning about something that may be a mistake, or may be intended (a possible false positive).
+    """A warning about something that may be a mistake, or may be intended.
 
     Example::
 
@@ -33,32 +25,24 @@ class PossibleUserWarning(UserWarning):
 
 def disable_possible_user_warnings(module: str = "") -> None:
     """Ignore :class:`PossibleUserWarning` from ``module`` (a regular expression matched against the start of the
-    module name that warns), or from everywhere when ``module`` is ``""``.
-
-    For finer control use :func:`warnings.filterwarnings` directly.
+    warning module's name), or from everywhere.
 
     Example::
 
-        disable_possible_user_warnings()                          # everywhere
-        disable_possible_user_warnings("fabric_lite.strategies")  # only from the strategies
+        disable_possible_user_warnings("fabric_lite.strategies")
     """
     warnings.filterwarnings("ignore", module=module, category=PossibleUserWarning)
 
 
 def _disable_possible_user_warnings_if_asked(environ: Mapping[str, str] | None = None) -> None:
     """Ignore every :class:`PossibleUserWarning` where ``POSSIBLE_USER_WARNINGS`` (in ``environ``, default
-    ``os.environ``) is ``0`` or ``off``, Lightning's documented switch; otherwise do nothing."""
+    ``os.environ``) is ``0`` or ``off``."""
     if (os.environ if environ is None else environ).get("POSSIBLE_USER_WARNINGS", "").lower() in ("0", "off"):
         disable_possible_user_warnings()
 
 
 def _is_path_in_lightning(path: Path) -> bool:
-    """Whether ``path`` looks like a file of the Lightning package: its absolute form contains ``"lightning"``.
-
-    Lightning's private helper for its ``warnings.formatwarning`` (which fabric_lite does not install), kept under its
-    name for code that imports it. As Lightning's, it is naive: ``Path("/a/b/lightning")`` and any path under a
-    folder named ``lightning`` count.
-    """
+    """Whether ``path``'s absolute form contains ``"lightning"`` (Lightning's private, naive helper, kept by name)."""
     return "lightning" in str(path.absolute())
 
 

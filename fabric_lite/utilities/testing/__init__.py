@@ -1,5 +1,4 @@
-"""Skip conditions for tests that need hardware or packages: Lightning Fabric's private
-``lightning_fabric.utilities.testing`` (litgpt's ``_RunIf`` test decorator is built on :func:`_runif_reasons`)."""
+"""Lightning Fabric's private ``utilities.testing``: :func:`_runif_reasons`, behind litgpt's ``_RunIf``."""
 
 from fabric_lite.utilities.testing._runif import _runif_reasons
 

@@ -1,4 +1,4 @@
-"""Why a test cannot run here: the reasons behind Lightning's ``RunIf`` test decorator (and litgpt's ``_RunIf``)."""
+"""The reasons behind Lightning's ``RunIf`` test decorator (and litgpt's ``_RunIf``)."""
 
 from __future__ import annotations
 
@@ -27,22 +27,12 @@ def _runif_reasons(
     dynamo: bool = False,
     linux_only: bool = False,
 ) -> tuple[list[str], dict[str, bool]]:
-    """The reasons a test with these requirements must be skipped here (empty: it can run), and the markers'
-    keyword arguments a conftest filters on (``min_cuda_gpus``, ``tpu``, ``standalone``).
+    """Why a test with these requirements must be skipped here (empty: it can run), and the marker keyword arguments a
+    conftest filters on (``min_cuda_gpus``, ``tpu``, ``standalone``).
 
-    Args:
-        min_cuda_gpus: at least this many CUDA devices.
-        min_torch: torch at least this version (a nightly counts as its base version).
-        max_torch: torch older than this version.
-        min_python: Python at least this version.
-        bf16_cuda: a CUDA device that supports bfloat16.
-        tpu: a TPU (never here: fabric_lite has no XLA support).
-        mps: ``True``: Apple's MPS is available; ``False``: it is not.
-        skip_windows: not on Windows.
-        standalone: ``PL_RUN_STANDALONE_TESTS=1`` is set (the test runs in a process of its own).
-        deepspeed: DeepSpeed is installed.
-        dynamo: ``torch._dynamo`` supports this platform.
-        linux_only: only on Linux.
+    Each argument is a requirement: ``min_cuda_gpus`` CUDA devices, torch in ``[min_torch, max_torch)``,
+    ``min_python``, a bf16 CUDA device, a TPU (never here), MPS present (``mps=True``) or absent (``False``), not
+    Windows, ``PL_RUN_STANDALONE_TESTS=1``, DeepSpeed, dynamo support, Linux.
 
     Example::
 
