@@ -1,34 +1,16 @@
 """Run code written against Lightning Fabric on fabric_lite, unmodified: an opt-in import hook.
 
-With the hook on, ``lightning.fabric.*``, ``lightning_fabric.*`` and the Fabric names of the top-level ``lightning``
-package (``lightning.Fabric``, ``lightning.seed_everything``) are fabric_lite's, in this process and in every
-Python process it starts (the launchers' children, torchrun's workers, ``subprocess.run([sys.executable, ...])``).
-``lightning.pytorch`` and the rest of Lightning stay the real package when it is installed, still running on the
-real Lightning Fabric underneath (see :mod:`fabric_lite.as_lightning._finder`); without it, ``lightning`` holds
-only the Fabric names. A library such as litgpt, which imports ``lightning`` in dozens of modules, then runs on
-fabric_lite without an edit.
+With the hook on, ``lightning.fabric.*``, ``lightning_fabric.*``, ``lightning.Fabric`` and ``lightning.seed_everything``
+are fabric_lite's, in this process and every Python process it starts; the rest of ``lightning`` stays the real package,
+on the real Lightning Fabric (:mod:`fabric_lite.as_lightning._finder`). Turn it on with
+``python -m fabric_lite.as_lightning`` (or ``fabric-lite run --as-lightning``), ``FABRIC_LITE_AS_LIGHTNING=1``, or
+:func:`install`::
 
-Three ways to turn it on, each inherited by child processes:
+    python -m fabric_lite.as_lightning -m litgpt pretrain --config tiny.yaml
+    FABRIC_LITE_AS_LIGHTNING=1 litgpt finetune_lora ...
 
-* the command line::
-
-      python -m fabric_lite.as_lightning -m litgpt pretrain --config tiny.yaml   # a module, like python -m
-      python -m fabric_lite.as_lightning train.py --lr 0.1                       # a script
-      fabric-lite run --as-lightning --devices 2 -m litgpt pretrain ...          # under fabric-lite run
-
-* the environment variable ``FABRIC_LITE_AS_LIGHTNING=1`` (read at interpreter start-up by the
-  ``fabric_lite-as-lightning.pth`` file that installing fabric_lite puts in site-packages)::
-
-      FABRIC_LITE_AS_LIGHTNING=1 litgpt finetune_lora ...
-
-* one line of Python, before anything imports Lightning::
-
-      import fabric_lite.as_lightning; fabric_lite.as_lightning.install()
-
-What it does not cover: code that reads the ``lightning`` *distribution's* metadata (``importlib.metadata``,
-``RequirementCache("lightning>=2.5")``) sees what is installed, not fabric_lite; the Lightning Fabric names
-fabric_lite does not provide (``docs/migration.md`` lists them) raise ``ImportError`` naming them; objects of the
-real Lightning Fabric (made by ``lightning.pytorch``'s internals) are not fabric_lite's.
+Not covered: the ``lightning`` distribution's metadata, Lightning Fabric names fabric_lite lacks (``docs/migration.md``;
+they raise ``ImportError``), and objects the real Lightning Fabric makes.
 """
 
 from __future__ import annotations
@@ -57,27 +39,22 @@ def is_installed() -> bool:
 
     Example::
 
-        fabric_lite.as_lightning.install()
-        fabric_lite.as_lightning.is_installed()  # True
+        fabric_lite.as_lightning.is_installed()  # True after install()
     """
     return _finder() is not None
 
 
 def install(*, children: bool = True) -> None:
-    """Turn the hook on in this process (and, with ``children=True``, in every Python process it starts, through
-    ``FABRIC_LITE_AS_LIGHTNING=1``). Call it before anything imports Lightning; calling it again does nothing.
+    """Turn the hook on in this process and, with ``children``, in every Python process it starts. Call it before
+    anything imports Lightning; a second call does nothing.
 
     Raises:
         RuntimeError: Lightning Fabric was imported already (its modules cannot be swapped afterwards).
 
     Example::
 
-        import fabric_lite.as_lightning
-
         fabric_lite.as_lightning.install()
-        import lightning as L
-
-        L.Fabric  # fabric_lite.fabric.Fabric
+        import lightning as L  # L.Fabric is fabric_lite.fabric.Fabric
     """
     if children:
         os.environ[ENV_VAR] = "1"
@@ -99,13 +76,12 @@ def install(*, children: bool = True) -> None:
 
 
 def uninstall() -> None:
-    """Turn the hook off in this process (and for the children it starts from now on), and forget every module it
-    served, so that the next ``import lightning`` is the real one (or fails, where Lightning is not installed).
+    """Turn the hook off in this process and for the children it starts, and forget the modules it served, so that the
+    next ``import lightning`` is the real one.
 
     Example::
 
         fabric_lite.as_lightning.uninstall()
-        fabric_lite.as_lightning.is_installed()  # False
     """
     os.environ.pop(ENV_VAR, None)
     finder = _finder()

@@ -1,12 +1,7 @@
-"""``python -m fabric_lite.as_lightning``: run a program written against Lightning Fabric on fabric_lite.
+"""``python -m fabric_lite.as_lightning``: run a program as ``python`` would, with the hook on in it and every Python
+process it starts::
 
-Usage, exactly as ``python`` would run the program (``sys.argv``, ``__main__``, ``sys.path[0]``)::
-
-    python -m fabric_lite.as_lightning -m MODULE [ARGS...]   # e.g. -m litgpt pretrain --config tiny.yaml
-    python -m fabric_lite.as_lightning SCRIPT [ARGS...]      # e.g. train.py --lr 0.1
-    python -m fabric_lite.as_lightning -c CODE [ARGS...]
-
-The hook is on in the program and in every Python process it starts.
+    python -m fabric_lite.as_lightning (-m MODULE | -c CODE | SCRIPT) [ARGS...]
 """
 
 from __future__ import annotations

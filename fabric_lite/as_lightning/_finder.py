@@ -1,21 +1,10 @@
 """The import hook behind :mod:`fabric_lite.as_lightning`: two views of the ``lightning`` names in one process.
 
-A program written against Lightning Fabric (the *client*: a user's script, litgpt, its tests) meets fabric_lite
-under Lightning's names (see :mod:`fabric_lite.as_lightning`), while the real Lightning's other modules
-(``lightning.pytorch``: the Trainer, ``LightningModule``, loggers) need the real Lightning Fabric underneath: they
-import hundreds of Lightning Fabric's private names.
-
-One ``sys.modules`` cannot hold two modules named ``lightning.fabric``, so the real one is loaded under another
-name, ``_original_lightning__fabric`` (and ``_original_lightning_fabric`` for the standalone ``lightning_fabric``
-distribution that ``pytorch_lightning`` uses), and every module of the real Lightning distributions runs with its
-own ``__builtins__`` whose ``__import__`` sends ``lightning.fabric...``/``lightning_fabric...`` to those names.
-Those modules' code, bytecode cache and files are untouched; only where their imports lead changes. Everything
-else (the client) imports normally and meets fabric_lite.
-
-This module imports neither torch nor Lightning: the hook is installed at interpreter start-up when
-``FABRIC_LITE_AS_LIGHTNING=1`` (see ``fabric_lite-as-lightning.pth``), and costs nothing until a ``lightning``
-name is imported. The real ``lightning`` package's own code, which imports the rest of Lightning, runs when the
-program first uses more of it than Lightning Fabric's names (:meth:`LightningFinder.defer_top_level`).
+A client (a user's script, litgpt) meets fabric_lite under Lightning's names, while the real Lightning's own modules
+(``lightning.pytorch``) need the real Lightning Fabric. So the real one is loaded as ``_original_lightning__fabric``
+(and ``_original_lightning_fabric``), and the real Lightning's modules run with an ``__import__`` that leads there;
+their code and files are untouched. This module imports neither torch nor Lightning, so the hook costs nothing until a
+``lightning`` name is imported.
 """
 
 from __future__ import annotations
@@ -133,12 +122,8 @@ class _InternalLoader(importlib.abc.Loader):
 
 
 class _ClientLoader(importlib.abc.Loader):
-    """Gives ``lightning.fabric.X``/``lightning_fabric.X`` the module ``fabric_lite.X`` itself.
-
-    Imported again after it was deleted from ``sys.modules`` (``fresh``), the name gets a new execution of
-    ``fabric_lite.X``'s code, as deleting and importing a module gives everywhere else (its import-time state, such
-    as ``rank_zero_only.rank`` from the environment, is computed again); ``fabric_lite.X`` itself stays as it is.
-    """
+    """Gives ``lightning.fabric.X``/``lightning_fabric.X`` the module ``fabric_lite.X`` itself; after its deletion from
+    ``sys.modules`` (``fresh``), a new execution of its code, as re-importing gives elsewhere."""
 
     def __init__(self, target: str, requested: str, fresh: bool = False) -> None:
         self._target = target
@@ -212,9 +197,8 @@ class _ClientPackageLoader(importlib.abc.Loader):
 
 
 def _set_up_logger() -> None:
-    """What importing Lightning Fabric does to its package logger, for ``lightning.fabric``, where fabric_lite's
-    modules log under the hook: level INFO, and where the root logger has no handler, a handler of its own instead of
-    propagating, so that its INFO messages ("Seed set to 42") are printed, as Lightning prints them."""
+    """Set up the ``lightning.fabric`` logger as importing Lightning Fabric does: level INFO, with a handler of its own
+    where the root logger has none, so that its INFO messages ("Seed set to 42") are printed."""
     logger = logging.getLogger("lightning.fabric")
     logger.setLevel(logging.INFO)
     if not logging.getLogger().hasHandlers() and not logger.handlers:
@@ -321,14 +305,9 @@ class LightningFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.PathFinder.find_spec(fullname, path)
 
     def defer_top_level(self, module: types.ModuleType, loader: importlib.abc.Loader) -> None:
-        """Hold back the code of the real ``lightning`` package, imported as the parent of ``lightning.fabric``, until
-        the program uses more of it: one of its attributes beyond the Fabric names (``lightning.Trainer``,
-        ``lightning.__version__``) or another of its modules (``lightning.pytorch``).
-
-        That code imports the Trainer, ``LightningModule`` and with them the real Lightning Fabric and
-        ``torch._dynamo``: seconds of CPU, which a program that uses only Lightning Fabric's names would pay in
-        every process it starts, for modules it never touches.
-        """
+        """Hold back the real ``lightning`` package's code until the program uses more of it than the Fabric names
+        (``lightning.Trainer``, ``lightning.pytorch``): that code imports the Trainer and ``torch._dynamo``, which a
+        program using only Lightning Fabric's names should not pay for."""
 
         def __getattr__(name: str) -> Any:  # PEP 562: every name the package's code would have defined
             self.complete_top_level()

@@ -27,17 +27,9 @@ _BACKLOG = 2048
 
 
 def listen(environment: ClusterEnvironment, rank: int) -> socket.socket:
-    """A socket listening on the environment's main port (0 picks a free one) on every interface, as the store's own
-    server would: :func:`create_store` hosts the store on it.
-
-    A launcher that forks its workers binds the port with this before the fork and hosts the store after it. The
-    store's server thread looks up the address of every client that connects, under a lock of the C library's
-    resolver; a worker forked while that thread held the lock inherits it locked, and hangs in its own first
-    lookup, which is when it connects to the store.
-
-    Raises:
-        RuntimeError: the port is in use; the message names the address and port and what to change.
-    """
+    """A socket listening on the environment's main port (0: a free one) on every interface, for :func:`create_store`. A
+    forking launcher binds it before the fork: a worker forked while the store's server thread held the C resolver's
+    lock would hang in its first lookup. Raises ``RuntimeError`` when the port is in use."""
     address, port = environment.main_address, environment.main_port
     try:
         if socket.has_dualstack_ipv6():
@@ -56,13 +48,8 @@ def create_store(
     is_master: bool,
     listener: socket.socket | None = None,
 ) -> Any:
-    """The job's ``TCPStore`` at the environment's main address and port: hosted here (``is_master``, on ``listener``
-    or on a socket that :func:`listen` opens now; the store takes the socket over) or reached.
-
-    Raises:
-        RuntimeError: the port is missing (a rank that must reach the store), in use, or unreachable; the message
-            names the address and port and what to change.
-    """
+    """The job's ``TCPStore``, hosted here (``is_master``, on ``listener`` or a socket :func:`listen` opens) or reached.
+    Raises ``RuntimeError``, naming the address and port, when the port is missing, in use or unreachable."""
     address, port = environment.main_address, environment.main_port
     if not is_master and port == 0:
         raise RuntimeError(
@@ -111,12 +98,9 @@ def form_process_group(
     device: torch.device | None,
     where: str,
 ) -> None:
-    """``torch.distributed.init_process_group`` over ``store``, bound to ``device`` where it is a CUDA device.
-
-    Raises:
-        CollectiveTimeoutError: the group did not form within ``timeout``; says how many ranks reached the
-            rendezvous at ``where`` (``address:port``), so a rank that never started is told from a wrong address.
-    """
+    """``init_process_group`` over ``store``, bound to ``device`` where it is a CUDA device. Raises
+    :class:`CollectiveTimeoutError` when the group does not form within ``timeout``, saying how many ranks reached the
+    rendezvous at ``where``."""
     global _groups_formed
     if _groups_formed:
         # a group formed again on the same store (the first one destroyed, as in a second Fabric of a launched
@@ -142,13 +126,8 @@ def form_process_group(
 
 
 def destroy_process_group() -> None:
-    """Destroy the default process group, then sleep for a moment.
-
-    gloo's worker threads release the work objects of asynchronous collectives (DDP's gradient all-reduce) after the
-    caller has moved on, and releasing one takes the GIL. A worker thread still waiting for the GIL when the
-    interpreter finalises is torn down inside a destructor, and the whole process aborts ("terminate called without
-    an active exception"). Sleeping releases the GIL so that those threads finish first.
-    """
+    """Destroy the default process group, then sleep briefly: a gloo worker thread still waiting for the GIL to release
+    a work object when the interpreter finalises aborts the process."""
     dist.destroy_process_group()
     time.sleep(_WORKER_DRAIN_SECONDS)
 

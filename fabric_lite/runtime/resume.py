@@ -1,15 +1,7 @@
-"""Resuming a plain ``DataLoader`` in the middle of an epoch, for the loader wrapper of ``Fabric.setup_dataloaders``.
-
-A resumed epoch must give the batches the interrupted one had not handed out yet, in the same order, without
-reading the ones it had, and leave every random generator where the uninterrupted run would have it. The order
-of an epoch is fixed by the random state at its start: ``iter(loader)`` draws the workers' base seed from the
-loader's generator (or the global one), and the sampler draws its permutation at its first index. So the wrapper
-keeps the generators' states at each epoch start (:class:`EpochStart`, a few kilobytes, nothing drawn), and a
-resume replays the start of that epoch from them (:func:`resume_iterator`): the same draws in the same order, the
-first ``k`` batches skipped as indices in the sampler (:class:`SkipBatches`: no sample is read), and then the
-global state put back to what the checkpoint restored, so that the model's own draws (dropout) go on unchanged.
-The user's loader is never modified: the resumed epoch runs on a shallow copy whose index sampler skips.
-"""
+"""Resuming a plain ``DataLoader`` inside an epoch, for the loader wrapper of ``Fabric.setup_dataloaders``. An epoch's
+order is fixed by the random states at its start, so those are kept (:class:`EpochStart`) and a resume replays them,
+skipping the batches already given as indices (:class:`SkipBatches`: no sample is read), then puts the global state
+back. The user's loader is never modified."""
 
 from __future__ import annotations
 
@@ -82,12 +74,8 @@ class EpochStart:
 
 
 class SkipBatches:
-    """Stands in for a loader's index sampler (its batch sampler, or its sampler when ``batch_size=None``) in a
-    resumed epoch: the first ``skip`` batches of indices are drawn and dropped, so no sample of theirs is read.
-
-    The skipping happens at :meth:`prime`, or at the first index asked for, whichever comes first, so that the
-    sampler draws its random numbers at the same point of the replay as it did in the original epoch.
-    """
+    """A loader's index sampler in a resumed epoch: the first ``skip`` batches of indices are drawn and dropped, at
+    :meth:`prime` or the first index asked for, so the sampler draws where the original epoch did."""
 
     def __init__(self, inner: Any, skip: int) -> None:
         self.inner = inner
@@ -126,9 +114,8 @@ def can_resume(loader: object) -> bool:
 
 
 def resume_iterator(loader: DataLoader[Any], start: EpochStart, skip: int) -> Iterator[Any] | None:
-    """An iterator over the epoch that began at ``start``, from its batch ``skip`` on, with every generator left as
-    after the original epoch's start and the global torch state as it is now. ``None``, with a warning, when the
-    loader cannot be replayed (its caller then restarts the epoch)."""
+    """An iterator over the epoch that began at ``start``, from batch ``skip`` on, with the global torch state left as
+    it is now; ``None``, with a warning, when the loader cannot be replayed."""
     skipper = SkipBatches(loader.batch_sampler if loader.batch_sampler is not None else loader.sampler, skip)
     try:
         view = copy.copy(loader)  # DataLoader has no __setstate__: a copy of its __dict__

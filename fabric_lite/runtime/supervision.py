@@ -1,9 +1,6 @@
-"""The supervision policy every launcher of fabric_lite applies when a rank fails: which end of a rank is the root
-cause of the failed job, and which only report that another rank went away.
-
-A launcher hears of ranks ending in its own way (``Popen.poll``, ``multiprocessing.Process.exitcode``, torchrun's
-agent); it turns each into a :class:`RankExit` and asks one :class:`RootCause` for the verdict.
-"""
+"""The supervision policy every launcher applies when a rank fails: which rank's end is the root cause, and which only
+report that another rank went away. A launcher turns each end it hears of into a :class:`RankExit` and asks one
+:class:`RootCause` for the verdict."""
 
 from __future__ import annotations
 
@@ -42,14 +39,8 @@ def is_secondary(error: BaseException | str) -> bool:
 
 @dataclass(frozen=True)
 class RankExit:
-    """A rank that ended, as its launcher saw it.
-
-    Attributes:
-        rank: its global rank.
-        code: its exit code; negative where a signal ended it (``-9``: SIGKILL).
-        error: what it reported of its failure (its traceback), where it reported anything.
-        local_rank, pid: where the launcher knows them, for the message.
-    """
+    """A rank that ended, as its launcher saw it: its global ``rank``, exit ``code`` (negative: the signal), the
+    ``error`` it reported (its traceback), and its ``local_rank`` and ``pid`` where the launcher knows them."""
 
     rank: int
     code: int
@@ -71,19 +62,14 @@ class RankExit:
 class RootCause:
     """The verdict on a job from the ends of its ranks, the same under every launcher.
 
-    * A primary failure (a real exception, a signal, a non-zero exit that reported nothing) is the root cause at once.
-    * A secondary failure (its error only says that a peer went away) waits ``window`` seconds for a primary one,
-      and up to ``patience`` seconds while a rank that has reported an error is still exiting (``exiting``): the
-      rank that really failed reports at once, but may close its connections, and so fail the others, seconds
-      before its process ends (on a loaded machine).
-    * When it has waited, a rank that exited with code 0 while the others still ran is the root cause (they lost
-      it in a collective: a rank returned early), else the first secondary failure.
+    A primary failure (an exception, a signal, a silent non-zero exit) is the root cause at once. A secondary one (its
+    error only says that a peer went away) waits ``window`` seconds for a primary one, or ``patience`` while a rank that
+    reported an error is still ``exiting``: the rank that failed may close its connections seconds before it ends. Then
+    a rank that exited 0 while the others ran is the cause (it returned early), else the first secondary failure.
 
     Example::
 
         verdict = RootCause(window=1.0)
-        verdict.saw(RankExit(rank=1, code=1, error="...RuntimeError: Connection closed by peer"))
-        verdict.decide()  # None: a secondary failure waits for the rank that really failed
         verdict.saw(RankExit(rank=2, code=-9))
         verdict.decide()  # RankExit(rank=2, code=-9): killed, the root cause
     """
@@ -111,9 +97,8 @@ class RootCause:
             self._secondary, self._secondary_at = exit, self.clock()
 
     def decide(self, *, waited: bool = False, exiting: bool = False) -> RankExit | None:
-        """The root cause, or ``None`` while no failure has been seen or a secondary one is still waiting
-        (``waited``: stop waiting, as at the launching process's own failure; ``exiting``: a rank that has reported
-        an error has not ended yet)."""
+        """The root cause, or ``None`` while none is known (``waited``: stop waiting for a primary failure; ``exiting``:
+        a rank that reported an error has not ended yet)."""
         secondary = self._secondary
         waited = waited or self.clock() - self._secondary_at >= (self.patience if exiting else self.window)
         if self.cause is None and secondary is not None and waited:
@@ -146,15 +131,9 @@ _NO_ERROR_FILE = "<N/A>"  # torchrun's ProcessFailure.error_file where the rank 
 
 
 def from_torchrun(failures: Mapping[int, Any]) -> RankExit | None:
-    """The root cause among the failures torchrun's agent reports (``ChildFailedError.failures``: global rank to
-    ``ProcessFailure``), by the same policy as fabric_lite's own launchers.
-
-    The agent names the first failure by its timestamp, which can be a rank that only lost its peer; here a primary
-    failure wins over a secondary one whatever their order. The agent stops the other workers with SIGTERM once one
-    has failed, so a rank ended by SIGTERM is taken after every other (timestamps are whole seconds: the stopped
-    rank and the one that failed often share one). The error of a rank is its traceback where torch's error recorder
-    wrote one (``fabric-lite run`` runs the script inside it), else the agent's message.
-    """
+    """The root cause among torchrun's agent's failures (``ChildFailedError.failures``), by the same policy: a primary
+    failure wins whatever the timestamps, and a rank the agent stopped with SIGTERM comes last (timestamps are whole
+    seconds). A rank's error is its traceback where torch's error recorder wrote one, else the agent's message."""
     verdict = RootCause(window=0.0)
 
     def order(item: tuple[int, Any]) -> tuple[bool, int, int]:
@@ -172,8 +151,7 @@ def from_torchrun(failures: Mapping[int, Any]) -> RankExit | None:
 
 
 def describe(exit: RankExit, *, rank0_finished: bool = False, traceback: bool = True) -> str:
-    """The root cause in words, the same under every launcher (``traceback=False``: its last line only, where the
-    traceback was printed already)."""
+    """The root cause in words, the same under every launcher (``traceback=False``: its last line only)."""
     who = f"rank {exit.rank}"
     if exit.local_rank is not None or exit.pid is not None:
         who += f" ({', '.join(_where(exit))})"

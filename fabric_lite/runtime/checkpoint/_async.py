@@ -1,10 +1,5 @@
-"""Checkpoints written in the background: one save at a time, its error never lost.
-
-:class:`_BackgroundSave` runs a write (a function over a snapshot taken on the caller's thread) in a thread of its
-own. At most one write is in flight: the next save waits for the previous one first. A failed write is raised at the
-next save, at ``wait()`` (``fabric.load``, the end of ``launch``, ``teardown``), or at the end of the process, which
-then exits with code 1.
-"""
+"""Checkpoints written in the background, one at a time, their errors never lost: a failed write raises at the next
+save, at ``wait()`` (``fabric.load``, the end of ``launch``, ``teardown``), or at exit, which then exits with code 1."""
 
 from __future__ import annotations
 
@@ -28,10 +23,8 @@ class _BackgroundSave:
 
     Example::
 
-        background = _BackgroundSave()
         background.submit(lambda: atomic_save(staged, path), str(path))  # returns at once
-        ...
-        background.wait()  # blocks until the write is done; raises CheckpointError if it failed
+        background.wait()  # raises CheckpointError if the write failed
     """
 
     def __init__(self) -> None:
@@ -88,11 +81,8 @@ class _BackgroundSave:
         return thread is None or not thread.is_alive()
 
     def wait(self) -> None:
-        """Block until the write in flight is done.
-
-        Raises:
-            CheckpointError: the last write failed (raised once; the checkpoint at its path is the previous one).
-        """
+        """Block until the write in flight is done; raise its :class:`CheckpointError` once if it failed (the checkpoint
+        at its path is then the previous one)."""
         self.join()
         error, self._error = self._error, None
         if error is not None:

@@ -1,21 +1,7 @@
-"""DeepSpeed checkpoints: how ``DeepSpeedStrategy`` saves and loads them (its ``save_checkpoint`` and
-``load_checkpoint`` call in here with the engine's ``state`` and their ranks), and turns one into a single file.
-
-A checkpoint is the folder DeepSpeed's engine writes, in Lightning Fabric's layout (so that either loads the other's),
-plus fabric_lite's index::
-
-    step-100/
-        checkpoint/                 DeepSpeed's tag folder: every rank's partitions of the weights and optimizer
-        latest                      "checkpoint"
-        zero_to_fp32.py             DeepSpeed's own conversion script
-        fabric_lite.json            which entry was the module, the optimizer, and the user's other entries
-
-The user's other entries travel as DeepSpeed's "client state" (in the model-states file rank 0 writes). An entry
-whose name DeepSpeed uses itself (``lr_scheduler``, ``global_steps``, ...) is stored under ``fabric_lite:<name>``,
-so that neither overwrites the other. Saving is atomic (:func:`~fabric_lite.runtime.checkpoint.folders.save_folder`).
-
-DeepSpeed is imported inside the functions, never at module level.
-"""
+"""DeepSpeed checkpoints: how ``DeepSpeedStrategy`` saves and loads them, and turns one into a single file. A checkpoint
+is the folder DeepSpeed's engine writes, in Lightning Fabric's layout (each loads the other's), plus
+``fabric_lite.json`` naming the module, the optimizer and the user's entries, which travel as DeepSpeed's client state
+(a name DeepSpeed uses itself as ``fabric_lite:<name>``). DeepSpeed is imported inside the functions."""
 
 from __future__ import annotations
 
@@ -71,8 +57,7 @@ DEEPSPEED_KEYS = frozenset(
 
 
 def is_deepspeed_checkpoint(path: _PATH) -> bool:
-    """Whether ``path`` is a local folder written by DeepSpeed's ``save_checkpoint`` with Lightning's tag (it holds
-    a ``checkpoint`` subfolder). Imports nothing.
+    """Whether ``path`` is a local folder written by DeepSpeed with Lightning's tag (a ``checkpoint`` subfolder).
 
     Example::
 
@@ -85,11 +70,8 @@ def is_deepspeed_checkpoint(path: _PATH) -> bool:
 
 
 def engine_in(state: dict[str, Any], action: str) -> tuple[str, Any]:
-    """The key and the DeepSpeed engine among the values of ``state``.
-
-    Raises:
-        ValueError: no engine, or several; the message says what to pass.
-    """
+    """The key and the DeepSpeed engine among the values of ``state``; ``ValueError``, saying what to pass, for none or
+    several."""
     engine_class = importlib.import_module("deepspeed").DeepSpeedEngine
     engines = [(key, value) for key, value in state.items() if isinstance(value, engine_class)]
     if not engines:
@@ -109,8 +91,8 @@ def engine_in(state: dict[str, Any], action: str) -> tuple[str, Any]:
 def save(
     path: _PATH, state: dict[str, Any], exclude_frozen_parameters: bool, ranks: tuple[int, int, Callable[..., Any]]
 ) -> None:
-    """Write ``state`` as a checkpoint folder at ``path`` (see :meth:`DeepSpeedStrategy.save_checkpoint`); every rank
-    must call it, with ``ranks = (global_rank, world_size, broadcast)``."""
+    """Write ``state`` as a checkpoint folder at ``path``, atomically; every rank calls it, with
+    ``ranks = (global_rank, world_size, broadcast)``."""
     if _is_remote(path):
         raise ValueError(
             f"DeepSpeedStrategy cannot save to {str(path)!r}: DeepSpeed's engine writes local files. Save to a local"
@@ -149,12 +131,8 @@ def save(
 
 
 def check_folder(path: _PATH) -> Path:
-    """``path`` as a DeepSpeed checkpoint folder, or an error saying what it is instead (as Lightning's).
-
-    Raises:
-        FileNotFoundError: ``path`` is not a DeepSpeed checkpoint folder; the message names the folder to pass when
-            ``path`` is inside one.
-    """
+    """``path`` as a DeepSpeed checkpoint folder; else ``FileNotFoundError`` (as Lightning's), naming the folder to pass
+    when ``path`` is inside one."""
     folder = Path(_local_path(path))
     if is_deepspeed_checkpoint(folder):
         return folder
@@ -181,8 +159,7 @@ def _user_entries(index: dict[str, Any] | None, client: dict[str, Any]) -> dict[
 
 
 def load(path: _PATH, state: dict[str, Any], strict: bool) -> dict[str, Any]:
-    """Restore ``state`` in place from a checkpoint folder and return the user's entries it did not restore (see
-    :meth:`DeepSpeedStrategy.load_checkpoint`)."""
+    """Restore ``state`` in place from a checkpoint folder; returns the user's entries it did not restore."""
     folder = check_folder(path)
     module_key, engine = engine_in(state, "load_checkpoint")
     optimizer_keys = [k for k, v in state.items() if engine.optimizer is not None and v is engine.optimizer]
@@ -229,14 +206,9 @@ def load_full(
     strict: bool,
     weights_only: bool | None,
 ) -> dict[str, Any]:
-    """Restore a module (set up with DeepSpeed or not) and the user's entries from one checkpoint file (a
-    consolidated DeepSpeed checkpoint, or what another strategy saved); with no state, return the whole file. Every
-    rank reads the file.
-
-    Raises:
-        ValueError: ``state`` holds an optimizer: a full file's optimizer state cannot go into ZeRO's partitions.
-        KeyError: with ``strict``, an entry of ``state`` that the file lacks.
-    """
+    """Restore a module (DeepSpeed's or plain) and the user's entries from one full checkpoint file, read on every rank;
+    with no ``state``, return the whole file. Raises ``ValueError`` for an optimizer in ``state`` (ZeRO keeps its own
+    partitions), and with ``strict`` ``KeyError`` for an entry the file lacks."""
     checkpoint = safe_load(path, weights_only=weights_only)
     if not state:
         return checkpoint  # type: ignore[no-any-return]
@@ -269,8 +241,8 @@ def _is_deepspeed_optimizer(obj: Any) -> bool:
 
 
 def load_module_weights(module: Module, state_dict: dict[str, Any], strict: bool) -> None:
-    """Load a full state dict into ``module``: a DeepSpeed engine (ZeRO-3's partitioned parameters are gathered for
-    it, and the optimizer's float32 master weights refreshed from the result), or a plain module."""
+    """Load a full state dict into ``module``, a plain module or a DeepSpeed engine (ZeRO-3's partitions gathered for
+    it, the float32 master weights refreshed)."""
     deepspeed = importlib.import_module("deepspeed")
     engine = module if isinstance(module, deepspeed.DeepSpeedEngine) else None
     target = engine.module if engine is not None else module
@@ -285,17 +257,10 @@ def load_module_weights(module: Module, state_dict: dict[str, Any], strict: bool
 
 
 def consolidate(checkpoint_folder: _PATH, output_file: _PATH) -> Path:
-    """Write the weights of a DeepSpeed checkpoint folder, gathered in float32, as one ``torch.save`` file, with the
-    user's other entries: ``{module_key: state_dict, **entries}`` (``"model"`` for a folder written by Lightning).
-    The optimizer state is not included (DeepSpeed's ``zero_to_fp32`` reconstructs weights only). Needs DeepSpeed,
-    no process group; written atomically.
-
-    Raises:
-        ModuleNotFoundError: DeepSpeed is not installed; the message gives the install command.
-        ImportError: the installed DeepSpeed does not work with this torch (see
-            :func:`~fabric_lite.utilities.imports.import_deepspeed`).
-        CheckpointError: ``output_file`` is a folder, or reading failed.
-    """
+    """Write a DeepSpeed checkpoint folder's weights, gathered in float32, and the user's other entries as one
+    ``torch.save`` file, atomically: ``{module_key: state_dict, **entries}``, no optimizer state. Needs DeepSpeed
+    (``ImportError`` where it is missing or does not work with this torch), no process group; :class:`CheckpointError`
+    when ``output_file`` is a folder or reading fails."""
     import_deepspeed("Consolidating a DeepSpeed checkpoint")
     zero_to_fp32 = importlib.import_module("deepspeed.utils.zero_to_fp32")
     folder = check_folder(checkpoint_folder)

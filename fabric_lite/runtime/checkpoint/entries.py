@@ -18,15 +18,9 @@ PRECISION_KEY = "fabric_lite:precision"
 def _apply_filter(
     key: str, filter: dict[str, Callable[[str, Any], bool]], source_dict: object, target_dict: dict[str, Any]
 ) -> None:
-    """Put ``source_dict`` into ``target_dict[key]``; where ``filter`` has a function for ``key`` (and the source is a
-    dict), only the items it keeps, and nothing at all when it keeps none (Lightning Fabric's private helper for
-    ``save_checkpoint(filter=...)``).
-
-    Example::
-
-        target = {}
-        _apply_filter("model", {"model": lambda k, v: "weight" in k}, model.state_dict(), target)
-    """
+    """Put ``source_dict`` into ``target_dict[key]``; where ``filter`` has a predicate for ``key`` and the source is a
+    dict, only the items it keeps, and no entry when it keeps none (Lightning Fabric's helper for
+    ``save_checkpoint(filter=...)``)."""
     if key in filter and isinstance(source_dict, dict):
         keep = filter[key]
         for name, value in source_dict.items():
@@ -43,15 +37,9 @@ def to_state_dicts(
     optimizer_state: Callable[[Optimizer], Any],
     precision_state: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint to save for ``state``: modules through ``module_state``, optimizers through
-    ``optimizer_state``, stateful objects by ``state_dict()``, other values as they are; an entry named in
-    ``filter`` keeps the items its predicate accepts (:func:`_apply_filter`: none accepted, no entry). A non-empty
-    ``precision_state`` is kept under :data:`PRECISION_KEY`.
-
-    Example::
-
-        checkpoint = to_state_dicts(state, {}, Module.state_dict, Optimizer.state_dict, precision.state_dict())
-    """
+    """The checkpoint to save for ``state``: modules through ``module_state``, optimizers through ``optimizer_state``,
+    stateful objects by ``state_dict()``, other values as they are, each filtered by :func:`_apply_filter`; a non-empty
+    ``precision_state`` under :data:`PRECISION_KEY`."""
     checkpoint: dict[str, Any] = {}
     for key, obj in state.items():
         if isinstance(obj, Module):
@@ -76,8 +64,8 @@ def pop_precision(checkpoint: Any, load_precision: Callable[[Any], Any]) -> None
 
 
 def check_missing(path: Any, wanted: Iterable[str], available: Iterable[str], strict: bool) -> None:
-    """With ``strict``, a ``KeyError`` naming the ``wanted`` entries the checkpoint at ``path`` lacks (and those it
-    has, ``available``)."""
+    """With ``strict``, raise the ``KeyError`` of :func:`missing_entries_error` for the ``wanted`` entries not in
+    ``available``."""
     available = list(available)
     missing = [key for key in wanted if key not in available]
     if strict and missing:
@@ -102,16 +90,14 @@ def restore_entries(
     load_module: Callable[[Module, Any], Any],
     load_optimizer: Callable[[Optimizer, Any], Any] | None = None,
 ) -> None:
-    """Restore ``state``'s entries from ``checkpoint``, popping each one it restores: modules through
-    ``load_module``, optimizers through ``load_optimizer`` (by default, like other stateful objects, through their
-    ``load_state_dict``), plain values by replacement (in ``state``); what is left in ``checkpoint`` is the remainder.
-    With ``strict``, an entry of ``state`` that the checkpoint lacks raises ``KeyError`` naming both sides.
+    """Restore ``state``'s entries from ``checkpoint``, popping each one restored: modules through ``load_module``,
+    optimizers through ``load_optimizer`` (by default their ``load_state_dict``, like other stateful objects), plain
+    values by replacement in ``state``. What stays in ``checkpoint`` is the remainder. With ``strict``, an entry the
+    checkpoint lacks raises ``KeyError`` naming both sides.
 
     Example::
 
-        checkpoint = safe_load("last.ckpt")
         restore_entries(state, checkpoint, "last.ckpt", True, lambda module, value: module.load_state_dict(value))
-        remainder = checkpoint  # the entries ``state`` did not ask for
     """
     check_missing(path, state, checkpoint, strict)
     for key, obj in list(state.items()):

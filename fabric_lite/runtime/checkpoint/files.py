@@ -1,24 +1,9 @@
-"""Writing and reading checkpoint files safely.
+"""Writing and reading checkpoint files safely, at local paths or fsspec URLs (``file://`` URLs are local paths).
 
-* :func:`atomic_save` writes to a temporary file in the target's folder, flushes and fsyncs it, renames it over
-  the target with ``os.replace`` and fsyncs the folder. A failure at any point (an object that cannot be pickled,
-  a full disk, the process killed mid-write) leaves the previous checkpoint intact and no temporary file behind.
-  A process killed by SIGKILL cannot clean up after itself: its temporary file (named
-  ``.<name>.<host>.<pid>.*.tmp``) is removed by the next save to the same path once that process is gone.
-* :func:`safe_load` reads with ``weights_only=True`` unless the caller explicitly opts out, never retries with
-  ``weights_only=False`` on its own, and turns torch's terse errors for empty, truncated or foreign files into
-  errors that name the path.
-
-Both take fsspec URLs too (``s3://bucket/run/last.ckpt``, ``memory://...``; see
-:mod:`fabric_lite.utilities.cloud_io`); ``file://`` URLs are local paths. What "atomic" means for a URL:
-
-* object stores (``s3://``, ``gs://``, ``az://``, ...): the checkpoint is serialised in memory first and uploaded in
-  one request (``fs.pipe``: one PUT, or a multipart upload that the store only publishes when it completes),
-  so readers see the previous object or the complete new one; a failed serialisation uploads nothing, and a failed
-  upload leaves the previous object as it was.
-* ``memory://``: the new file replaces the old one in a single step once it is complete.
-* other fsspec filesystems (``sftp://``, ``hdfs://``, ...): one ``pipe`` call of the complete bytes; whether a
-  reader can see a partly written file then depends on that filesystem.
+:func:`atomic_save` leaves either the previous file or the complete new one; :func:`safe_load` reads with
+``weights_only=True`` unless the caller opts out, and turns torch's terse errors into ones that name the path. At a URL
+the checkpoint is serialised in memory and written in one call: an object store publishes the upload only when it
+completes; on other fsspec filesystems whether a reader can see a partial file depends on the filesystem.
 """
 
 from __future__ import annotations
@@ -40,24 +25,22 @@ from fabric_lite.utilities.types import _PATH
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or read. The message names the path.
+    """A checkpoint could not be written or read; the message names the path.
 
     Example::
 
         try:
             fabric.load("checkpoints/last.ckpt", state)
         except CheckpointError as err:  # empty, truncated, not a checkpoint, or refused by weights_only=True
-            print(err)  # The checkpoint 'checkpoints/last.ckpt' is incomplete or corrupt and cannot be loaded (...)
+            print(err)
     """
 
 
 def atomic_save(checkpoint: Any, path: _PATH, storage_options: dict[str, Any] | None = None) -> None:
-    """Save ``checkpoint`` with ``torch.save`` to ``path`` so that ``path`` is either the old file or the new one.
-
-    Missing parent folders are created. Raises :class:`CheckpointError` (with the original error as the cause)
-    when anything fails; the previous file at ``path`` is then left as it was. ``path`` may be an fsspec URL
-    (see the module's docstring for what is atomic where), with ``storage_options`` for its filesystem.
-    """
+    """Save ``checkpoint`` with ``torch.save`` so that ``path`` holds either the previous file or the complete new one,
+    creating missing folders; the temporary file of a process killed mid-write is removed by the next save to ``path``.
+    ``path`` may be an fsspec URL, with ``storage_options`` for its filesystem. Raises :class:`CheckpointError` (the
+    original error as its cause) when anything fails."""
     if _is_remote(path):
         _save_to_url(checkpoint, str(path), storage_options)
         return
@@ -116,8 +99,8 @@ def _host() -> str:
 
 
 def _remove_stale_temps(folder: Path, name: str) -> None:
-    """Delete temporary files (and folders) left by saves to ``folder/name`` from processes of this host that no
-    longer exist (killed mid-write by SIGKILL, which no code can clean up after)."""
+    """Delete the temporary files and folders of saves to ``folder/name`` left by processes of this host that no longer
+    exist (killed by SIGKILL, which no code can clean up after)."""
     prefix = f".{name}.{_host()}."
     try:
         candidates = [entry for entry in os.scandir(folder) if entry.name.startswith(prefix)]
@@ -174,17 +157,12 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any = "cpu") -> Any:
-    """Load a checkpoint written by :func:`atomic_save` (or by ``torch.save``) onto ``map_location``.
+    """Load a checkpoint written by :func:`atomic_save` or ``torch.save`` onto ``map_location`` (the CPU by default).
 
-    Args:
-        path: the file to read.
-        weights_only: ``True`` (default; ``None`` means the same) unpickles only tensors, primitive types and
-            containers, so a malicious file cannot run code. Pass ``False`` only for files you trust.
-        map_location: where tensors are loaded; the CPU by default, so a CUDA checkpoint loads anywhere.
-
-    Raises:
-        FileNotFoundError: there is no file at ``path``.
-        CheckpointError: the file is empty, truncated, not a checkpoint, or holds objects ``weights_only`` refuses.
+    ``weights_only=True`` (or ``None``) unpickles only tensors, primitive types and containers, so a file cannot run
+    code; pass ``False`` only for files you trust. Raises ``FileNotFoundError`` when there is no file at ``path`` (a
+    path or an fsspec URL), :class:`CheckpointError` when it is empty, truncated, not a checkpoint, or refused by
+    ``weights_only``.
     """
     safe = True if weights_only is None else weights_only
     if _is_remote(path):

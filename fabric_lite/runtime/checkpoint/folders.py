@@ -1,23 +1,9 @@
-"""Sharded checkpoint folders written with ``torch.distributed.checkpoint`` (DCP): how to recognise, publish and read
-them.
+"""Checkpoint folders: recognising, publishing and reading the folders ``torch.distributed.checkpoint`` (DCP) writes.
 
-A sharded checkpoint is a folder: one ``__<rank>_0.distcp`` file per rank (that rank's shards), and ``.metadata``,
-written last by the coordinator once every rank's files are complete. fabric_lite adds ``fabric_lite.json``, which
-says which top-level entries were modules and optimizers (their state is sharded, so they are loaded into a
-module/optimizer, never returned as a plain value).
-
-Writing is made atomic at the folder level, for DCP's folders and DeepSpeed's alike (:func:`save_folder`): every
-rank writes into a temporary folder beside the target (:func:`make_temp_folder`), and rank 0 swaps it into place
-(:func:`publish_folder`), so a failed or interrupted save leaves the previous checkpoint intact.
-
-A folder may also be an fsspec URL (``s3://bucket/run/step-100``, ``memory://...``), read and written with DCP's
-``FsspecReader``/``FsspecWriter``; a :data:`Folder` is then a ``str``. Object stores cannot rename a folder, so
-publishing copies it (see :func:`publish_folder` for what a failure then leaves).
-
-:func:`fabric_lite.utilities.consolidate.consolidate_checkpoint` (public as
-``fabric_lite.utilities.consolidate_checkpoint``) turns a folder into one full file.
-
-Nothing here imports ``torch.distributed.checkpoint`` at module level: ``import fabric_lite`` stays cheap.
+A sharded checkpoint holds one ``.distcp`` file per rank and ``.metadata``, written last; fabric_lite adds
+``fabric_lite.json``, naming the entries that are modules and optimizers. Every checkpoint folder, DCP's or DeepSpeed's,
+is written beside the target and swapped into place (:func:`save_folder`), so a failed save leaves the previous
+checkpoint. A :data:`Folder` may be an fsspec URL.
 """
 
 from __future__ import annotations
@@ -75,8 +61,7 @@ def _join(url: str, name: str) -> str:
 
 
 def is_sharded_checkpoint(path: _PATH, storage_options: dict[str, Any] | None = None) -> bool:
-    """Whether ``path`` is a folder written by ``torch.distributed.checkpoint`` (it holds a ``.metadata`` file).
-    ``path`` may be an fsspec URL.
+    """Whether ``path`` (a folder or an fsspec URL) is a sharded checkpoint: it holds DCP's ``.metadata``.
 
     Example::
 
@@ -93,14 +78,8 @@ def _has_file(folder: Folder, name: str, storage_options: dict[str, Any] | None 
 
 
 def check_sharded_checkpoint(path: _PATH) -> Folder:
-    """``path`` as a :data:`Folder` if it is a sharded checkpoint folder; otherwise an error that says what it is
-    instead. ``path`` may be an fsspec URL (then returned as a string).
-
-    Raises:
-        FileNotFoundError: nothing exists at ``path``.
-        CheckpointError: ``path`` is a file (a full checkpoint, or one file of a sharded checkpoint), or a folder
-            without DCP's ``.metadata``.
-    """
+    """``path`` as a :data:`Folder` (a URL stays a string) if it is a sharded checkpoint folder; else
+    ``FileNotFoundError`` when nothing is there, or :class:`CheckpointError` saying what it is instead."""
     folder = _folder(path)
     if is_sharded_checkpoint(folder):
         return folder
@@ -134,13 +113,9 @@ def check_sharded_checkpoint(path: _PATH) -> Folder:
 
 
 def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = None) -> Folder:
-    """A new, empty folder beside ``target`` (``.<name>.<random>.tmp``), with the mode a plain ``mkdir`` gives. For
-    a URL, only the name: object stores have no folders, and DCP's writer creates what the filesystem needs.
-
-    Raises:
-        CheckpointError: ``target`` is a folder that is not a sharded checkpoint (replacing it would delete
-            whatever it holds), or the folder cannot be created.
-    """
+    """A new, empty folder beside ``target`` (``.<name>.<random>.tmp``) with a plain ``mkdir``'s mode; for a URL only
+    its name (DCP's writer creates what the store needs). Raises :class:`CheckpointError` when ``target`` is a folder
+    that is not a sharded checkpoint (replacing it would delete its contents), or the folder cannot be created."""
     folder = _folder(target)
     if isinstance(folder, str):
         return planned_temp_folder(folder, uuid.uuid4().hex, storage_options)
@@ -150,14 +125,9 @@ def make_temp_folder(target: _PATH, storage_options: dict[str, Any] | None = Non
 def planned_temp_folder(
     target: _PATH, tag: str, storage_options: dict[str, Any] | None = None, *, sweep: bool = False
 ) -> Folder:
-    """The temporary folder beside ``target`` of a save written in the background (``.<name>.<tag>.tmp``: ``tag`` is
-    the same on every rank, rank 0's host and pid and a number), checked like :func:`make_temp_folder`'s but not
-    created: DCP's writer creates it on every rank (a plain ``mkdir``), so the call needs no collective and never
-    waits for a slower rank. ``sweep`` (rank 0): first remove what writers of this host killed mid-save left.
-
-    Raises:
-        CheckpointError: ``target`` is a folder that is not a sharded checkpoint, or names a bucket.
-    """
+    """The temporary folder of a background save beside ``target`` (``.<name>.<tag>.tmp``, ``tag`` the same on every
+    rank), checked as :func:`make_temp_folder` does but not created: DCP's writer creates it on every rank, so no
+    collective is needed. ``sweep`` (rank 0): first remove what killed writers of this host left."""
     folder = _folder(target)
     if isinstance(folder, str):
         _check_url_target(folder, storage_options)
@@ -170,8 +140,8 @@ def planned_temp_folder(
 
 
 def temp_tag() -> str:
-    """What names this process's background saves' temporary folders (see :func:`planned_temp_folder`): its host and
-    pid first, which the sweep of killed writers reads, then a random part."""
+    """The tag of this process's background saves' temporary folders: its host and pid (read by the sweep of killed
+    writers), then a random part."""
     return f"{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
@@ -198,13 +168,9 @@ def _refuse_other_folder(target: Path, kind: str, is_checkpoint: Callable[[Path]
 
 
 def temp_folder_beside(target: Path, kind: str, is_checkpoint: Callable[[Path], bool]) -> Path:
-    """A new, empty local folder beside ``target`` (``.<name>.<host>.<pid>.<random>.tmp``), with the mode a plain
-    ``mkdir`` gives; the folders such saves left behind when their process was killed are removed first.
-
-    Raises:
-        CheckpointError: ``target`` is a folder but not a ``kind`` checkpoint (``is_checkpoint``), which replacing it
-            would delete with whatever it holds; or the folder cannot be created.
-    """
+    """A new, empty local folder beside ``target`` (``.<name>.<host>.<pid>.<random>.tmp``), after removing those of
+    killed saves; :class:`CheckpointError` where ``target`` is a folder but not a ``kind`` checkpoint, or the folder
+    cannot be created."""
     _refuse_other_folder(target, kind, is_checkpoint)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -281,15 +247,14 @@ def read_json(folder: Folder, name: str) -> dict[str, Any] | None:
 
 def write_lightning_metadata(folder: Folder, metadata: dict[str, Any]) -> None:
     """Write ``metadata`` (the entries that are neither modules nor optimizers) as :data:`LIGHTNING_METADATA_FILE`,
-    where Lightning Fabric's sharded strategies look for them: with it, Lightning loads fabric_lite's folders."""
+    where Lightning Fabric's sharded strategies look for them."""
     buffer = io.BytesIO()
     torch.save(metadata, buffer)
     write_file(folder, LIGHTNING_METADATA_FILE, buffer.getvalue())
 
 
 def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
-    """The entries Lightning Fabric keeps beside the shards in :data:`LIGHTNING_METADATA_FILE` (``{}`` when there is
-    none), read with ``weights_only=True``."""
+    """The entries in :data:`LIGHTNING_METADATA_FILE` (``{}`` without one), read with ``weights_only=True``."""
     if not _has_file(folder, LIGHTNING_METADATA_FILE):
         return {}
     loaded = safe_load(
@@ -299,9 +264,8 @@ def read_lightning_metadata(folder: Folder) -> dict[str, Any]:
 
 
 def on_rank_zero(fn: Callable[[], Any], rank: int, world_size: int, broadcast: Callable[..., Any]) -> Any:
-    """Run ``fn`` on global rank 0 and hand its result to every rank of ``world_size`` through ``broadcast(value,
-    src=0)`` (a strategy's); if it raises, rank 0 raises its error and every other rank a :class:`CheckpointError`
-    that quotes it.
+    """Run ``fn`` on global rank 0 and return its result on every rank, through ``broadcast(value, src=0)``; if it
+    raises, rank 0 raises its error and every other rank a :class:`CheckpointError` quoting it.
 
     Example::
 
@@ -335,16 +299,13 @@ def save_folder(
     ranks: tuple[int, int, Callable[..., Any]],
     storage_options: dict[str, Any] | None = None,
 ) -> None:
-    """Write a checkpoint folder at ``target`` atomically; every rank must call it. Rank 0 creates a temporary folder
-    beside ``target`` (``make_temp``), every rank writes its part into it (``write`` returns ``None``, or what failed,
-    naming the rank), and rank 0 then either deletes it and raises :class:`CheckpointError` quoting every failure, or
-    completes it (``finish``: an index file) and swaps it into place (:func:`publish_folder`), so ``target`` is always
-    the previous checkpoint or the complete new one. ``ranks`` is ``(global_rank, world_size, broadcast)``, a
-    strategy's; every rank raises if any rank failed.
+    """Write a checkpoint folder at ``target`` atomically; every rank calls it. Rank 0 makes a temporary folder
+    (``make_temp``), every rank writes its part (``write`` returns ``None`` or what failed), and rank 0 completes it
+    (``finish``) and swaps it into place (:func:`publish_folder`), or deletes it and every rank raises
+    :class:`CheckpointError`. ``ranks``: ``(global_rank, world_size, broadcast)``.
 
     Example::
 
-        ranks = (strategy.global_rank, strategy.world_size, strategy.broadcast)
         save_folder(Path("ckpt"), "sharded", lambda: make_temp_folder("ckpt"), write, finish, ranks)
     """
     temp = _folder(on_rank_zero(lambda: str(make_temp()), *ranks))
@@ -361,10 +322,9 @@ def publish_written(
     storage_options: dict[str, Any] | None = None,
     group: Any | None = None,
 ) -> None:
-    """The second half of :func:`save_folder`, once every rank has written its part into ``temp`` (``error``: this
-    rank's failure, or ``None``): the ranks agree, and rank 0 publishes the folder or deletes it; every rank raises if
-    any failed. ``group``: the process group of the agreement (``ranks``' ``broadcast`` must use it too); ``None``
-    for the default group. A background save passes a group of its own, never used by training."""
+    """The second half of :func:`save_folder`, once every rank has written into ``temp`` (``error``: this rank's
+    failure, or ``None``). ``group``: the process group of the agreement, which ``ranks``' ``broadcast`` uses too
+    (``None``: the default group); a background save passes its own."""
     import torch.distributed as dist
 
     world_size = ranks[1]
@@ -392,20 +352,11 @@ def publish_written(
 
 
 def publish_folder(temp: Folder, target: _PATH, storage_options: dict[str, Any] | None = None) -> None:
-    """Put the complete checkpoint folder ``temp`` at ``target``, replacing what was there (a previous checkpoint
-    folder or file). Locally the previous checkpoint is only deleted once the new one is in place: on Linux the two
-    are exchanged in one step, so that a process killed at any moment leaves one complete checkpoint at ``target``;
-    elsewhere the previous one is renamed aside first.
-
-    On a URL there is no rename of folders (an object store copies every object), so the steps are: the previous
-    checkpoint's ``.metadata`` is deleted first, then the rest of it, then the new files are copied in with
-    ``.metadata`` last, then ``temp`` is deleted. A reader therefore never sees a mix of the two checkpoints (a
-    folder without ``.metadata`` is refused as incomplete); if a copy fails, the complete new checkpoint is still at
-    ``temp``, and the error names it; otherwise ``temp`` is gone afterwards.
-
-    Raises:
-        CheckpointError: a rename or copy failed; locally ``target`` then still holds the previous checkpoint.
-    """
+    """Put the complete checkpoint folder ``temp`` at ``target``, replacing what was there. Locally the previous
+    checkpoint goes only once the new one is in place (exchanged in one step on Linux, else renamed aside first); a
+    :class:`CheckpointError` then leaves it at ``target``. A URL has no folder rename: the previous ``.metadata`` is
+    deleted first and the new one copied last, so a reader never takes a mix for a checkpoint, and a failed copy leaves
+    the new one at ``temp``."""
     if isinstance(temp, str):
         _publish_url(temp, str(_folder(target)), storage_options)
         return
@@ -441,12 +392,8 @@ _AT_FDCWD, _RENAME_EXCHANGE = -100, 2
 
 
 def _exchange(a: Path, b: Path) -> bool:
-    """Swap ``a`` and ``b`` in one step (Linux's ``renameat2(RENAME_EXCHANGE)``), so that no moment exists at which
-    ``b`` is missing; ``False`` where the system or the file system cannot (then nothing was changed).
-
-    Raises:
-        OSError: the exchange failed for another reason.
-    """
+    """Swap ``a`` and ``b`` in one step (``renameat2(RENAME_EXCHANGE)``); ``False``, with nothing changed, where the
+    system or file system cannot. Raises ``OSError`` when the exchange fails otherwise."""
     try:
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (AttributeError, OSError):  # not Linux, or a C library older than glibc 2.28
@@ -522,12 +469,9 @@ def entry_keys(metadata: Any, entry: str) -> set[str]:
 
 
 def read_entries(folder: Folder, keys: list[str] | None) -> dict[str, Any]:
-    """Read the top-level entries ``keys`` (all of them with ``None``) into memory, whole, in this process.
-
-    Tensors come back whole (not sharded) on the CPU; everything else as it was saved. Each process reads on its
-    own (no collective), so it suits small entries on every rank, or one process consolidating a checkpoint.
-    Non-tensor values are unpickled with ``weights_only=True`` by DCP itself.
-    """
+    """The top-level entries ``keys`` (all of them for ``None``) read whole into this process: tensors unsharded on the
+    CPU, other values as saved (unpickled by DCP with ``weights_only=True``). No collective, so it suits small entries,
+    or one process consolidating."""
     # torch's own dcp_to_torch_save pairs these two private helpers to rebuild a state dict from the metadata alone;
     # the public ``dcp.load`` cannot do that (it fills the entries of a state dict you already have)
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner

@@ -1,14 +1,7 @@
-"""Checkpoints of sharded modules (``FSDPStrategy``'s and ``ModelParallelStrategy``'s, whose ``save_checkpoint`` and
-``load_checkpoint`` call in here with their ranks, modules and precision state), through
-``torch.distributed.checkpoint``'s state dict API (``get_model_state_dict``, ``set_optimizer_state_dict``, ...), which
-handles modules whose parameters are DTensors (sharded, tensor-parallel, or both) and plain modules alike.
-
-* :func:`save`: a sharded folder (every rank writes its shards with DCP into a temporary folder, rank 0 swaps it
-  into place) or one full file (gathered on rank 0, written atomically).
-* :func:`load`: either kind, into any world size; DCP reshards a folder to the current ranks.
-
-``torch.distributed.checkpoint`` is imported inside the functions, never at module level.
-"""
+"""Checkpoints of sharded modules (``FSDPStrategy``'s, ``ModelParallelStrategy``'s) through
+``torch.distributed.checkpoint``'s state dict API, which handles DTensor parameters and plain ones alike: :func:`save`
+writes a sharded folder or one full file, :func:`load` reads either into any world size. DCP is imported inside the
+functions."""
 
 from __future__ import annotations
 
@@ -54,12 +47,9 @@ def save(
     modules: Iterable[Module],
     background: Background | None = None,
 ) -> None:
-    """Save ``state`` as one file gathered on rank 0 (``full``) or a sharded folder (see
-    :meth:`FSDPStrategy.save_checkpoint`); every rank must call it. ``modules``: those set up by the strategy,
-    where an optimizer's module is looked for when ``state`` does not hold it.
-
-    ``background``: write in the background (:class:`Background`): the state is copied before this returns, the
-    file or folder is written and published afterwards; a failed write raises at the next save on every rank."""
+    """Save ``state`` as a sharded folder, or as one file gathered on rank 0 (``full``); every rank calls it.
+    ``modules``: those the strategy set up, searched for an optimizer's module. With ``background`` the state is copied
+    before this returns and written afterwards; a failed write raises at the next save, on every rank."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -99,9 +89,8 @@ def save(
 @dataclass
 class Background:
     """How a sharding strategy saves in the background: ``io`` runs one write at a time and copies the state
-    (:class:`~fabric_lite.plugins.io.AsyncCheckpointIO`); ``group`` is a gloo process group of the save's own, for
-    DCP's collectives and the publish, never used by training; ``tag`` names this save's temporary folder, the same
-    on every rank (see :func:`~fabric_lite.runtime.checkpoint.folders.planned_temp_folder`)."""
+    (:class:`~fabric_lite.plugins.io.AsyncCheckpointIO`), ``group`` is a gloo group of the save's own, and ``tag`` names
+    the temporary folder, the same on every rank."""
 
     io: Any
     group: Any
@@ -117,12 +106,9 @@ def load(
     load_precision: LoadPrecision,
     modules: Iterable[Module],
 ) -> dict[str, Any]:
-    """Restore ``state`` from a sharded folder or a full file (see :meth:`FSDPStrategy.load_checkpoint`); the
-    precision's saved state goes to ``load_precision``, and ``modules`` are as for :func:`save`.
-
-    Raises:
-        NotACheckpointError: ``path`` is a folder without a sharded checkpoint; the message says what it holds.
-    """
+    """Restore ``state`` from a sharded folder or a full file; the precision's saved state goes to ``load_precision``,
+    and ``modules`` are as for :func:`save`. Raises :class:`NotACheckpointError` for a folder without a sharded
+    checkpoint."""
     target = folders._folder(path)
     name = str(target).rsplit("/", 1)[-1]
     if isinstance(target, str):
@@ -155,12 +141,8 @@ class NotACheckpointError(CheckpointError, ValueError):
 
 
 def check_storage_options(name: str, path: _PATH, storage_options: Any) -> None:
-    """Storage options are for fsspec URLs, as a dict of arguments for the URL's filesystem (``name``: the
-    strategy's class, for the message).
-
-    Raises:
-        TypeError: options for a local path, or options that are not a dict.
-    """
+    """Raise ``TypeError`` unless ``storage_options`` is ``None``, or a dict for an fsspec URL ``path`` (``name``: the
+    strategy, for the message)."""
     if storage_options is None:
         return
     if not _is_remote(path):
@@ -177,12 +159,8 @@ def check_storage_options(name: str, path: _PATH, storage_options: Any) -> None:
 
 
 def owner(optimizer: Optimizer, modules: Iterable[Module], state: dict[str, Any] | None = None) -> Module:
-    """The module whose parameters ``optimizer`` updates (the state dict APIs need both): one of the modules in
-    ``state``, or of ``modules`` (those the strategy set up).
-
-    Raises:
-        ValueError: no such module; the message says how the optimizer should be created.
-    """
+    """The module whose parameters ``optimizer`` updates (the state dict APIs need both), among the modules of ``state``
+    and ``modules``. Raises ``ValueError``, saying how to create the optimizer, where there is none."""
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + list(modules)
     for module in candidates:
@@ -224,8 +202,8 @@ def _dcp_failure(err: BaseException, rank: int) -> str:
 def _finisher(
     checkpoint: dict[str, Any], state: dict[str, Any], snapshot: bool = False
 ) -> Callable[[folders.Folder], None]:
-    """What rank 0 adds to a written folder before publishing it: the index and Lightning's ``meta.pt`` (of the
-    plain values as they are now, with ``snapshot``: the folder is finished later, in the background)."""
+    """What rank 0 adds to a written folder before publishing it: the index and Lightning's ``meta.pt`` (with
+    ``snapshot``, of the plain values as they are now, for a folder finished later)."""
     modules = [key for key, obj in state.items() if isinstance(obj, Module)]
     optimizers = [key for key, obj in state.items() if isinstance(obj, Optimizer)]
     plain = {k: v for k, v in checkpoint.items() if k not in modules and k not in optimizers}
@@ -248,11 +226,9 @@ def _save_sharded_async(
     background: Background,
     storage_options: dict[str, Any] | None,
 ) -> None:
-    """:func:`_save_sharded` with DCP's ``async_save``: on every rank, in the foreground, the previous write is waited
-    for (its error raises here, on every rank alike), the target is checked and the temporary folder named (by the
-    background's tag: no collective, so no rank waits here for a slower one), and ``async_save`` copies the state
-    (the background's stager); in the background DCP creates the folder and writes, then the ranks agree and rank 0
-    publishes, all on the background's own process group."""
+    """:func:`_save_sharded` with DCP's ``async_save``. In the foreground every rank waits for the previous write,
+    checks the target, names the temporary folder by the tag (no collective) and copies the state; in the background DCP
+    writes, then the ranks agree and rank 0 publishes, on the background's own group."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import async_save
 
@@ -327,13 +303,9 @@ def _load_full(
 
 
 def load_full_module_state(module: Module, state_dict: dict[str, Any], strict: bool = True, source: str = "") -> None:
-    """Load a full (unsharded) state dict into ``module``, sharded or plain, every rank keeping its own shards; every
-    rank must call it when the module is sharded. ``source`` names where the state dict came from, for the message.
-
-    Raises:
-        KeyError: with ``strict``, the keys of the module and of ``state_dict`` differ (torch's
-            ``set_model_state_dict`` keeps a missing entry's current value silently when given a full state dict).
-    """
+    """Load a full state dict into ``module``, sharded or plain, every rank keeping its own shards (every rank calls it
+    for a sharded module). With ``strict``, differing keys raise ``KeyError`` (naming ``source``), which
+    ``set_model_state_dict`` alone would not."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
     if strict:
@@ -450,9 +422,8 @@ def _read_sharded(
 
 
 def _by_name(optimizer_state: dict[str, Any], module: Module, optimizer: Optimizer) -> dict[str, Any]:
-    """``optimizer_state`` keyed by parameter name, as the distributed state dict API needs it. A state dict from
-    ``optimizer.state_dict()`` (keyed by position, as the other strategies save it) is converted through the
-    positions of ``optimizer``'s parameters."""
+    """``optimizer_state`` keyed by parameter name, as the distributed state dict API needs it; a state dict keyed by
+    position (``optimizer.state_dict()``) is converted through ``optimizer``'s parameters."""
     groups = optimizer_state.get("param_groups", [])
     if not any(isinstance(i, int) for group in groups for i in group.get("params", [])):
         return optimizer_state

@@ -1,12 +1,9 @@
-"""Broadcasts: one message carrying a header and, when it fits, the payload; and broadcasts predicted from the
-last one from the same source.
+"""Broadcasts: one message carrying a header and, when it fits, the payload; and broadcasts predicted from the last one
+from the same source.
 
-Tensors (and ``nn.Parameter``) travel as raw bytes, so any dtype works on any backend and nothing is pickled; other
-objects are pickled. A loop broadcasts the same kind of tensor again and again. Every rank remembers the header of the
-last broadcast from each source (it learns every header), and predicts the next one: then the source sends one message
-of exactly the predicted payload's size behind a 16-byte prefix whose first byte says whether the prediction held,
-with the payload when it did (what a raw broadcast sends, plus 16 bytes). When it did not, every rank reads so and
-takes the header message, and remembers the new header. Only small tensors on the CPU.
+Tensors travel as raw bytes (any dtype on any backend, nothing pickled); other objects are pickled. Every rank remembers
+the header of the last broadcast from each source, so a loop's small CPU tensor travels in one message of its own size
+behind a 16-byte prefix that says whether the prediction held; when it did not, the header message follows.
 """
 
 from __future__ import annotations
@@ -37,15 +34,10 @@ _PREDICTED_PREFIX = 16  # bytes before a predicted broadcast's payload: aligned 
 
 
 def broadcast(obj: Any, src: int, group: BroadcastGroup, device: torch.device) -> Any:
-    """Send ``obj`` from global rank ``src`` to every rank of ``group`` and return it (tensors arrive on ``device``).
-
-    One fixed-size message carries a header (what follows: a tensor's dtype, shape and ``requires_grad``, or a
-    pickled object's length) and, when it fits, the payload itself. A broadcast of a small tensor or object is
-    therefore one collective; a larger payload follows in a second broadcast, where bandwidth dominates. A small
-    tensor on the CPU like the last one broadcast from ``src`` (the same dtype, shape and flags: a loop's) travels in
-    one message of its own size plus 16 bytes, as cheap as a raw ``dist.broadcast`` (see :class:`_PredictedBroadcast`).
-    If ``src`` cannot pickle the object, every rank raises instead of waiting.
-    """
+    """Send ``obj`` from global rank ``src`` to every rank of ``group``; every rank returns it (tensors on ``device``).
+    A small tensor or object is one collective, a larger payload follows in a second; a small CPU tensor like the last
+    one from ``src`` costs a raw ``dist.broadcast`` (:class:`_PredictedBroadcast`). If ``src`` cannot pickle ``obj``,
+    every rank raises ``TypeError`` instead of waiting."""
     entry = group.broadcasts.get(src) if device.type == "cpu" else None
     predicted = entry.header if entry is not None else None
     if dist.get_rank() == src:
@@ -93,8 +85,7 @@ def _tensor_in(raw: bytearray, offset: int, header: Sequence[int]) -> Tensor:
 
 
 def _as_received(received: Tensor, header: Sequence[int]) -> Tensor:
-    """A received flat tensor as it was sent (``header``): its shape, an ``nn.Parameter`` or not, requiring grad
-    or not."""
+    """A received flat tensor as it was sent (``header``): its shape, ``nn.Parameter`` or not, and ``requires_grad``."""
     received = received.reshape(header[_SHAPE_AT : _SHAPE_AT + header[2]])
     flags = header[3]
     if flags & 2:

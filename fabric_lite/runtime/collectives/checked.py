@@ -1,12 +1,9 @@
-"""The checked core: every rank's signature exchanged before a collective, and the error when they differ.
+"""The checked core: every rank's signature exchanged before a collective, and the error on every rank when they differ.
 
-Raw gloo aborts the process in C++ on tensors of different sizes, and silently returns wrong data on tensors of equal
-size but different shapes. So every checked collective starts with one all-gather of a fixed-size message per rank:
-the rank's signature (32 bytes: a digest of the call, its tensors' dtypes and shapes) and, when they fit, the bytes of
-its tensors. The size is the same on every rank whatever the tensors, so the exchange itself can never mismatch;
-small reductions and gathers are then complete in this one collective (latency dominates small messages: 512 bytes
-cost what 4 bytes cost), larger ones follow. With prediction off (debug mode) this is the whole story;
-:mod:`~fabric_lite.runtime.collectives.predicted` is an optional speed layer over it.
+Raw gloo aborts the process on tensors of different sizes and silently returns wrong data for equal sizes but different
+shapes. So every checked collective starts with one all-gather of a fixed-size message per rank (the call's signature
+and, when they fit, the tensors' bytes): it can never mismatch itself, and it completes small reductions and gathers on
+its own. :mod:`~fabric_lite.runtime.collectives.predicted` is an optional speed layer over it.
 """
 
 from __future__ import annotations
@@ -46,34 +43,22 @@ _MAX_CALLS = 1024
 
 
 class CollectiveMismatchError(ValueError):
-    """The ranks called different collectives, or the same one with tensors that differ in shape or dtype.
-
-    Raised on every rank, before any data is exchanged, with one line per rank saying what it called.
-    """
+    """The ranks called different collectives, or the same one with tensors that differ in shape or dtype. Raised on
+    every rank, before any data is exchanged, with one line per rank saying what it called."""
 
 
 class GroupState:
-    """A process group and what its checked core keeps: the gloo group that carries the checks beside NCCL, the
-    group's backend and world size, and the grouping and signature of the calls it has seen.
-
-    torch's ``ProcessGroupWrapper`` keeps its collective fingerprint check on an object around the process group,
-    with a gloo group beside it; this is that shape, and each layer above the checked core adds its own state in a
-    subclass (``broadcasts``: the predicted broadcasts; ``predicted``: the history of agreed calls and the cached
-    plans, in :class:`~fabric_lite.runtime.collectives.predicted.CheckedGroup`, the object the strategy holds). So
-    nothing outlives the group or is shared between two ``Fabric`` objects.
-
-    Args:
-        group: the process group (``None``: the default group).
-        check_group: a gloo group of the same ranks that carries the checks on the host, for NCCL (where a check on
-            the device would make the host wait for the GPU twice a call). The data still travel on ``group``, and
-            no payload travels with the check.
-    """
+    """A process group and what its checked core keeps: the group's backend and world size, the ``check_group`` (a gloo
+    group of the same ranks that carries the checks on the host for NCCL, where a check on the device would make the
+    host wait for the GPU twice a call), and the grouping and signature of the calls seen. Each layer above adds its
+    state in a subclass, as torch's ``ProcessGroupWrapper`` keeps its check beside the group, so nothing outlives the
+    group or is shared between two ``Fabric`` objects."""
 
     __slots__ = ("backend", "calls", "check_group", "group", "seq", "trail_index", "world_size")
 
     def __init__(self, group: Any, *, check_group: Any = None) -> None:
         self.group = group if group is not None else dist.group.WORLD
-        # fixed while the group lives, and asked for on every call (the lookups cost microseconds)
+        # fixed while the group lives, and needed on every call: looked up once
         self.backend: str = dist.get_backend(self.group)
         self.world_size = dist.get_world_size(self.group)
         self.check_group = check_group
@@ -111,11 +96,9 @@ def call_key(call: str, tensors: Sequence[Tensor]) -> tuple[Any, ...]:
 def _grouped(
     group: GroupState, call: str, tensors: Sequence[Tensor], key: tuple[Any, ...] | None = None
 ) -> tuple[list[list[Tensor]], tuple[int, int, int]]:
-    """The tensors grouped by device and dtype (largest elements first), and the call's signature.
-
-    Both depend on nothing but the call and the tensors' dtypes, devices and shapes, so a loop that repeats its calls
-    computes them (the signature costs tens of microseconds) once per group. ``key``: :func:`call_key`'s answer,
-    where the caller has it already (the strategy's trail of collectives uses it too)."""
+    """The tensors grouped by device and dtype (largest elements first), and the call's signature, cached per group:
+    both depend only on the call and the tensors' dtypes, devices and shapes. ``key``: :func:`call_key`'s answer, where
+    the caller has it."""
     if key is None:
         key = call_key(call, tensors)
     entry = group.calls.get(key)
@@ -142,12 +125,10 @@ def _exchange(
     payload: Sequence[Tensor] | None,
     check_group: Any = None,
 ) -> Tensor | None:
-    """All-gather every rank's ``signature`` (of ``call`` on ``tensors``), and ``payload`` (flat buffers, already
-    ordered for alignment) if given and small enough, over ``group``, or over ``check_group`` on the host when given
-    (then without the payload). Raise :class:`CollectiveMismatchError` on every rank when the signatures differ.
-
-    Returns the gathered messages' payload part, one row per rank, or ``None`` when the payload did not travel.
-    """
+    """All-gather every rank's ``signature`` of ``call`` on ``tensors`` over ``group`` (or over ``check_group`` on the
+    host, without payload), with ``payload`` (flat buffers, in alignment order) when it fits; raise
+    :class:`CollectiveMismatchError` on every rank when the signatures differ. Returns the payload's rows, one per rank,
+    or ``None`` when it did not travel."""
     if check_group is not None:  # device tensors: the signatures travel on the host, the data stay where they are
         group, device, payload = check_group, torch.device("cpu"), None
     world_size = dist.get_world_size(group)
@@ -156,7 +137,7 @@ def _exchange(
         nbytes = sum(b.numel() * b.element_size() for b in payload)
         if nbytes > _PAYLOAD_BYTES:
             nbytes = _NO_PAYLOAD
-    # built on the host with struct and buffer copies: a handful of small torch ops would cost tens of us
+    # built on the host with struct and buffer copies, cheaper than a handful of small torch ops
     raw = bytearray(_MESSAGE_BYTES)
     struct.pack_into(_SIGNATURE_FORMAT, raw, 0, *signature, nbytes)
     if nbytes != _NO_PAYLOAD and payload is not None:
@@ -205,13 +186,9 @@ def _raise_mismatch(call: str, tensors: Sequence[Tensor], group: Any) -> None:
 def check_collective(
     call: str, tensors: Sequence[Tensor], group: Any, device: torch.device, check_group: Any = None
 ) -> None:
-    """Raise :class:`CollectiveMismatchError` on every rank, with a per-rank table, unless every rank of ``group``
-    calls the same collective (``call``, e.g. ``"barrier"``) on tensors of the same count, shapes and dtypes.
-
-    Costs one small collective (on ``check_group``, a gloo group of the same ranks, when given). Without it gloo
-    aborts the process in C++ on tensors of different sizes, and silently returns wrong data on tensors of equal
-    size but different shapes.
-    """
+    """Raise :class:`CollectiveMismatchError` on every rank, with a per-rank table, unless every rank of ``group`` calls
+    the same ``call`` (e.g. ``"barrier"``) on tensors of the same count, shapes and dtypes. Costs one small collective,
+    on ``check_group`` when given."""
     groups = _by_element_size(_group_by_device_dtype(tensors)) if tensors else []
     _exchange(call, tensors, _signature(call, groups), group, device, None, check_group)
 
@@ -219,8 +196,7 @@ def check_collective(
 def _payload(
     tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], device: torch.device
 ) -> tuple[list[list[Tensor]], list[Tensor]] | None:
-    """The tensors' aliases and flat buffers (on ``device``) when they can travel with the exchange (up to 480
-    bytes), else ``None``."""
+    """The tensors' aliases and flat buffers (on ``device``) when they fit in the exchange, else ``None``."""
     if sum(t.numel() * t.element_size() for t in tensors) > _PAYLOAD_BYTES:
         return None
     aliases = [[_alias(t) for t in members] for members in groups]
@@ -236,13 +212,10 @@ def all_reduce_checked(
     grouped: tuple[list[list[Tensor]], tuple[int, int, int]] | None = None,
     key: tuple[Any, ...] | None = None,
 ) -> None:
-    """:func:`all_reduce_`, after checking that every rank reduces the same shapes and dtypes with the same op.
-
-    One small all-gather checks the signatures first, carrying up to 480 bytes of tensors (reduced locally,
-    identically on every rank); larger ones follow in the backend's all-reduce. ``call`` names the call (see
-    ``reduce_call``); ``grouped`` is :func:`_grouped`'s answer, and ``key`` :func:`call_key`'s, where the caller has
-    them.
-    """
+    """:func:`all_reduce_`, after checking that every rank reduces the same shapes and dtypes with the same op. Up to
+    480 bytes of tensors travel with the check and are reduced locally, identically on every rank. ``call`` names the
+    call (``reduce_call``); ``grouped`` and ``key`` are :func:`_grouped`'s and :func:`call_key`'s answers, where the
+    caller has them."""
     groups, signature = grouped or _grouped(group, call, tensors, key)
     # reduced locally: an op and dtypes that _reduce_rows handles
     fusable = reduce_op in _FUSED_OPS and all(m[0].dtype in _DTYPE_CODE and not m[0].is_complex() for m in groups)

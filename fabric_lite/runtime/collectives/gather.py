@@ -31,11 +31,9 @@ def all_gather_checked(
     sync_grads: bool,
     grouped: tuple[list[list[Tensor]], tuple[int, int, int]] | None = None,
 ) -> list[Tensor]:
-    """Gather each tensor from every rank of ``group`` into a new tensor of shape ``(world_size, *shape)``, after
-    checking that every rank gathers the same shapes and dtypes (up to 480 bytes of tensors travel with the check).
-
-    With ``sync_grads`` the results are differentiable (see :class:`_AllGatherGrad`). ``grouped`` is ``_grouped``'s
-    answer, where the caller has it."""
+    """Gather each tensor from every rank of ``group`` into a new ``(world_size, *shape)`` tensor, after checking that
+    every rank gathers the same shapes and dtypes (up to 480 bytes travel with the check). ``sync_grads``:
+    differentiable results; ``grouped``: ``_grouped``'s answer, where the caller has it."""
     if sync_grads or not tensors:
         check_collective("all_gather", tensors, group.group, device, group.check_group)
         return _gather_after_check(tensors, group, sync_grads)
@@ -104,11 +102,9 @@ class _AllGatherGrad(torch.autograd.Function):
 
 
 def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
-    """Gather tensors with the same number of dimensions but any sizes: one per rank, each with its own shape.
-
-    The shapes are gathered first (with the dtypes, so a mismatch raises on every rank), then every tensor is
-    padded to the largest size in each dimension, gathered in one collective, and trimmed back.
-    """
+    """Gather one tensor per rank, each with its own sizes: the shapes are gathered first (a different ``ndim`` or dtype
+    raises ``ValueError`` on every rank), then the tensors, padded to the largest size, in one collective, and trimmed
+    back."""
     world_size = dist.get_world_size(group)
     tensor = tensor.contiguous()
     if tensor.dim() > _MAX_HEADER_DIMS or tensor.dtype not in _DTYPE_CODE:

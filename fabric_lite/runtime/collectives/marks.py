@@ -1,10 +1,7 @@
-"""How a rank that takes part in a predicted collective without real data is marked, and how every rank sees it.
-
-Floats carry a mark in the data, a value that absorbs every other under the reduction (NaN for sums and products,
-+inf for max, -inf for min); integers under max and min carry their dtype's largest or smallest value. One element
-of the result, the "probe", read straight from memory, then says whether every rank sent real data. Integer sums,
-means and products and every boolean reduction have no such value: a flag travels beside their data instead.
-"""
+"""How a rank without real data in a predicted collective is marked, and how every rank sees it. Floats carry a value
+that absorbs every other under the reduction (NaN, or ±inf for max and min), integers under max and min their dtype's
+extreme, and one element of the result, the probe, tells. Integer sums, means and products and booleans have no such
+value: a flag travels beside their data."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ _INT_WORDS = {torch.int32: ctypes.c_int32, torch.int64: ctypes.c_int64}
 
 
 def _mark(op: Any, dtype: torch.dtype) -> float | int | None:
-    """The value that marks a rank without real data in a predicted reduction with ``op`` of ``dtype``: one that
-    absorbs every other (NaN for float sums and products, the largest value for max, the smallest for min), or
-    ``None`` where the dtype has none (a flag travels instead)."""
+    """The value that marks a rank without real data in a reduction of ``dtype`` with ``op`` (see the module docstring),
+    or ``None`` where the dtype has none and a flag travels instead."""
     if dtype in _FLOATS:
         return _POISON.get(op)
     if dtype in _INT_WORDS and op in (ReduceOp.MAX, ReduceOp.MIN):
@@ -41,9 +37,9 @@ def _mark(op: Any, dtype: torch.dtype) -> float | int | None:
 
 
 def _flag(op: Any, dtype: torch.dtype, real: bool, world_size: int) -> tuple[int, int]:
-    """The flag a rank sends with a predicted integer or boolean reduction with ``op``: (what this rank sends,
-    what the reduced flag is when every rank sent real data). A rank that takes part without real data sends a
-    value that the reduction cannot turn into the expected one."""
+    """``(sent, expected)``: what this rank sends as the flag of a predicted integer or boolean reduction with ``op``,
+    and the reduced flag when every rank sent real data. A rank without real data sends a value the reduction cannot
+    turn into ``expected``."""
     if dtype == torch.bool:
         op = _BOOL_OPS.get(op, op)
     if op == ReduceOp.MAX:
@@ -67,9 +63,8 @@ _EXPONENT_BITS = {
 
 
 def _rows_start_clean(rows: Tensor, op: Any) -> bool:
-    """Whether no row of the 2-D CPU tensor ``rows`` (every rank's part of a gathered message) starts with the mark
-    of a rank without real data (see :func:`_mark`; for floats, whatever ``op``: a value that is not finite), read
-    from memory as :func:`_first_is_clean` does."""
+    """Whether no row of the 2-D CPU tensor ``rows`` starts with the mark of a rank without real data (for floats, any
+    non-finite value), read from memory as :func:`_first_is_clean` does."""
     base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
     word = _INT_WORDS.get(rows.dtype)
     if word is None:
@@ -80,9 +75,8 @@ def _rows_start_clean(rows: Tensor, op: Any) -> bool:
 
 
 def _first_is_clean(buffer: Tensor, op: Any) -> bool:
-    """Whether the first element of the reduced CPU tensor ``buffer`` (the probe of a predicted call) is not the mark
-    of :func:`_mark` (for floats: is finite), read from its memory: indexing a tensor and ``item()`` cost about 5 us,
-    this well under one."""
+    """Whether the probe, the first element of the reduced CPU tensor ``buffer``, is not :func:`_mark`'s value (for
+    floats: is finite), read straight from memory: far cheaper than indexing and ``item()``."""
     word = _INT_WORDS.get(buffer.dtype)
     if word is None:
         word, exponent = _EXPONENT_BITS[buffer.dtype]

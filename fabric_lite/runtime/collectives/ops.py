@@ -1,13 +1,9 @@
 """The plain collectives: reduce ops, the backends' gaps, and the flat buffers every collective here travels in.
 
-Backend gaps are handled here and nowhere else:
-
-* gloo has no ``AVG`` for integers (and older torch has none at all): ``mean`` is a ``SUM`` followed by a division;
-  integer tensors keep their dtype and the quotient is truncated toward zero, exactly as Lightning Fabric does.
-* NCCL has no ``bool``: boolean tensors travel as ``uint8`` and come back as ``bool``.
-
-Tensors that share a device and dtype are reduced or gathered through one flat buffer, so a dict of 64 scalars
-costs one collective, not 64. There is no barrier before a collective: a collective already synchronises.
+The gaps are handled here only: gloo has no integer ``AVG`` (``mean`` is a ``SUM`` and a division, truncated toward zero
+for integers, as in Lightning Fabric), NCCL no ``bool`` (booleans travel as ``uint8``). Tensors that share a device and
+dtype travel in one flat buffer, so a dict of 64 scalars costs one collective. No barrier precedes a collective: a
+collective already synchronises.
 """
 
 from __future__ import annotations
@@ -65,11 +61,9 @@ _MAX_HEADER_DIMS = 8
 
 
 def resolve_reduce_op(reduce_op: str | Any | None) -> Any:
-    """Turn a user's ``reduce_op`` into a ``ReduceOp`` member, or ``"mean"``.
-
-    Strings are matched case-insensitively (``sum``, ``mean``/``avg``, ``max``, ``min``, ``product``/``prod``);
-    ``None`` means ``sum`` (as Lightning's ``sync_ddp``). ``ReduceOp.AVG`` means ``mean``.
-    """
+    """Turn a user's ``reduce_op`` into a ``ReduceOp`` member, or ``"mean"``: a name case-insensitively (``sum``,
+    ``mean``/``avg``, ``max``, ``min``, ``product``/``prod``), ``None`` as ``sum`` (as Lightning's ``sync_ddp``),
+    ``ReduceOp.AVG`` as ``mean``. Anything else raises :class:`InvalidReduceOpError` naming the choices."""
     if reduce_op is None:
         return ReduceOp.SUM
     if isinstance(reduce_op, str):
@@ -152,13 +146,13 @@ def _flat_buffer(aliases: Sequence[Tensor]) -> Tensor:
 
 
 def _write_back(buffer: Tensor, aliases: Sequence[Tensor]) -> None:
-    """Copy the flat ``buffer`` (a result) into the tensors (given as :func:`_alias`es); nothing to copy where it is
-    the storage of the one tensor itself."""
+    """Copy the flat result ``buffer`` into the tensors (given as :func:`_alias`es), unless it is the one tensor's own
+    storage."""
     if len(aliases) == 1 and aliases[0].is_contiguous():
         if buffer.data_ptr() != aliases[0].data_ptr():
             aliases[0].view(-1).copy_(buffer)
         return
-    # one C++ call for the views and one for the copies: slicing per tensor in Python costs microseconds each
+    # one C++ call for the views and one for the copies, rather than a Python slice per tensor
     if _same_shape(aliases):
         sources: Sequence[Tensor] = buffer.view(len(aliases), *aliases[0].shape).unbind()
     else:
@@ -177,8 +171,7 @@ def _columns(rows: Tensor, buffers: Sequence[Tensor]) -> Iterator[Tensor]:
 
 
 def _all_gather_flat(flat: Tensor, group: Any, world_size: int) -> Tensor:
-    """Gather the 1-D ``flat`` of every rank of ``group`` (``world_size`` ranks): ``(world_size, flat.numel())``, one
-    row per rank."""
+    """Gather the 1-D ``flat`` of every rank of ``group``: ``(world_size, flat.numel())``, one row per rank."""
     output = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
     # torch >= 2.12 renames all_gather_into_tensor to all_gather_single, deprecating the old name
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -1,19 +1,13 @@
-"""Predicted calls: an optional speed layer over the checked core, which makes a loop's checked collectives cost
-what the backend's own do.
+"""Predicted calls: an optional layer over the checked core that makes a loop's checked collectives cost what the
+backend's own do.
 
-A training loop calls the same collectives with the same shapes over and over. Every rank keeps the same history of
-the calls that every rank agreed on (it changes only after a call that succeeded, or failed, on every rank), so every
-rank predicts the same next call: the one that followed the previous call last time. When a prediction exists, every
-rank runs the predicted collective at once, with its own tensors if its call is the predicted one, and otherwise with
-a buffer of the predicted sizes marked as holding no real data (see :mod:`~fabric_lite.runtime.collectives.marks`).
-So the sizes agree on every rank whatever each rank called (gloo aborts the process when they do not), and the probe
-says whether every rank took part with real data. If it did, the call cost exactly the backend's collective. If not,
-every rank falls back to the checked core's exchange of signatures, which either raises the mismatch on every rank
-or, when the signatures agree, shows that the value was real (a NaN in the data, say) and the result stands. A dirty
-flag always means a mismatch. Only tensors on the CPU over gloo are predicted (a probe read on the host would
-synchronise a device), and all-gathers only of floats; other calls take the exchange first. The ranks' tensors are
-undefined after a mismatch error, as the error says. With ``CheckedGroup.predicting`` off (debug mode) every call is
-the checked core's alone.
+Every rank keeps the same history of agreed calls, so every rank predicts the same next call and runs it at once: with
+its own tensors if it called the predicted one, else with a marked buffer of the predicted sizes
+(:mod:`~fabric_lite.runtime.collectives.marks`), so the sizes agree whatever each rank called. A clean probe means every
+rank sent real data; otherwise every rank takes the checked core's exchange, which raises the mismatch on every rank
+(the tensors are then undefined) or, when the signatures agree, lets the result stand. Only CPU tensors over gloo are
+predicted: reading a probe would synchronise a device. With ``CheckedGroup.predicting`` off (debug mode) every call is
+the checked core's.
 """
 
 from __future__ import annotations
@@ -56,9 +50,8 @@ from fabric_lite.runtime.collectives.ops import (
     _write_back,
 )
 
-# gathering and reducing locally beats gloo's all-reduce up to this many gathered bytes (the figures: "Checked
-# collectives" in benchmarks/RESULTS.md); a single float element is the exception (gloo's all-reduce of one element
-# skips its ring)
+# up to this many gathered bytes, an all-gather and a local reduction beat gloo's all-reduce; not for a single float
+# element, whose all-reduce skips gloo's ring
 _LOCAL_REDUCE_BYTES = 1 << 20
 # the most plans a group keeps (a loop repeats a handful)
 _MAX_PLANS = 1024
@@ -127,25 +120,16 @@ class _History:
 
 
 class CheckedGroup(BroadcastGroup):
-    """A process group and the state of its checked collectives: made by the strategy for each group it runs
-    collectives on, and dropped with the group, so that no state outlives the group or is shared between strategies.
-    The checked core's state (:class:`~fabric_lite.runtime.collectives.checked.GroupState`) and the predicted
-    broadcasts' (:class:`~fabric_lite.runtime.collectives.broadcasts.BroadcastGroup`), with this layer's: the
-    history of agreed calls, the plans of the calls seen, and whether calls are predicted at all.
-
-    Args:
-        group: the process group (``None``: the default group).
-        predicting: whether checked calls may be predicted from the history of agreed calls (off in debug mode,
-            where every collective takes the fixed exchange of signatures).
-        check_group: a gloo group of the same ranks that carries the checks on the host, for NCCL (see
-            :class:`~fabric_lite.runtime.collectives.checked.GroupState`).
+    """A process group and the state of its checked collectives, made by the strategy for each group and dropped with
+    it, so that no state outlives the group or is shared between strategies: the checked core's and the broadcasts'
+    state, the history of agreed calls, the plans of the calls seen, and whether calls are ``predicting`` (off in debug
+    mode). ``check_group``: as for :class:`~fabric_lite.runtime.collectives.checked.GroupState`.
 
     Example::
 
         checked = CheckedGroup(None, predicting=not debug)  # the default group
         op = resolve_reduce_op("mean")
         all_reduce([loss], op, checked, torch.device("cpu"), reduce_call(op))  # loss: the ranks' mean, in place
-        checked.history.hits  # how many calls so far took the predicted path
     """
 
     __slots__ = ("history", "plans", "predicting")
@@ -172,9 +156,8 @@ def _plan(
 
 class _Agreement:
     """Around one checked call: ``predicted`` is the plan every rank predicts (``None`` without one); on leaving,
-    ``plan`` is recorded as agreed by every rank, or the history is forgotten when the call raised (on every rank: a
-    mismatch) or failed (the job ends). A class rather than a generator-based context manager: it is entered on every
-    checked collective, and costs a fraction of one."""
+    ``plan`` is recorded as agreed, or the history is forgotten when the call raised. A class, not a generator-based
+    context manager, because every checked collective enters one."""
 
     __slots__ = ("history", "hit", "plan", "predicted")
 
@@ -203,10 +186,8 @@ def all_reduce(
     call: str,
     key: tuple[Any, ...] | None = None,
 ) -> None:
-    """:func:`all_reduce_checked` (``tensors`` reduced in place after the check; ``call`` and ``key`` as there), at
-    once when every rank's history predicts this call: the data then travel in the backend's own collective, and the
-    check costs nothing more. Otherwise, and always with ``group.predicting`` off, it is :func:`all_reduce_checked`.
-    """
+    """:func:`all_reduce_checked` (``tensors`` reduced in place; ``call`` and ``key`` as there), run at once in the
+    backend's own collective when every rank's history predicts the call and ``group.predicting`` is on."""
     if not group.predicting:
         all_reduce_checked(tensors, reduce_op, group, device, call, key=key)
         return
@@ -228,10 +209,8 @@ def all_reduce(
 
 
 def all_gather(tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device, sync_grads: bool) -> list[Tensor]:
-    """:func:`all_gather_checked`: gather each tensor from every rank of ``group`` into a new tensor of shape
-    ``(world_size, *shape)``, after checking that every rank gathers the same shapes and dtypes; at once when every
-    rank's history predicts the call (and ``group.predicting`` is on), otherwise in the check's own collective for up
-    to 480 bytes of tensors."""
+    """:func:`all_gather_checked` (one ``(world_size, *shape)`` tensor per input, after checking the shapes and dtypes),
+    run at once when every rank's history predicts the call and ``group.predicting`` is on."""
     if not group.predicting:
         return all_gather_checked(tensors, group, device, sync_grads)
     if sync_grads or not tensors:
@@ -296,9 +275,8 @@ def _reduce_planned(
     plan: _Plan, buffers: list[Tensor], aliases: list[list[Tensor]] | None, group: CheckedGroup
 ) -> bool:
     """Run ``plan``'s reduction on ``buffers`` (written back into ``aliases`` when given); whether the probe is clean.
-
-    Small payloads are all-gathered and reduced locally (cheaper than gloo's all-reduce, see ``_LOCAL_REDUCE_BYTES``),
-    larger ones go through the backend's all-reduce; the choice depends on the plan only, so every rank makes it."""
+    Small payloads are all-gathered and reduced locally (``_LOCAL_REDUCE_BYTES``); the choice depends on the plan alone,
+    so every rank makes the same one."""
     world_size = group.world_size
     total = plan.nbytes
     clean = True
@@ -340,14 +318,9 @@ def _reduce_planned(
 def _reduce_flagged(
     plan: _Plan, buffers: list[Tensor], aliases: list[list[Tensor]] | None, group: CheckedGroup
 ) -> bool:
-    """The backend's all-reduce of integer or boolean ``buffers`` where they are, and the flag (see ``marks._flag``)
-    in a one-element all-reduce of its own; whether the flag says that every rank took part with real data.
-
-    The data's all-reduces are queued first (``async_op``) and the flag's runs while they do: gloo works on a group's
-    queue with more than one thread, so the flag costs its latency only where it outlasts the data (the figures and
-    their control: ``benchmarks/RESULTS.md`` and ``benchmarks/bench_core.py``). Appending the flag to the payload would
-    cost a copy into a longer buffer and a copy back, more than either (payloads gathered below ``_LOCAL_REDUCE_BYTES``
-    carry the flag in their message and never come here)."""
+    """The backend's all-reduce of integer or boolean ``buffers``, and the flag (``marks._flag``) in a one-element
+    all-reduce of its own; whether every rank took part with real data. The data's all-reduces are queued first
+    (``async_op``) so that the flag's runs beside them: appending the flag to the payload would cost two copies."""
     world_size = group.world_size
     sent, expected = _flag(plan.op, buffers[0].dtype, aliases is not None, world_size)
     ops = [_BOOL_OPS.get(plan.op, plan.op) if b.dtype == torch.bool else plan.op for b in buffers]

@@ -1,9 +1,5 @@
-"""How a failed or hung run is explained: each rank's trail of collectives (:mod:`.trail`), the hang report built
-from the trails (:mod:`.hang_report`), and :class:`RankDiagnostics`, which a strategy holds for its process group.
-
-A strategy calls its collectives through :meth:`RankDiagnostics.traced`; on a timeout that raises
-:class:`CollectiveTimeoutError` naming the ranks that never took part, with the report of where every rank was.
-"""
+"""How a failed or hung run is explained: each rank's trail of collectives (:mod:`.trail`), the hang report
+(:mod:`.hang_report`), and :class:`RankDiagnostics`, which a strategy holds for its process group."""
 
 from __future__ import annotations
 
@@ -39,9 +35,8 @@ def is_timeout(err: BaseException) -> bool:
 
 
 def arm_nccl_flight_recorder(run_dir: str) -> None:
-    """Have torch's flight recorder of NCCL calls, dumped by its watchdog on a timeout, write into ``run_dir``, where
-    the hang report reads each rank's last entry (the device's side, beside the trail's host side). Settings the
-    user made stay."""
+    """Have torch's NCCL flight recorder dump into ``run_dir`` on a timeout, for the hang report; settings the user made
+    stay."""
     from fabric_lite.runtime.diagnostics.hang_report import FLIGHT_RECORDER_PREFIX
 
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
@@ -51,20 +46,10 @@ def arm_nccl_flight_recorder(run_dir: str) -> None:
 
 
 class RankDiagnostics:
-    """This rank's diagnosis aids for one process group: its trail of collectives (where the group spans two or
-    more ranks and ``FABRIC_LITE_TRAIL`` is not off), the rendezvous store that names the ranks missing from a
-    timed-out collective, and, under a launcher that ends survivors with SIGTERM, the watcher that reports first.
-
-    Nothing here is on the normal path beyond the trail's record of each collective; a diagnosis that fails never
-    hides the real error.
-
-    Args:
-        context: the run (its launcher and folder).
-        rank: this process's global rank.
-        world_size: the number of ranks.
-        store: the rendezvous store (``None``: timeouts cannot name the missing ranks).
-        timeout: the collectives' timeout, for the messages (updated with :attr:`timeout`).
-    """
+    """This rank's diagnosis aids for one process group: its trail of collectives (two or more ranks, unless
+    ``FABRIC_LITE_TRAIL`` is off), the rendezvous ``store`` that names the ranks missing from a timed-out collective,
+    and, where no launcher of ours supervises, the watcher that reports on SIGTERM. A diagnosis that fails never hides
+    the real error."""
 
     def __init__(self, context: RunContext, rank: int, world_size: int, store: Any, timeout: timedelta) -> None:
         self.context = context
@@ -125,8 +110,8 @@ class RankDiagnostics:
         describe: tuple[Any, ...],
         debug: bool = False,
     ) -> _T:
-        """``run()``, a collective on ``checked``'s group, recorded in the trail (``trail.describe(*describe)`` says
-        what it is); if it raises, :meth:`failed` handles the error, under ``name``, before it propagates."""
+        """``run()``, a collective on ``checked``'s group, recorded in the trail (``describe``: :meth:`Trail.describe`'s
+        arguments); if it raises, :meth:`failed` handles the error before it propagates."""
         trail = self.trail
         slot = trail.enter(checked, trail.describe(*describe), 3) if trail is not None else -1
         try:
@@ -139,8 +124,8 @@ class RankDiagnostics:
         return result
 
     def enter(self, checked: CheckedGroup, description: str) -> int:
-        """Record the start of a collective that runs outside :meth:`traced` (DDP's gradient all-reduce in
-        backward); the slot for :meth:`exit` or :meth:`failed`, -1 without a trail."""
+        """Record the start of a collective run outside :meth:`traced` (DDP's gradient all-reduce); the slot for
+        :meth:`exit`, or -1."""
         trail = self.trail
         return trail.enter(checked, trail.describe(description), 2) if trail is not None else -1
 
@@ -149,9 +134,9 @@ class RankDiagnostics:
             self.trail.exit(slot, state)
 
     def failed(self, slot: int, name: str, err: BaseException, debug: bool = False) -> None:
-        """A collective raised ``err``: mark its record failed, raise :class:`CollectiveTimeoutError` (with the hang
-        report) if it timed out, and report where every rank is when a peer went away under a launcher that does
-        not watch the ranks itself (torchrun, ``fabric-lite run``). Returns otherwise (the caller re-raises ``err``)."""
+        """A collective raised ``err``: mark its record failed, raise :class:`CollectiveTimeoutError` if it timed out,
+        and print the report when a peer went away under a launcher that does not watch the ranks; else return, for the
+        caller to re-raise."""
         trail = self.trail
         seq = trail.seq_at(slot) if trail is not None and slot >= 0 else None
         try:  # the report shows this rank waiting, as it was: the record is marked failed after it
@@ -163,13 +148,9 @@ class RankDiagnostics:
             self.exit(slot, _trail.FAILED)
 
     def raise_if_timed_out(self, name: str, err: BaseException, seq: int | None = None, debug: bool = False) -> None:
-        """Raise the error for a collective that timed out, naming it and, where the store can tell, the missing
-        ranks, followed by the hang report (where every rank of this node was, and its stack); return if ``err`` is
-        not a timeout (the caller re-raises it). ``seq``: the collective's number in this rank's trail.
-
-        Every rank whose collective timed out records it in the rendezvous store; after a short wait, the ranks
-        that did not are the ones that never took part (stuck elsewhere, dead, or calling another collective).
-        """
+        """If ``err`` is a timeout, raise :class:`CollectiveTimeoutError` naming the collective (``seq``: its number in
+        the trail), the ranks that never took part (those that did not mark their own timeout in the store) and the hang
+        report; else return."""
         if not is_timeout(err):
             return
         self._timeouts += 1
@@ -225,12 +206,9 @@ class RankDiagnostics:
 
     # ------------------------------------------------------------------ the hang report
     def hang_report(self, reason: str, *, print_block: bool = False) -> str | None:
-        """The hang report from this rank, for its error, or ``None`` when another process of this node reports.
-
-        With ``print_block``, and always under torchrun's agent (``ReportOnTerm`` watches for its SIGTERM), the block
-        is printed here, under the watcher's lock, and the return is ``SEE_ABOVE``: the agent may stop this rank the
-        moment the lock is free, before an exception that carried the block would be printed.
-        """
+        """The hang report for this rank's error, or ``None`` when another process of this node reports. With
+        ``print_block``, or under a SIGTERM watcher, it is printed here and ``SEE_ABOVE`` returned: the agent may stop
+        this rank before its error is printed."""
         watch = self._report_on_term
         with watch.lock if watch is not None else contextlib.nullcontext():
             block = self.collect_report(reason)

@@ -1,23 +1,14 @@
 """The hang report: where every rank was when a collective timed out or a rank died while the others waited.
 
-Built from the ranks' trails (:mod:`fabric_lite.runtime.diagnostics.trail`) in the job's run folder, plus the Python
-stacks of the ranks still alive (each dumps them from C, through ``faulthandler``, on the stack signal: a rank blocked
-in gloo, asleep or spinning in C answers as well as an idle one). One block, printed once per node::
+Built from the ranks' trails and the live ranks' Python stacks (dumped from C by ``faulthandler`` on the stack signal,
+so a rank blocked in gloo answers too), by the rank whose collective timed out or the launcher that saw a rank die; the
+first to create ``<run_dir>/report`` prints it, once per node::
 
     fabric_lite: where every rank was — all_reduce #4312 timed out after 0:00:05 on rank 0
       rank 1: all_reduce #4311 at train.py:57 (done 5.1 s ago); rank 0: all_reduce #4312 at train.py:57 (waiting 5.0 s)
       rank 0 (pid 81234, alive): waiting 5.0 s in all_reduce(sum) float32[4] #4312 at train.py:57 in step
-        earlier: barrier #4311 train.py:61 · all_reduce #4310 train.py:57
-        stack (main thread, most recent last):
-          train.py:57 in step
       rank 1 (pid 81240, alive): not in a collective for 5.1 s; last: all_reduce(sum) float32[4] #4311 at train.py:57
-        stack (main thread, most recent last):
-          train.py:80 in main
       diagnosis: rank 1 is behind (last #4311 while rank 0 waits in #4312)
-
-Who builds it: the rank whose collective timed out (the block ends its ``CollectiveTimeoutError``), or the launcher
-that saw a rank die (the script launcher's supervisor, the spawn launcher, ``fabric-lite run``). The first to create
-``<run_dir>/report`` prints it; the others do not.
 """
 
 from __future__ import annotations
@@ -72,8 +63,8 @@ def find_block(text: str) -> str | None:
 
 
 def claim(run_dir: str) -> bool:
-    """Whether this process is the first to report for this run folder (one report per node); the claim holds its pid
-    (see :func:`wait_for_reporter`)."""
+    """Whether this process is the first to report for this run folder (one report per node); the claim file holds its
+    pid."""
     try:
         fd = os.open(os.path.join(run_dir, "report"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
@@ -87,15 +78,14 @@ def claim(run_dir: str) -> bool:
     return True
 
 
-#: how long a launcher lets the rank that claimed the report finish it before stopping that rank (the report takes
-#: about 2 s: the store's diagnosis and the stacks, 1 s each at most; the rest covers a loaded machine)
+#: how long a launcher lets the rank that claimed the report finish it before stopping that rank (the store's
+#: diagnosis and the stacks wait up to 1 s each; the rest covers a loaded machine)
 REPORT_GRACE_S = 10.0
 
 
 def wait_for_reporter(run_dir: str | None, processes: Mapping[int, Callable[[float], object]]) -> None:
-    """Before a launcher stops its ranks: if one of them (``processes``: pid -> a ``join(timeout)``) has claimed the
-    report, let it end by itself, for :data:`REPORT_GRACE_S` at most, so that its block is printed or reaches the
-    launcher in its error instead of dying with it."""
+    """Before a launcher stops its ranks (``processes``: pid -> ``join(timeout)``), let the rank that claimed the report
+    end by itself, for :data:`REPORT_GRACE_S` at most, so that its block is not lost with it."""
     if run_dir is None:
         return
     deadline = time.monotonic() + REPORT_GRACE_S
@@ -125,18 +115,10 @@ def collect(
     stacks: bool = True,
     deadline_s: float = 1.0,
 ) -> str | None:
-    """Read every trail in ``run_dir``, fetch the stacks of the live ranks, and format the report; ``None`` when
-    another process of this node reports already, or no rank has a trail (the job failed before its process group).
-
-    Args:
-        reason: what happened, for the first line ("all_reduce #12 timed out after 0:00:05 on rank 0").
-        exit_codes: the exit codes of ranks known to have ended (negative: the signal), from a launcher.
-        pids: the ranks' pids where the caller knows them (a rank without a trail is then still named).
-        world_size: the number of ranks (read from the trails when not given).
-        own_rank: this process's rank, if it is one: its stack is dumped here rather than signalled.
-        stacks: whether to fetch the live ranks' stacks.
-        deadline_s: how long to wait for the stacks, at most.
-    """
+    """Read every trail in ``run_dir``, fetch the live ranks' stacks (with ``stacks``, for ``deadline_s`` at most;
+    ``own_rank``'s dumped here) and format the report for ``reason``; ``None`` when another process of this node
+    reports, or no rank has a trail. ``exit_codes`` (negative: the signal) and ``pids``: what a launcher knows of its
+    ranks; ``world_size``: read from the trails when not given."""
     views = read_trails(run_dir)
     if not views or not claim(run_dir):
         return None
@@ -166,8 +148,8 @@ class _PlainUnpickler(pickle.Unpickler):
 
 
 def read_flight_recorder(run_dir: str) -> dict[int, str]:
-    """The last entry of each rank's NCCL flight-recorder dump in ``run_dir`` (written by torch's watchdog on a
-    timeout), as ``"nccl:all_reduce #12 (started), 3 entries"``; ranks without a readable dump are left out."""
+    """The last entry of each rank's NCCL flight-recorder dump in ``run_dir``, as
+    ``"nccl:all_reduce #12 (started), 3 entries"``; ranks without a readable dump are left out."""
     found: dict[int, str] = {}
     try:
         names = os.listdir(run_dir)
@@ -202,8 +184,8 @@ def _alive(view: TrailView) -> bool:
 def fetch_stacks(
     run_dir: str, views: Mapping[int, TrailView], own_rank: int | None, deadline_s: float
 ) -> dict[int, list[list[tuple[str, int, str]]]]:
-    """The threads' stacks of every live rank (outermost frame first), by rank: this process's dumped here, the
-    others' on their stack signal, where their trail says they handle it and the pid is still theirs."""
+    """The threads' stacks of every live rank, by rank, outermost frame first: this process's dumped here, the others'
+    on their stack signal where their trail says they handle it."""
     sizes: dict[int, tuple[str, int]] = {}
     for rank, view in views.items():
         path = os.path.join(run_dir, f"rank-{rank}.stacks")
@@ -275,8 +257,7 @@ def _main_thread(threads: list[list[tuple[str, int, str]]]) -> list[tuple[str, i
 
 
 def _user_end(frames: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
-    """``frames`` up to the user's innermost frame and the first of fabric_lite's below it (what is deeper is
-    fabric_lite's own, the reporting included, or torch's)."""
+    """``frames`` up to the user's innermost frame and the first of fabric_lite's below it."""
     own = _PACKAGE_PARENT + "fabric_lite" + os.sep
     user = [
         i for i, (path, _, _) in enumerate(frames) if not path.startswith(own) and os.sep + "torch" + os.sep not in path
@@ -293,22 +274,10 @@ def _short_path(path: str) -> str:
 
 
 class ReportOnTerm:
-    """Under a launcher that ends the survivors of a death with SIGTERM (torchrun's agent, ``fabric-lite run``): when
-    SIGTERM comes and another rank of this node has died, report where every rank was before this rank goes.
-
-    A rank blocked in a collective never returns to Python, so a Python signal handler would never run: a thread
-    watches Python's signal wake-up fd instead, builds the report (``build``) and ends the process (exit code
-    128 + SIGTERM, as a shell reports a SIGTERM). Installed only from the main thread, only while SIGTERM has its
-    default action and nobody else watches the wake-up fd; the main thread takes :attr:`lock` while it reports
-    itself, so that the two never report at once.
-
-    Args:
-        run_dir: the job's run folder, with the ranks' trails.
-        own_rank: this process's rank.
-        build: builds and returns the report (``None``: another process reported).
-        on_exit: called with ``remove=True`` right before the process ends when every other rank of the folder is
-            dead (this rank's trail's ``close``, where nobody else removes the run folder).
-    """
+    """Under a launcher that ends a death's survivors with SIGTERM (torchrun's agent): on SIGTERM, when another rank of
+    this node has died, print the report ``build`` returns, call ``on_exit(remove=True)`` if every other rank is dead,
+    and exit with 128 + SIGTERM. A rank blocked in a collective never runs a Python handler, so a :class:`WakeupWatch`
+    thread acts; the main thread holds :attr:`lock` while it reports itself, so the two never report at once."""
 
     def __init__(
         self,
@@ -328,7 +297,7 @@ class ReportOnTerm:
         """The Python-level handler: nothing (the watching thread acts, whatever the main thread is doing)."""
 
     def install(self) -> bool:
-        """Start watching; ``False`` where SIGTERM or the wake-up fd is someone else's, or not in the main thread."""
+        """Start watching, from the main thread; ``False`` where SIGTERM or the wake-up fd is someone else's."""
         if threading.current_thread() is not threading.main_thread():
             return False
         if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
@@ -367,9 +336,8 @@ class ReportOnTerm:
 
 
 class WakeupWatch:
-    """A daemon thread that reads Python's signal wake-up fd and calls a handler for every signal that reached a
-    Python handler, whatever the main thread is doing (a handler itself runs only between the main thread's
-    bytecodes, never while it is blocked in C). Start and stop it from the main thread."""
+    """A daemon thread that reads Python's signal wake-up fd and calls a handler for every signal that reached a Python
+    handler, even while the main thread is blocked in C. Start and stop it from the main thread."""
 
     def __init__(self) -> None:
         self._write_fd: int | None = None
@@ -381,8 +349,8 @@ class WakeupWatch:
         return self._write_fd is not None
 
     def start(self, handle: Callable[[int], None], name: str) -> bool:
-        """Make a pipe the wake-up fd and start the thread ``name``, which calls ``handle(signum)``; ``False``, nothing
-        changed, where the program has a wake-up fd of its own (an asyncio loop, say)."""
+        """Make a pipe the wake-up fd and start the thread ``name``, calling ``handle(signum)``; ``False``, nothing
+        changed, where the program has a wake-up fd of its own."""
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
@@ -423,8 +391,8 @@ class WakeupWatch:
 
 
 def print_report(build: Callable[[], str | None], write: Callable[[str], object]) -> None:
-    """``write`` the block ``build`` returns (nothing where another process reports), or why there is none: a
-    diagnosis aid never stands in the way of stopping the job."""
+    """``write`` the block ``build`` returns, or why there is none: a diagnosis aid never stands in the way of stopping
+    the job."""
     try:
         block = build()
     except Exception as err:

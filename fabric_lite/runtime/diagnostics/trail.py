@@ -1,26 +1,17 @@
 """A per-rank trail of the last collectives, in a small memory-mapped file that survives the rank's death.
 
-When a job hangs, the question is where every rank is. The process-group timeout only says that a collective did not
-complete; a rank that sleeps, loops or died cannot answer a question over the network. So every rank writes, before
-and after each collective, a fixed-size record into a file of its own in the job's *run folder*: which collective (a
-short descriptor such as ``all_reduce(sum) float32[4]``), its sequence number in its process group (ranks in lockstep
-agree on it), the user's ``file:line`` that called it, and whether it is waiting, done or failed. The file is
-``mmap``-ed, so the records are in the page cache the moment they are stored, and another process reads them even
-after this one was killed with SIGKILL. :mod:`fabric_lite.runtime.diagnostics.hang_report` turns the trails into the
-report.
+A hung or dead rank cannot answer over the network, so every rank records each collective, before and after, in its own
+file in the run folder: the call, its sequence number in its group (ranks in lockstep agree on it), the user's
+``file:line``, and whether it waits, is done or failed. The file is ``mmap``-ed, so another process reads it even after
+a SIGKILL (:mod:`fabric_lite.runtime.diagnostics.hang_report`). ``FABRIC_LITE_TRAIL=0`` turns it off.
 
-Layout (little-endian int64 words; see :data:`FILE_BYTES`)::
+Layout (little-endian int64 words)::
 
     header   [magic, version, rank, pid, start time, world size, slots, head, stack signal, strings used, wall0]
     records  SLOTS x [seq, group << 32 | descriptor id, site id, state, enter ns, exit ns]   (a ring, head = count)
-    strings  an append-only table of (u32 id, u16 length, utf-8) entries: descriptors and sites, each written once
+    strings  an append-only table of (u32 id, u16 length, utf-8) entries
 
-A record is written in full before ``head`` moves past it, and a reader reads at most ``SLOTS - 1`` records behind
-``head`` (the slot at ``head`` may be half-overwritten), so a reader never trusts a half-written record. Times are
-``time.monotonic_ns()``, the same clock in every process of a machine.
-
-The hot path (``enter`` and ``exit``) is a frame lookup, two dictionary lookups and a handful of integer stores:
-well under a microsecond (``benchmarks/overhead.py`` has the row). ``FABRIC_LITE_TRAIL=0`` turns it off.
+A record is complete before ``head`` passes it, and a reader reads at most ``SLOTS - 1`` records behind ``head``.
 """
 
 from __future__ import annotations
@@ -56,7 +47,7 @@ STATES = {WAITING: "waiting", DONE: "done", FAILED: "failed"}
 UNKNOWN = 0
 _ENTRY = struct.Struct("<IH")
 
-# bound once: a module attribute lookup is a measurable part of a sub-microsecond hot path
+# bound once: the hot path saves a module attribute lookup per call
 _now = time.monotonic_ns
 _getframe = sys._getframe
 
@@ -67,9 +58,8 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 
 
 def process_start_time(pid: int) -> int:
-    """The start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22); -1 if gone.
-
-    A pid and its start time name a process for good: a pid alone may have been reused by another process."""
+    """The start time of process ``pid`` in clock ticks since boot, -1 if gone: with the pid, it names a process for
+    good."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -100,17 +90,16 @@ def run_dir_base() -> str:
 
 
 def make_run_dir() -> str:
-    """A new, empty run folder for a job started by one of fabric_lite's launchers (which removes it after), once
-    the folders of earlier jobs that nobody removed (a launcher killed with SIGKILL) are swept away."""
+    """A new, empty run folder for a job of fabric_lite's launchers (which remove it), after sweeping away abandoned
+    ones."""
     base = run_dir_base()
     sweep_run_dirs(base)
     return tempfile.mkdtemp(prefix=f"fabric_lite-{os.getuid()}-", dir=base)
 
 
 def sweep_run_dirs(base: str, min_age_s: float = 60.0) -> list[str]:
-    """Remove this user's run folders in ``base`` whose ranks are all dead (none younger than ``min_age_s``: a job
-    that is starting may not have written its trails yet, and an empty folder counts only after an hour).
-    Returns the folders removed."""
+    """Remove this user's run folders in ``base`` whose ranks are all dead and older than ``min_age_s`` (an empty one
+    after an hour: a starting job may not have written its trails); returns them."""
     import shutil
 
     removed = []
@@ -150,14 +139,8 @@ _IGNORED_BY_US: set[int] = set()
 class Trail:
     """This rank's trail: the ring of its last :data:`SLOTS` collectives, in ``<run_dir>/rank-<rank>.trail``.
 
-    Args:
-        run_dir: the job's run folder (created if missing).
-        rank: this process's global rank.
-        world_size: the number of ranks.
-
     Example::
 
-        trail = Trail(run_dir, rank=0, world_size=2)
         slot = trail.enter(group, trail.describe("all_reduce(sum)", [loss]), depth=1)  # before the collective
         trail.exit(slot, DONE)  # after it
     """
@@ -209,11 +192,11 @@ class Trail:
 
     # ------------------------------------------------------------------ hot path
     def enter(self, group: Any, desc: int, depth: int) -> int:
-        """Record that this rank enters the next collective of ``group`` (its ``seq`` is incremented), described by
-        ``desc`` (see :meth:`describe`), called from the first frame outside fabric_lite at or above ``depth``
-        frames up from the caller. Returns the record's slot, for :meth:`exit`."""
+        """Record that this rank enters the next collective of ``group`` (incrementing its ``seq``), described by
+        ``desc`` and called from the first frame outside fabric_lite at least ``depth`` frames up; the record's slot,
+        for :meth:`exit`."""
         # code objects are looked up by id, and the entry checked to hold the same object: hashing a code object
-        # hashes its bytecode, a microsecond or more
+        # hashes its bytecode
         frame: Any = _getframe(depth + 1)
         codes = self._codes
         while frame is not None:
@@ -226,7 +209,7 @@ class Trail:
             frame = frame.f_back  # fabric_lite's own frame: the user's is further out
         site = UNKNOWN
         if frame is not None:
-            # keyed by the bytecode offset: the line number is worked out from it, at a cost of microseconds
+            # keyed by the bytecode offset: working out the line number from it is slower
             known = self._sites.get((id(code), frame.f_lasti))
             site = known[1] if known is not None and known[0] is code else self._site(frame)
         group.seq = seq = group.seq + 1
@@ -252,9 +235,8 @@ class Trail:
         return int(self._words[slot])
 
     def describe(self, call: str, tensors: Sequence[Any] = (), key: Any = None) -> int:
-        """The descriptor id of ``call`` (e.g. ``"all_reduce(sum)"``) on ``tensors``: dtypes and shapes. ``key``: what
-        identifies the call and its tensors' dtypes and shapes, where the caller has it (the checked collectives'
-        :func:`~fabric_lite.runtime.collectives.checked.call_key`), else worked out here."""
+        """The descriptor id of ``call`` on ``tensors`` (dtypes and shapes); ``key``: what identifies both, where the
+        caller has it."""
         if key is None:
             key = (call, *[(t.dtype, t.shape) for t in tensors])
         desc = self._descs.get(key)
@@ -302,9 +284,8 @@ class Trail:
         return string_id
 
     def register_stacks(self) -> bool:
-        """Make this process dump every thread's Python stack into ``<run_dir>/rank-<rank>.stacks`` on the stack
-        signal (see :func:`stack_signal`), and say so in the header. Skipped (``False``) where the signal already has
-        a handler, or faulthandler cannot register one."""
+        """Dump every thread's stack into ``<run_dir>/rank-<rank>.stacks`` on :func:`stack_signal`, and say so in the
+        header; ``False`` where the signal has another handler or cannot be registered."""
         try:
             signum = stack_signal()
             handler = signal.getsignal(signum)
