@@ -1,10 +1,6 @@
 """fabric_lite: a small, fast, drop-in Lightning-Fabric-style accelerator API for hand-written PyTorch loops.
-
-Importing it has no side effects: no environment variables are written, no logging handler is added and no
-optional backend (``torch._dynamo``, FSDP, tensorboard) is imported. The names below are imported on first use,
-so that ``import fabric_lite.as_lightning`` (run at interpreter start-up when the Lightning import hook is on) does
-not import torch.
-"""
+Importing it has no side effects; its names are imported on first use, so that the import hook
+(:mod:`fabric_lite.as_lightning`, run at interpreter start-up) does not import torch."""
 
 from __future__ import annotations
 
@@ -27,14 +23,9 @@ _LAZY = {
 
 
 def _as_lightning_fabric() -> None:
-    """What executing the package under Lightning's name (``lightning.fabric``, ``lightning_fabric``, through the
-    import hook) does beyond giving its names, as importing Lightning Fabric does; ``import fabric_lite`` never runs it.
-
-    * ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` unless the variable is set already: ``torch.cuda.is_available()`` then
-      asks NVML instead of initialising the CUDA driver, so processes forked later (``ddp_fork``,
-      ``ddp_notebook``, data loader workers) can still use CUDA;
-    * ``POSSIBLE_USER_WARNINGS=0`` (or ``off``) ignores every ``PossibleUserWarning``.
-    """
+    """The side effects of importing Lightning Fabric, run when the package is imported under Lightning's name
+    (never by ``import fabric_lite``): ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` unless set, so that forked processes can
+    still use CUDA, and ``POSSIBLE_USER_WARNINGS=0`` (or ``off``) silences every ``PossibleUserWarning``."""
     import os
 
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")

@@ -1,9 +1,4 @@
-"""``python -m fabric_lite run ...``: the ``fabric-lite`` command without the console script.
-
-Example::
-
-    python -m fabric_lite run --accelerator cpu --devices 2 train.py
-"""
+"""``python -m fabric_lite run ...``: the ``fabric-lite`` command without the console script."""
 
 from fabric_lite.cli import main
 

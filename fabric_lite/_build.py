@@ -112,9 +112,8 @@ def plan_and_build(
     plugins: Any,
     machine: Machine,
 ) -> tuple[Plan, Strategy]:
-    """``Fabric(...)``'s arguments decided (over ``os.environ`` and ``machine``) and built into the strategy, for
-    ``Fabric`` and Lightning's ``_Connector``. The plan's warnings are shown on global rank 0, pointing at the line
-    that created the object."""
+    """``Fabric(...)``'s arguments planned (over ``os.environ`` and ``machine``) and built into the strategy; the
+    plan's warnings are shown on global rank 0, pointing at the caller's line."""
     plugin_list = as_list(plugins)
     plan = resolve_plan(
         accelerator=accelerator,

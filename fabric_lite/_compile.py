@@ -1,18 +1,6 @@
 """``torch.compile`` and ``Fabric.setup``: take a compiled module apart, let the strategy set up the original, and
-compile the result again with the user's own settings.
-
-Why again: compiling ``DistributedDataParallel(model)`` rather than wrapping the compiled ``model`` in DDP puts DDP's
-gradient bucketing inside the compiled graph (as Lightning does, ``_reapply_compile=True``).
-
-Where the settings come from: ``torch.compile(model, backend=..., mode=..., fullgraph=..., dynamic=..., options=...)``
-returns an ``OptimizedModule`` whose ``dynamo_ctx`` holds every one of them (the backend with its mode and
-options, ``fullgraph``, ``dynamic``). Applying that same context to another module is what ``torch.compile`` itself
-does, so the recompiled module gets exactly the user's settings without patching ``torch.compile`` at import (which
-is how Lightning records them).
-
-Nothing here imports ``torch._dynamo``: a compiled module is recognised by its class name, so ``import fabric_lite``
-stays light.
-"""
+compile the result again with the same settings (its ``dynamo_ctx``), so that DDP's hooks run inside the compiled
+graph. A compiled module is recognised by its class name: nothing here imports ``torch._dynamo``."""
 
 from __future__ import annotations
 
@@ -32,48 +20,32 @@ def is_compiled(module: object) -> bool:
 
 
 def uncompiled(module: Any) -> Any:
-    """``module`` without ``torch.compile``'s wrapper (``module`` itself when it is not compiled).
-
-    Example::
-
-        assert uncompiled(torch.compile(model)) is model and uncompiled(model) is model
-    """
+    """``module`` without ``torch.compile``'s wrapper (``module`` itself when it is not compiled)."""
     return getattr(module, _ORIG_MOD) if is_compiled(module) else module
 
 
 class Compiler:
-    """The settings of one ``torch.compile`` call, taken from the ``OptimizedModule`` it returned, to apply again.
-
-    Args:
-        context: the compiled module's ``dynamo_ctx`` (backend, mode, options, ``fullgraph``, ``dynamic``).
+    """The settings of one ``torch.compile`` call (``context``: its ``dynamo_ctx``), to apply to other modules.
 
     Example::
 
-        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
-        module, compiler = unwrap_compiled(compiled)  # module is model
-        ddp = compiler.wrap(DistributedDataParallel(module))  # compiled with backend="aot_eager", fullgraph=True
+        module, compiler = unwrap_compiled(torch.compile(model, fullgraph=True))
+        ddp = compiler.wrap(DistributedDataParallel(module))  # compiled with fullgraph=True
     """
 
     def __init__(self, context: Any) -> None:
         self._context = context
 
     def wrap(self, module: nn.Module) -> nn.Module:
-        """``torch.compile(module, <the same settings>)``: a new ``OptimizedModule`` around ``module``; its state
-        dict carries no ``_orig_mod.`` prefix (see :func:`clean_state_dict_keys`)."""
+        """``torch.compile(module, <the same settings>)``, with state dict keys free of ``_orig_mod.``."""
         compiled: nn.Module = self._context(module)
         clean_state_dict_keys(compiled)
         return compiled
 
     def compile_in_place(self, module: nn.Module) -> None:
-        """``module.compile(<the same settings>)``: calls of ``module`` run compiled, and nothing else changes (no
-        wrapper, so no ``_orig_mod.`` in any state dict, and the parent module keeps it where it was).
-
-        An argument that is an ``AsyncCollectiveTensor`` (what a tensor-parallel layer run eagerly before the
-        module hands on, e.g. a sequence-parallel embedding's output) is waited on before the compiled call, its
-        gradient passed straight back: torch 2.13 compiles such an input as one that needs no gradient and silently
-        drops the gradient to whatever produced it (seen here: a 2 x 2 model's embedding got a zero gradient; the
-        test ``test_a_compiled_block_passes_the_gradient_to_an_async_collective_input`` shows it).
-        """
+        """``module.compile(<the same settings>)``: calls of ``module`` run compiled, with no wrapper added. An
+        ``AsyncCollectiveTensor`` argument is waited on first, its gradient passed straight back: compiled as it is,
+        its gradient would be silently dropped."""
         # what nn.Module.compile does with torch.compile's arguments, here with the context that holds them
         compiled = self._context(module._call_impl)
 
@@ -83,23 +55,16 @@ class Compiler:
         module._compiled_call_impl = call
 
     def compile_units(self, root: nn.Module, units: Iterable[nn.Module]) -> None:
-        """Compile each module of ``units`` in place (block by block, as torchtitan does for sharded models); the
-        ``root`` itself only where ``units`` holds nothing else.
-
-        For sharding strategies (FSDP, and tensor + data parallel models): each unit's own forward is compiled,
-        and the collectives around it (the parameter all-gather of ``fully_shard``, run from the unit's hooks)
-        stay in eager mode between the compiled blocks. Compiling the whole sharded root also runs on the CPU
-        with torch 2.13, but dynamo splits the graph at every unit anyway and the first compile takes several
-        times longer; a whole 2-D (TP + FSDP2) model does not compile at all ("Mixing fake modes NYI").
-        """
+        """Compile each module of ``units`` in place, block by block as torchtitan does for sharded models (the
+        ``root`` only where ``units`` holds nothing else): the collectives between the blocks (``fully_shard``'s
+        all-gathers) stay eager, and a 2-D (tensor + data parallel) model cannot be compiled whole."""
         blocks = [unit for unit in units if unit is not root]
         for block in blocks or [root]:
             self.compile_in_place(block)
 
 
 class _WaitedInput(torch.autograd.Function):
-    """The plain tensor under an ``AsyncCollectiveTensor``, once its collective is done; the gradient goes back
-    unchanged (the identity, as far as autograd is concerned)."""
+    """The plain tensor under an ``AsyncCollectiveTensor``, once its collective is done; identity for autograd."""
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
@@ -112,25 +77,18 @@ class _WaitedInput(torch.autograd.Function):
 
 
 def _waited(value: Any) -> Any:
-    """``value``, or the waited plain tensor if it is an ``AsyncCollectiveTensor`` (recognised by its class name, so
-    that nothing here imports ``torch.distributed``)."""
+    """``value``, or the waited plain tensor if it is an ``AsyncCollectiveTensor`` (known by its class name)."""
     if type(value).__name__ == "AsyncCollectiveTensor":
         return _WaitedInput.apply(value) if value.requires_grad else value.trigger_wait()  # type: ignore[no-untyped-call]
     return value
 
 
 def unwrap_compiled(module: nn.Module) -> tuple[nn.Module, Compiler | None]:
-    """The module under ``torch.compile``'s wrapper and the settings to compile it again; ``(module, None)`` for a
-    module that is not compiled.
+    """The module under ``torch.compile``'s wrapper and a :class:`Compiler` for its settings; ``(module, None)``
+    for a module that is not compiled.
 
     Raises:
-        RuntimeError: ``module`` is compiled, but its wrapper holds no compile context to reapply (a torch that
-            changed ``OptimizedModule``).
-
-    Example::
-
-        module, compiler = unwrap_compiled(torch.compile(model, mode="max-autotune"))
-        assert module is model and compiler is not None
+        RuntimeError: the compiled wrapper holds no compile context to reapply.
     """
     if not is_compiled(module):
         return module, None
@@ -146,17 +104,8 @@ def unwrap_compiled(module: nn.Module) -> tuple[nn.Module, Compiler | None]:
 
 
 def clean_state_dict_keys(compiled: nn.Module) -> None:
-    """Make the state dict of ``compiled`` (an ``OptimizedModule``) carry the keys of the module it compiles, wherever
-    it sits (inside ``DistributedDataParallel`` too): ``state_dict`` drops the ``_orig_mod.`` it would add, and
-    ``load_state_dict`` accepts keys without it (and still with it). Checkpoints of compiled and eager models are
-    then interchangeable.
-
-    Example::
-
-        compiled = torch.compile(torch.nn.Linear(2, 2))
-        clean_state_dict_keys(compiled)
-        assert list(compiled.state_dict()) == ["weight", "bias"]
-    """
+    """Make ``compiled`` (an ``OptimizedModule``) save its state dict without ``_orig_mod.`` and load it with or
+    without, wherever it sits, so that checkpoints of compiled and eager models are interchangeable."""
     if getattr(compiled, "_fabric_clean_keys", False):
         return
     compiled.register_state_dict_post_hook(_drop_orig_mod)  # type: ignore[no-untyped-call]
@@ -204,18 +153,9 @@ def _add_orig_mod(
 
 
 def take_apart_compiled(module: nn.Module, reapply: bool) -> tuple[nn.Module, Compiler | None]:
-    """``(module to set up, compiler)`` for ``Fabric.setup(module, _reapply_compile=reapply)``.
-
-    With ``reapply``, a compiled module is set up uncompiled and compiled again afterwards (the compiler); the module
-    to set up is also the original one (``fabric_model.module``). Without, the compiled module is set up as it is,
-    and is the original one too, as in Lightning. Either way every compiled wrapper in it (the module itself, or
-    blocks the user compiled one by one) gets state dict keys without ``_orig_mod.``.
-
-    Example::
-
-        module, compiler = take_apart_compiled(torch.compile(model), reapply=True)
-        assert module is model and compiler is not None
-    """
+    """``(module to set up, compiler)`` for ``Fabric.setup(module, _reapply_compile=reapply)``: with ``reapply``
+    the uncompiled module and its compiler, else the module as it is and ``None``. Every compiled wrapper inside
+    gets state dict keys without ``_orig_mod.``."""
     for submodule in module.modules():
         if is_compiled(submodule):
             clean_state_dict_keys(submodule)

@@ -16,11 +16,7 @@ def as_list(value: Any) -> list[Any]:
 
 
 def configure_callbacks(callbacks: Any) -> list[Any]:
-    """``Fabric(callbacks=...)`` as a list: one object or a list (or tuple) of them, any object with hook methods.
-
-    Raises:
-        TypeError: a class instead of an instance.
-    """
+    """``Fabric(callbacks=...)`` (one object or a list or tuple) as a list; ``TypeError`` for a class."""
     found = as_list(callbacks)
     for index, callback in enumerate(found):
         if isinstance(callback, type):
@@ -32,11 +28,8 @@ def configure_callbacks(callbacks: Any) -> list[Any]:
 
 
 def configure_loggers(loggers: Any) -> list[Any]:
-    """``Fabric(loggers=...)`` as a list: one logger or a list (or tuple) of them, each with ``log_metrics``.
-
-    Raises:
-        TypeError: an object without a callable ``log_metrics(metrics, step)`` method, or a class.
-    """
+    """``Fabric(loggers=...)`` (one logger or a list or tuple) as a list; ``TypeError`` for a class or an object
+    without a callable ``log_metrics(metrics, step)``."""
     found = as_list(loggers)
     for index, logger in enumerate(found):
         if isinstance(logger, type):
@@ -57,8 +50,7 @@ def call_hook(callbacks: list[Any], hook_name: str, args: tuple[Any, ...], kwarg
     """Call ``hook_name`` on every callback that has it, with ``args`` and the ``kwargs`` its signature accepts.
 
     Raises:
-        TypeError: a callback's method cannot take the positional arguments (or a required argument is missing);
-            the message names the callback and its signature.
+        TypeError: a method cannot take these arguments; the message names the callback and its signature.
     """
     for callback in callbacks:
         method = getattr(callback, hook_name, None)
@@ -106,8 +98,8 @@ def accepted_kwargs(signature: inspect.Signature, kwargs: dict[str, Any]) -> dic
 
 
 def finalize_loggers(loggers: list[Any], status: str) -> None:
-    """``logger.finalize(status)`` for every logger that has it. After a failure (``status="failed"``) an error in
-    a logger is reported as a warning, so that it does not hide the failure itself."""
+    """``logger.finalize(status)`` for every logger that has it; after a failure a logger's error only warns, so
+    that it does not hide the failure."""
     for logger in loggers:
         finalize: Callable[[str], Any] | None = getattr(logger, "finalize", None)
         if not callable(finalize):

@@ -1,13 +1,6 @@
 """``Fabric.gather_for_metrics``: gather per-sample results from every process, without the padded duplicates.
-
-A ``DistributedSampler`` over ``N`` samples and ``W`` processes deals the samples out like cards: it pads the index
-list to ``ceil(N / W) * W`` by repeating its first indices, and rank ``r`` gets the positions ``r, r + W, r + 2W,
-...``. So rank ``r``'s ``j``-th sample of the epoch sits at position ``j * W + r``, and gathering batch ``b`` from
-every rank and interleaving the ranks (``(W, B) -> (B, W) -> B * W``) yields the consecutive positions
-``b * B * W ... (b + 1) * B * W - 1``. The padding holds positions ``N`` and beyond, so keeping the positions below
-``N`` drops exactly the duplicates, and the result comes back in the sampler's order: the dataset's order when the
-loader does not shuffle.
-"""
+A ``DistributedSampler`` gives rank ``r`` of ``W`` the positions ``r, r + W, ...`` of an index list padded past the
+``N`` samples: interleaving the ranks' rows restores its order, and keeping positions below ``N`` drops the padding."""
 
 from __future__ import annotations
 
@@ -27,10 +20,7 @@ from fabric_lite.wrappers import _FabricDataLoader
 
 
 class LoaderRegistry:
-    """The loaders a ``Fabric`` set up, held weakly (a loader dropped by the user is not kept alive).
-
-    Pickles empty: ``ddp_spawn`` pickles the ``Fabric`` into each new process, which sets up its own loaders.
-    """
+    """The loaders a ``Fabric`` set up, held weakly. Pickles empty: a spawned process sets up its own loaders."""
 
     def __init__(self) -> None:
         self._loaders: weakref.WeakSet[_FabricDataLoader] = weakref.WeakSet()

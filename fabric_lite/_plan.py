@@ -1,18 +1,6 @@
-"""Decide how to run: ``Fabric(...)``'s arguments plus the environment and the machine, turned into a plan.
-
-:func:`resolve_plan` is a pure function: it reads its arguments, an environment mapping and a :class:`Machine`
-snapshot, and returns a :class:`Plan` or raises. It starts nothing, sets nothing, and never reads ``os.environ``
-itself, so its tests are tables. Building objects from the plan is a separate step (:mod:`fabric_lite._build`).
-The device side (accelerator, devices, the machine) is :mod:`fabric_lite._plan_devices`; the arguments as given
-(precision names, ``num_nodes``, a command-line launcher's values) are :mod:`fabric_lite._plan_settings`.
-
-Every bad value is rejected here, in the constructor, before any process starts or waits on another. What the
-launcher's environment says about the processes (SLURM's tasks per node and nodes, torchrun's world size, the main
-address of a run over several nodes) is checked by :meth:`Plan.validate_settings` when the processes are set up, at
-``fabric.launch()``, as Lightning Fabric checks it (or at ``Fabric(...)`` where that sets the process up itself):
-still before any process starts another or waits on one, and in every process, so that every rank raises the same
-error.
-"""
+"""Decide how to run: :func:`resolve_plan` turns ``Fabric(...)``'s arguments, an environment mapping and a
+:class:`Machine` snapshot into a :class:`Plan`. It is pure (it never reads ``os.environ``), so its tests are tables;
+every bad value is rejected here, before any process starts. :mod:`fabric_lite._build` builds from the plan."""
 
 from __future__ import annotations
 
@@ -85,16 +73,9 @@ class Plan:
         return self.num_processes * self.num_nodes
 
     def validate_settings(self, environment: ClusterEnvironment | None = None) -> None:
-        """Check the processes per node and the nodes against what the launcher's environment says
-        (``environment``, where the strategy has its own, else :attr:`cluster_environment`), through its
-        ``validate_settings``: SLURM's tasks per node and nodes, torchrun's world size, the main address and port of
-        a run over several nodes without a launcher, ...
-
-        ``fabric.launch()`` runs it in every process before that process starts another or waits on one, as
-        Lightning Fabric's launcher runs it, so a parallel strategy's ``Fabric(...)`` constructs whatever the
-        environment says. ``Fabric(...)`` runs it where it sets the process up itself: under ``fabric-lite run``
-        (which joins the processes at once) and for a one-process strategy (which needs no ``launch()``, and would
-        otherwise train alone in each of the launcher's processes).
+        """Check the processes per node and the nodes against what the launcher says (``environment``, default
+        :attr:`cluster_environment`). Called in every process before it starts or waits on another, so that every
+        rank raises the same error.
 
         Raises:
             ValueError: a setting that disagrees with the environment, naming both values and the fix.
@@ -171,8 +152,8 @@ def _check_plugins(plugins: Sequence[Any]) -> None:
 
 
 def _from_strategy_instance(strategy: Any, accelerator: Any, devices: Any, plugins: Sequence[Any]) -> tuple[Any, Any]:
-    """The accelerator and devices a strategy instance brings (its ``accelerator=``, ``parallel_devices=``), checked
-    against the arguments and plugins that would set the same thing; ``(accelerator, devices)`` to plan with."""
+    """``(accelerator, devices)`` to plan with: those a strategy instance brings, checked against the arguments and
+    plugins that would set the same thing."""
     if not isinstance(strategy, Strategy):
         return accelerator, devices
     name = type(strategy).__name__
@@ -224,16 +205,12 @@ def resolve_plan(
 ) -> Plan:
     """Validate ``Fabric(...)``'s arguments against the environment and the machine and decide how to run.
 
-    The flags of ``fabric-lite run`` (and of Lightning Fabric's ``fabric run``) arrive through ``env``
-    (:data:`CLI_ENV_VARS`): each replaces its argument, and under the command line one that disagrees with an
-    argument given in the script is an error naming both. A strategy instance's own accelerator,
-    devices, precision, checkpoint IO and cluster environment count as if given to ``Fabric``; given twice, they are
-    an error. The steps run in Lightning Fabric's order, so that of two bad values the same one is named first.
+    Command-line flags arrive through ``env`` (:func:`~fabric_lite._plan_settings.with_cli_settings`); what a
+    strategy instance sets itself counts as given to ``Fabric``, and given twice is an error.
 
     Raises:
         ValueError, TypeError: a value that is not accepted, with the value, the choices and a fix.
-        RuntimeError: an accelerator this machine does not have, or a strategy that cannot start its processes
-            in an interactive session.
+        RuntimeError: an accelerator this machine lacks, or a start method an interactive session cannot use.
         MisconfigurationException: devices that do not exist on this machine.
     """
     warnings: list[str] = []
@@ -300,8 +277,8 @@ def resolve_plan(
 def _precision_of_plugins(
     precision_name: str, precision: Any, strategy: Any, plugins: Sequence[Any]
 ) -> tuple[str, bool]:
-    """The precision a plugin (or the strategy instance's own plugin) sets, which ``precision=`` may only repeat;
-    and whether there is such a plugin."""
+    """``(precision, whether a plugin sets it)``: a plugin's (or the strategy's own), which ``precision=`` may only
+    repeat."""
     precision_plugins = [p for p in plugins if isinstance(p, Precision)]
     if isinstance(strategy, Strategy) and strategy._precision is not None:
         precision_plugins.append(strategy._precision)
@@ -318,8 +295,7 @@ def _precision_of_plugins(
 
 
 def _strategy_for_device(strategy_name: str, device_kind: str, warnings: list[str]) -> str:
-    """``dp`` where the devices cannot run it: ``ddp`` on the CPU (with a warning, as Lightning Fabric does), an
-    error on MPS."""
+    """``dp`` becomes ``ddp`` on the CPU (with a warning, as in Lightning) and is refused on MPS."""
     if strategy_name == "dp" and device_kind == "cpu":
         # DataParallel needs CUDA devices; Lightning Fabric runs the same devices as processes instead, and so do we
         warnings.append(
@@ -338,8 +314,7 @@ def _strategy_for_device(strategy_name: str, device_kind: str, warnings: list[st
 def _environment(
     strategy: Any, strategy_name: str, env: Mapping[str, str], plugins: Sequence[Any]
 ) -> ClusterEnvironment:
-    """Where the processes come from: a plugin, the launcher of a strategy that has its own (horovodrun for Horovod:
-    its variables count, not torchrun's or SLURM's), or the launcher the environment names."""
+    """Where the processes come from: a plugin, the strategy's own launcher (horovodrun), or the environment's."""
     # the class a name stands for, or the user's instance ("auto" is decided once the devices are known)
     kind: Strategy | type[Strategy] | None = strategy if isinstance(strategy, Strategy) else None
     if kind is None and strategy_name != "auto":
@@ -370,9 +345,8 @@ def _strategy(
     machine: Machine,
     warnings: list[str],
 ) -> tuple[str, Strategy | type[Strategy], bool, Any, tuple[int, ...]]:
-    """The strategy for these devices: ``auto`` decided, and one that runs one process checked against the number
-    of devices. Returns its name, its class (or the instance), whether it is parallel, its start method and the
-    devices it runs on."""
+    """The strategy for these devices (``auto`` decided, a one-process one checked against the devices): its name,
+    class (or instance), whether it is parallel, its start method and its devices."""
     if strategy_name == "auto":
         many = len(device_indices) > 1 or num_nodes > 1
         strategy_name = ("ddp_fork" if machine.interactive and not external else "ddp") if many else "single_device"
@@ -412,8 +386,7 @@ def _strategy(
 def _check_started_externally(
     parallel: bool, environment: ClusterEnvironment, env: Mapping[str, str], plugins: Sequence[Any]
 ) -> None:
-    """A process that says it was started by a launcher (``LOCAL_RANK``) must have the rest of the launcher's
-    variables."""
+    """A process with ``LOCAL_RANK`` set must have the rest of a launcher's variables."""
     if not parallel or not isinstance(environment, LightningEnvironment):
         return
     if any(isinstance(p, ClusterEnvironment) for p in plugins):
@@ -428,8 +401,7 @@ def _check_started_externally(
 
 
 def _check_start_method(start_method: Any, label: str, machine: Machine) -> None:
-    """A start method this platform and session can use: fork where the platform forks, and no re-run script or
-    fresh interpreter in a notebook or REPL."""
+    """Refuse a start method this session cannot use: fork where the platform cannot, popen or spawn in a REPL."""
     if start_method == "fork" and not machine.can_fork:
         raise ValueError(
             f"You selected `Fabric(strategy={label!r})` but process forking is not supported on this platform."
@@ -454,8 +426,7 @@ def resolve_debug(debug: bool | None, env: Mapping[str, str]) -> bool:
     """``Fabric(debug=...)``, or ``FABRIC_LITE_DEBUG`` in the environment when it is ``None``.
 
     Raises:
-        TypeError: ``debug`` is not a bool or None.
-        ValueError: the environment variable holds something other than a yes/no value.
+        TypeError, ValueError: ``debug`` is not a bool or None; the variable holds no yes/no value.
     """
     if debug is not None:
         if not isinstance(debug, bool):

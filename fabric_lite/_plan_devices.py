@@ -1,11 +1,5 @@
-"""The device side of the plan: which kind of device ``Fabric(accelerator=...)`` computes on and which devices
-``devices=`` selects there, over a :class:`Machine` snapshot.
-
-Pure functions, like :func:`fabric_lite._plan.resolve_plan` which calls them: they read the arguments and the
-snapshot and raise with the value received, the choices and the fix. A custom accelerator of its own kind is asked
-through its own ``is_available``, ``parse_devices`` and ``get_parallel_devices`` (Lightning Fabric's static
-methods).
-"""
+"""The device side of the plan: the kind of device ``accelerator=`` computes on and the devices ``devices=``
+selects, over a :class:`Machine` snapshot. Pure functions, called by :func:`fabric_lite._plan.resolve_plan`."""
 
 from __future__ import annotations
 
@@ -47,9 +41,7 @@ class Machine:
 
     @classmethod
     def detect(cls) -> Machine:
-        """Read the snapshot off this machine (without initialising CUDA), through the functions Lightning Fabric
-        reads it with (``CUDAAccelerator.is_available``, ``accelerators.cuda.num_cuda_devices``,
-        ``MPSAccelerator.is_available``, ``torch.multiprocessing.get_all_start_methods``)."""
+        """Read the snapshot off this machine without initialising CUDA, through Lightning's functions."""
         # a spawned process runs the script as __mp_main__ while its __main__ is still multiprocessing's bootstrap,
         # which has no file: the script is what counts
         main = sys.modules.get("__mp_main__", sys.modules.get("__main__"))
@@ -113,8 +105,7 @@ def _not_available(accelerator: Any, cls: type[Accelerator], detail: str, machin
 
 
 def resolve_accelerator(accelerator: Any, machine: Machine) -> tuple[AcceleratorName, type[Accelerator] | None]:
-    """The device kind to run on, and the accelerator class when it is of a kind of its own (a custom accelerator
-    whose devices its own ``get_parallel_devices`` names); ``None`` for the built-in kinds."""
+    """The device kind to run on, and the accelerator class where it names its own devices (else ``None``)."""
     name = accelerator.lower() if isinstance(accelerator, str) else None
     available = _available(machine)  # for "gpu", CUDA before MPS (a machine has one or the other)
     if name == "auto":
@@ -164,11 +155,7 @@ def own_kind_devices(cls: type[Accelerator], devices: Any, label: str) -> tuple[
 
 
 def check_selects_a_device(devices: Any, accelerator: Any) -> None:
-    """Refuse ``0``, ``"0"`` or an empty list, which select no device with any accelerator.
-
-    Raises:
-        ValueError: naming the value and the accelerator.
-    """
+    """Raise ``ValueError`` for ``0``, ``"0"`` or an empty list, which select no device with any accelerator."""
     if isinstance(devices, (list, tuple)):
         nothing = len(devices) == 0
     else:
@@ -183,7 +170,7 @@ def check_selects_a_device(devices: Any, accelerator: Any) -> None:
 
 
 def cpu_devices(devices: Any) -> int:
-    """``devices`` for the CPU: a number of processes. Error classes follow Lightning Fabric."""
+    """``devices`` for the CPU: a number of processes (error classes as in Lightning)."""
     if devices == "auto":
         return 1
     try:
@@ -225,13 +212,11 @@ def select_devices(
     external: bool,
     local: int | None,
 ) -> tuple[AcceleratorName, tuple[int, ...], list[str]]:
-    """The device kind, the device indices on this node and any warnings for ``devices`` on an accelerator of
-    ``kind`` (or of its own kind, ``own_kind``): for the CPU ``0..n-1`` stand for ``n`` processes. ``external``:
-    a launcher started the processes, ``local`` of them on this node where it says.
+    """The device kind, the device indices on this node (``0..n-1`` for ``n`` CPU processes) and any warnings.
+    ``external``: a launcher started the processes (``local`` of them on this node, where it says).
 
     Raises:
-        TypeError, ValueError, MisconfigurationException: a value that selects no device, or devices this machine
-            does not have.
+        TypeError, ValueError, MisconfigurationException: no device selected, or one this machine does not have.
     """
     if own_kind is not None:
         own, indices = own_kind_devices(own_kind, devices, label)

@@ -1,8 +1,5 @@
-"""The arguments of ``Fabric(...)`` as given: precision names, ``num_nodes``, and the values a command-line launcher
-(``fabric-lite run``, or Lightning Fabric's ``fabric run``) passes through the environment.
-
-Pure functions of their arguments and an environment mapping, called by :func:`fabric_lite._plan.resolve_plan`.
-"""
+"""The arguments of ``Fabric(...)`` as given: precision names, ``num_nodes``, and what a command-line launcher
+passes through the environment. Pure functions, called by :func:`fabric_lite._plan.resolve_plan`."""
 
 from __future__ import annotations
 
@@ -38,11 +35,8 @@ _LEGACY_PRECISIONS: dict[Any, str] = {
 
 
 def parse_num_nodes(num_nodes: Any) -> int:
-    """``num_nodes`` as an int >= 1 (a string of digits counts, as in Lightning).
-
-    Raises:
-        TypeError: not a whole number; ValueError: below 1.
-    """
+    """``num_nodes`` as an int >= 1 (a string of digits counts, as in Lightning); ``TypeError`` if it is not a
+    whole number, ``ValueError`` below 1."""
     if isinstance(num_nodes, str) and _is_ascii_int(num_nodes):
         num_nodes = int(num_nodes)  # Lightning accepts strings (e.g. straight from argparse)
     if type(num_nodes) is not int:
@@ -59,11 +53,7 @@ def _is_ascii_int(text: str) -> bool:
 
 def canonical_precision(precision: Any) -> tuple[str, list[str]]:
     """The canonical name of ``precision`` (one of :data:`PRECISIONS`), with a warning for a legacy spelling of a mixed
-    precision (``16``, ``"bf16"``).
-
-    Raises:
-        ValueError: a name that is neither, listing the allowed values.
-    """
+    precision (``16``, ``"bf16"``); ``ValueError`` listing the allowed values for any other."""
     if precision is None:
         return "32-true", []
     if isinstance(precision, str) and precision in PRECISIONS:
@@ -118,9 +108,8 @@ def _is_default(name: str, given: Any) -> bool:
 def with_cli_settings(env: Mapping[str, str], **given: Any) -> dict[str, Any]:
     """``Fabric(...)``'s arguments with the values a command-line launcher put in ``env`` (:data:`CLI_ENV_VARS`).
 
-    As in Lightning Fabric, a value in the environment replaces the argument. Under the command line itself
-    (``LT_CLI_USED``, see :mod:`fabric_lite._cli_env`), an argument given in the script that disagrees with it is
-    an error naming both, because silently preferring either would run a different job than one of them says.
+    A value in the environment replaces the argument, as in Lightning. Under the command line itself, a script
+    argument that disagrees raises ``ValueError`` naming both: preferring either would run a job one did not ask for.
     """
     settings = dict(given)
     under_cli = launched_by_cli(env)

@@ -1,12 +1,6 @@
-"""Run a user's script (or module) as ``__main__`` in a process started by ``fabric-lite run``.
-
-``fabric-lite run`` starts every worker as ``python -m fabric_lite._run_script SCRIPT ARGS...`` (or
-``... -m MODULE ARGS...``). This module runs ``SCRIPT`` exactly as ``python SCRIPT ARGS...`` would
-(``__name__ == "__main__"``, ``sys.argv``, the script's folder first on ``sys.path``; a module as
-``python -m MODULE ARGS...`` would), inside torch's error recorder: an exception that ends the script is
-written to the file torchrun's agent reads, so the agent's root-cause report shows the failing rank's
-exception and traceback instead of only an exit code.
-"""
+"""Run a user's script (or module) as ``__main__`` in a worker of ``fabric-lite run``, exactly as ``python SCRIPT``
+(or ``python -m MODULE``) would, inside torch's error recorder, so that torchrun's root-cause report shows the
+failing rank's traceback rather than only an exit code."""
 
 from __future__ import annotations
 
@@ -16,13 +10,8 @@ import sys
 
 
 def main() -> None:
-    """Run ``sys.argv[1]`` (or the module after ``-m``) with the arguments that follow it.
-
-    Example::
-
-        python -m fabric_lite._run_script train.py --lr 0.1   # what each worker of `fabric-lite run` runs
-        python -m fabric_lite._run_script -m litgpt pretrain  # with `fabric-lite run -m litgpt pretrain`
-    """
+    """Run ``sys.argv[1]`` (or the module after ``-m``) with the arguments that follow it, as in
+    ``python -m fabric_lite._run_script train.py --lr 0.1``."""
     if len(sys.argv) < 2 or (sys.argv[1] == "-m" and len(sys.argv) < 3):
         raise SystemExit("usage: python -m fabric_lite._run_script (SCRIPT | -m MODULE) [ARGS...]")
     # imported here: this module is light to import, torch's elastic package is not

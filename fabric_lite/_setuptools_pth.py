@@ -1,11 +1,6 @@
-"""Build step (used by ``pyproject.toml`` only): install ``fabric_lite-as-lightning.pth`` into site-packages.
-
-Python runs that one-line file at every start-up; it does nothing unless ``FABRIC_LITE_AS_LIGHTNING`` is set, and
-then turns on :mod:`fabric_lite.as_lightning`'s import hook, so that the variable works for any command
-(``FABRIC_LITE_AS_LIGHTNING=1 litgpt pretrain ...``) and for every child process. A regular install takes the file
-from the build folder; an editable install (``pip install -e .``) from the wheel's own folder, where setuptools
-writes what is not part of the source tree. ``pip uninstall`` removes it with the rest.
-"""
+"""Build step (``pyproject.toml`` only): install ``fabric_lite-as-lightning.pth`` into site-packages. Python runs
+it at every start-up; with ``FABRIC_LITE_AS_LIGHTNING`` set it turns on :mod:`fabric_lite.as_lightning`'s import
+hook, for any command and every child process."""
 
 from __future__ import annotations
 

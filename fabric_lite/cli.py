@@ -1,19 +1,6 @@
-"""``fabric-lite run``: start a training script on one machine or several, with torch's elastic agent;
-``fabric-lite consolidate``: turn a sharded checkpoint folder into one file.
-
-``run`` checks its flags, then hands process management to ``torch.distributed.run`` (torchrun), as its
-``--help`` (``_DESCRIPTION``) says. The flags reach ``Fabric(...)`` in the script through the environment
-(``CLI_ENV_VARS`` of ``fabric_lite._plan``), so the script can say just ``Fabric()``, which joins the process group as
-it is created: the script needs no ``fabric.launch()`` (calling it does no harm). The command line is Lightning's
-(``fabric run``), in either spelling (``--num-nodes`` or ``--num_nodes``, ``--devices 2`` or ``--devices=2``).
-
-Example::
-
-    fabric-lite run --accelerator cpu --devices 2 train.py --epochs 3
-    fabric-lite run train.py --accelerator=cpu --devices=2 --epochs 3             # the same, Lightning's order
-    python -m fabric_lite run --accelerator cpu --devices 2 train.py --epochs 3   # the same
-    fabric-lite consolidate checkpoints/step-1000 --output_file step-1000.ckpt
-"""
+"""``fabric-lite run``: start a training script on one machine or several through torchrun's elastic agent;
+``fabric-lite consolidate``: turn a sharded checkpoint folder into one file. The command line is Lightning's
+``fabric run``; the flags reach ``Fabric()`` in the script through the environment."""
 
 from __future__ import annotations
 
@@ -53,9 +40,8 @@ def _not_for_the_cli(name: str, entry: StrategyEntry) -> str | None:
     return None
 
 
-#: the strategies ``fabric-lite run --strategy`` takes: every name of the registry (its aliases too) whose processes
-#: torchrun can start, offloading ones included (their names say everything; Lightning's ``fabric run`` leaves them
-#: out, see :func:`_get_supported_strategies`)
+#: the strategies ``fabric-lite run --strategy`` takes: every registry name and alias whose processes torchrun can
+#: start (offloading ones too, which Lightning's ``fabric run`` leaves out: :func:`_get_supported_strategies`)
 CLI_STRATEGIES = (
     "auto",
     *(
@@ -113,9 +99,8 @@ class LaunchCommand:
 
     Example::
 
-        args = build_parser().parse_args(["run", "--accelerator", "cpu", "--devices", "2", "train.py"])
-        command = launch_command(args, Machine.detect())
-        command.env  # {'LT_CLI_USED': '1', 'LT_DEVICES': '2', 'LT_NUM_NODES': '1', 'LT_ACCELERATOR': 'cpu'}
+        command = launch_command(build_parser().parse_args(["run", "--devices", "2", "train.py"]), Machine())
+        command.env  # {'LT_CLI_USED': '1', 'LT_DEVICES': '2', 'LT_NUM_NODES': '1'}
     """
 
     #: the arguments for ``torch.distributed.run``
@@ -142,9 +127,8 @@ def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 def _one_of(flag: str, choices: Sequence[str], refused: Callable[[str], str | None] = lambda _: None) -> dict[str, Any]:
-    """The ``type=`` and ``metavar=`` of ``flag``, which takes one of ``choices``; anything else is a usage error in
-    the words of Lightning's ``fabric run`` (click's "Invalid value for ..."), with the choices and, from
-    ``refused``, why a known name is not one of them."""
+    """The ``type=`` and ``metavar=`` of ``flag``, which takes one of ``choices``; anything else is a usage error
+    worded as click's in ``fabric run``, saying why (``refused``) a known name is not accepted."""
 
     def parse(text: str) -> str:
         if text in choices:
@@ -165,9 +149,8 @@ def _refused_strategy(name: str) -> str | None:
 
 
 class _CommandParser(argparse.ArgumentParser):
-    """The parser of a ``fabric-lite`` command. One that runs a script (``run``: it has ``script_args``) takes its
-    flags anywhere, before or after SCRIPT, as Lightning's ``fabric run`` does (click's interspersed options), and
-    gives the script every other argument after SCRIPT."""
+    """The parser of a ``fabric-lite`` command. ``run`` takes its flags before or after SCRIPT, as Lightning's
+    ``fabric run`` does, and gives the script every other argument after SCRIPT."""
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -277,14 +260,9 @@ _RUN_FLAGS: list[tuple[str, dict[str, Any]]] = [
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``fabric-lite``, with its ``run`` and ``consolidate`` commands.
 
-    ``run``'s flags may come before or after SCRIPT; other arguments after SCRIPT, and everything after ``--``, are
-    the script's.
-
     Example::
 
-        args = build_parser().parse_args(["run", "--devices", "2", "train.py", "--lr", "0.1"])
-        args.devices, args.script, args.script_args   # ('2', 'train.py', ['--lr', '0.1'])
-        args = build_parser().parse_args(["run", "train.py", "--devices=2", "--lr", "0.1"])  # the same
+        build_parser().parse_args(["run", "--devices", "2", "train.py", "--lr", "0.1"]).script_args  # ['--lr', '0.1']
     """
     parser = argparse.ArgumentParser(
         prog="fabric-lite",
@@ -381,20 +359,15 @@ def _program(args: argparse.Namespace) -> list[str]:
 
 
 def launch_command(args: argparse.Namespace, machine: Machine) -> LaunchCommand:
-    """Check the flags of ``fabric-lite run`` and turn them into a ``torch.distributed.run`` command line.
-
-    The check runs the same validation ``Fabric()`` will run in every worker, against the environment the worker
-    will see, so that a bad flag fails here, before any process starts.
+    """Check the flags of ``fabric-lite run`` as ``Fabric()`` will check them in each worker, so that a bad flag
+    fails before any process starts, and turn them into a ``torch.distributed.run`` command line.
 
     Raises:
         ValueError, TypeError, RuntimeError: a flag that cannot work; the message names it and the fix.
 
     Example::
 
-        args = build_parser().parse_args(["run", "--accelerator", "cpu", "--devices", "2", "train.py"])
-        launch_command(args, Machine()).torchrun_args
-        # ['--nproc-per-node', '2', '--max-restarts', '0', '--standalone', '--module', 'fabric_lite._run_script',
-        #  'train.py']
+        launch_command(args, Machine()).torchrun_args  # ['--nproc-per-node', '2', ..., 'train.py']
     """
     program = _program(args)
     if args.node_rank >= args.num_nodes:
@@ -495,8 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Example::
 
-        main(["run", "--accelerator", "cpu", "--devices", "2", "train.py", "--lr", "0.1"])   # 0 on success
-        main(["consolidate", "checkpoints/step-1000", "--output_file", "step-1000.ckpt"])   # 0 on success
+        main(["run", "--accelerator", "cpu", "--devices", "2", "train.py", "--lr", "0.1"])  # 0 on success
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -545,26 +517,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _get_supported_strategies() -> list[str]:
-    """Lightning's list of the registry's names for ``fabric run --strategy``: the listed names (aliases aside) whose
-    processes torchrun can start, without the offloading ones, which Lightning counts as needing more settings.
-    ``fabric-lite run`` takes these and more (:data:`CLI_STRATEGIES`).
-
-    Example::
-
-        "ddp" in _get_supported_strategies(), "ddp_spawn" in _get_supported_strategies()  # (True, False)
-    """
+    """Lightning's list for ``fabric run --strategy``: registry names (no aliases) torchrun can start, without the
+    offloading ones. ``fabric-lite run`` takes more (:data:`CLI_STRATEGIES`)."""
     return [
         name for name in STRATEGY_REGISTRY.available_strategies() if name in CLI_STRATEGIES and "offload" not in name
     ]
 
 
 class _Command:
-    """A ``fabric-lite`` command called as Lightning's click commands are (``lightning.fabric.cli._run``,
-    ``_consolidate``, and ``_main``, the ``fabric`` console script): ``_run.main(["train.py", "--devices", "2"])``.
-
-    As in click's standalone mode (the default), it ends with ``SystemExit`` carrying the exit status;
-    ``standalone_mode=False`` returns the status instead (a usage error still exits with 2, as argparse does).
-    """
+    """A ``fabric-lite`` command called as Lightning's click commands are: ``_run.main(["train.py"])`` ends with
+    ``SystemExit(status)``, or returns it with ``standalone_mode=False`` (a usage error still exits with 2)."""
 
     def __init__(self, command: str | None) -> None:
         self._command = command

@@ -1,21 +1,5 @@
-"""Lightning Fabric's ``_Connector``: ``Fabric(...)``'s arguments resolved into the objects Fabric runs with.
-
-fabric_lite decides in :func:`fabric_lite._plan.resolve_plan` (a pure function) and builds in
-:func:`fabric_lite._build.build_strategy`, which is what ``Fabric.__init__`` calls. :class:`_Connector` is a thin
-adapter over the same two steps with Lightning's constructor and attribute names, for code written against
-Lightning's connector (its tests pin how arguments resolve through it); it decides nothing of its own.
-
-It reads the machine as ``Fabric`` does, through the functions at Lightning's paths
-(``accelerators.cuda.num_cuda_devices``, ``MPSAccelerator.is_available``,
-``torch.multiprocessing.get_all_start_methods``), and treats the session as interactive when ``_IS_INTERACTIVE``
-(Lightning's flag, in this module) says so or when fabric_lite detects it.
-
-Example::
-
-    connector = _Connector(accelerator="cpu", devices=2)
-    connector.strategy, connector.accelerator, connector.precision  # DDPStrategy(...), CPUAccelerator(), Precision()
-    connector._parallel_devices                                     # [device(type='cpu'), device(type='cpu')]
-"""
+"""Lightning Fabric's ``_Connector``, for code written against it: a thin adapter with Lightning's names over the
+plan and build steps ``Fabric(...)`` runs (:func:`fabric_lite._build.plan_and_build`); it decides nothing itself."""
 
 from __future__ import annotations
 
@@ -40,13 +24,12 @@ _PLUGIN_INPUT = Precision | ClusterEnvironment | CheckpointIO
 
 
 class _Connector:
-    """``Fabric(accelerator=, strategy=, devices=, num_nodes=, precision=, plugins=)`` resolved as ``Fabric`` resolves
-    them, with the results under Lightning's names: :attr:`accelerator`, :attr:`strategy`, :attr:`precision`,
-    :attr:`cluster_environment`, :attr:`checkpoint_io`, and the flags ``_accelerator_flag``, ``_strategy_flag``,
-    ``_devices_flag``, ``_num_nodes_flag``, ``_precision_input``, ``_parallel_devices``.
+    """``Fabric(...)``'s arguments resolved (and refused) as ``Fabric`` does, the results under Lightning's names
+    (``strategy``, ``accelerator``, ``_parallel_devices``, ...); ``_IS_INTERACTIVE`` also marks a session interactive.
 
-    Raises:
-        ValueError, TypeError, RuntimeError: as ``Fabric(...)`` does for the same arguments.
+    Example::
+
+        _Connector(accelerator="cpu", devices=2).strategy  # DDPStrategy(...)
     """
 
     def __init__(
@@ -78,8 +61,7 @@ class _Connector:
 
 
 def _is_using_cli() -> bool:
-    """Whether a command-line launcher started this process: ``fabric-lite run``, or Lightning's ``fabric run``
-    (both set ``LT_CLI_USED``)."""
+    """Whether ``fabric-lite run`` or Lightning's ``fabric run`` started this process (``LT_CLI_USED``)."""
     return launched_by_cli(os.environ)
 
 

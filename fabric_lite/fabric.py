@@ -75,10 +75,9 @@ def _launches_processes(run: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _RunBody:
-    """The user's ``run`` body of ``owner`` as a function of the Fabric object, for :meth:`Fabric.launch`.
+    """The ``run`` body of ``owner`` as a function of the Fabric object, for :meth:`Fabric.launch`.
 
-    It holds the class, not the function: a spawn launcher pickles it, and a class pickles by its import path
-    (a function wrapped at class creation would not: its path leads to the wrapper)."""
+    It holds the class, not the function, so that a spawn launcher can pickle it by the class's import path."""
 
     def __init__(self, owner: type[Fabric]) -> None:
         self.owner = owner
@@ -432,9 +431,7 @@ class Fabric:
         reapply: bool,
         scheduler: Any = None,
     ) -> tuple[_FabricModule, list[Optimizer], Any]:
-        """What :meth:`setup` and :meth:`setup_module` (``method``) share: the module (uncompiled, converted to the
-        precision, moved, wrapped by the strategy with ``optimizers`` if any, and compiled again) and the strategy's
-        optimizers."""
+        """What :meth:`setup` and :meth:`setup_module` share: the module set up and the strategy's optimizers."""
         self._validate_launched()
         if is_wrapped(module):
             raise ValueError(f"A model should be passed only once to the `{method}` method. It is already set up.")
@@ -460,10 +457,8 @@ class Fabric:
         return fabric_module, wrapped, scheduler
 
     def _attach_lightning_module(self, module: nn.Module, optimizers: list[_FabricOptimizer] | None) -> None:
-        """What Lightning Fabric does for a ``LightningModule`` (recognised, as there, by its ``_fabric`` attribute):
-        point it at this Fabric, so that its ``log``, ``all_gather``, ``logger``, ``fabric``, ``trainer.*``,
-        ``optimizers()`` and ``manual_backward`` work, and make it a callback, so that ``fabric.call(...)`` reaches
-        its hooks."""
+        """Point a ``LightningModule`` (known by its ``_fabric`` attribute) at this Fabric, as Lightning does, so
+        that its ``log``, ``optimizers()`` etc. work, and make it a callback that ``fabric.call`` reaches."""
         if not hasattr(module, "_fabric"):
             return
         # setattr: a LightningModule's attributes are not known to nn.Module's typing
@@ -721,9 +716,8 @@ class Fabric:
     def sharded_model(self) -> AbstractContextManager[Any]:
         """Deprecated (as in Lightning): use :meth:`init_module`.
 
-        What it was in Lightning: the strategy's ``module_sharded_context()`` where it has one (the sharded
-        strategies, DeepSpeed's ``deepspeed.zero.Init`` under ZeRO stage 3), else a context that does nothing.
-        Warns with ``LightningDeprecationWarning`` (a ``DeprecationWarning``), on global rank 0.
+        Returns the strategy's ``module_sharded_context()`` where it has one, else a context that does nothing.
+        Warns with ``LightningDeprecationWarning`` (a ``DeprecationWarning``) on global rank 0.
 
         Example::
 
@@ -846,14 +840,12 @@ class Fabric:
         """Gather per-sample results (e.g. predictions and targets) from every process, for a metric over exactly
         the dataset: the samples that ``DistributedSampler`` repeats to give every process as many are dropped.
 
-        Call it for each batch inside the loop over a loader from :meth:`setup_dataloaders` (the batch being
-        processed is known), or once after the loop with the per-sample results of the whole epoch, concatenated in
-        order. Every tensor of ``data`` (a tensor or a nested collection) must have the batch as its first dimension
-        and the same other dimensions on every process; other leaves are returned as they are. The result holds every
-        process's rows in the sampler's order: the dataset's order unless the loader shuffles. A loader whose sampler
-        is not a ``DistributedSampler`` (``use_distributed_sampler=False``, iterable datasets) pads nothing that
-        Fabric knows of: its rows are concatenated rank after rank. With one process ``data`` is returned as is.
-        Every process must call it.
+        Call it for each batch inside the loop over a loader from :meth:`setup_dataloaders`, or once after the loop
+        with the epoch's per-sample results concatenated in order. Every tensor of ``data`` must have the batch as
+        its first dimension and the same other dimensions on every process; other leaves are returned as they are.
+        The result holds every process's rows in the sampler's order (the dataset's order unless the loader
+        shuffles); a loader without a ``DistributedSampler`` pads nothing, and its rows are concatenated rank after
+        rank. With one process ``data`` is returned as is. Every process must call it.
 
         Args:
             data: a tensor, or a collection of tensors, with one row per sample of the batch (or of the epoch).
@@ -1060,20 +1052,16 @@ class Fabric:
 
 
 def _trait(obj: object, name: str) -> bool:
-    """The class-level trait ``name`` of ``obj`` (a strategy's ``is_parallel``, a launcher's ``requires_function``):
-    ``True`` only where its class declares it so. Read through ``__class__``, which a stand-in for an object (a proxy,
-    a ``Mock(spec=DDPStrategy)``) reports as the class it stands for; anything else, ``None`` included, is ``False``."""
+    """Whether the class of ``obj`` declares the trait ``name`` ``True`` (``False`` for ``None``). Read through
+    ``__class__``, so that a stand-in (a proxy, a ``Mock(spec=DDPStrategy)``) answers for the class it stands for."""
     return getattr(obj.__class__, name, False) is True
 
 
 def _on_tensors(data: Any, device: torch.device, strategy: Strategy, collective: str, **kwargs: Any) -> Any:
-    """``data`` (a nested collection) with its numbers converted to tensors on ``device`` and all its tensors run
-    through the strategy's method ``collective`` (with ``kwargs``): the collection is walked once, and the results are
-    put back in place.
-
-    fabric_lite's strategies take the tensors as one flat list (one collective per dtype); a strategy of your own, or
-    a stand-in, gets one tensor per call, as in Lightning (see
-    :func:`fabric_lite.strategies.strategy._takes_collections`)."""
+    """``data`` (a nested collection) with its numbers made tensors on ``device`` and its tensors replaced by the
+    results of the strategy's ``collective(..., **kwargs)``. fabric_lite's strategies take all tensors in one list;
+    another strategy gets one tensor per call, as in Lightning
+    (:func:`fabric_lite.strategies.strategy._takes_collections`)."""
     leaves, spec = flatten(data)
     converted = convert_leaves(leaves, device)
     tensors = [x for x in converted if isinstance(x, Tensor)]

@@ -1,9 +1,5 @@
-"""Thin wrappers around the user's module, optimizers and dataloaders, returned by ``Fabric.setup*``.
-
-They forward everything to the wrapped object and add only what a strategy or precision needs. On the hot
-path they do nothing that is not needed: the module wrapper calls the module directly when the precision does
-not change the forward, and the dataloader wrapper moves batches only when they are not already on the device.
-"""
+"""The wrappers ``Fabric.setup*`` return around the user's module, optimizers and dataloaders: they forward
+everything to the wrapped object and add only what the strategy or precision needs."""
 
 from __future__ import annotations
 
@@ -35,17 +31,9 @@ _LIGHTNING_MODULE_STEP_METHODS = ("training_step", "validation_step", "test_step
 
 
 class _FabricModule(_DeviceDtypeModuleMixin):
-    """Wraps the module set up by ``Fabric.setup``/``setup_module``.
-
-    Calling it runs ``_forward_module`` under the precision's forward hooks: the strategy's module (e.g.
-    ``DistributedDataParallel``), or, for a model that was compiled, ``torch.compile``'s wrapper around it
-    (``torch.compile(DistributedDataParallel(model))``, as ``Fabric.setup`` makes it). The strategy's module under
-    that wrapper, what ``no_backward_sync``, checkpoints and DDP comm hooks act on, is :attr:`_strategy_module`.
-    ``state_dict``/``load_state_dict`` act on the original module, so the keys carry no wrapper prefix (nor the
-    ``_orig_mod.`` of a compiled wrapper); ``.module`` is the original module; other attributes are read from and
-    written to the original module. ``device`` and ``dtype`` are where the model was set up
-    (:class:`~fabric_lite.utilities.device_dtype_mixin._DeviceDtypeModuleMixin`).
-    """
+    """Wraps the module set up by ``Fabric.setup``: calling it runs the strategy's module (e.g. DDP, compiled
+    again if the model was) under the precision's forward hooks. ``state_dict`` and other attributes are the
+    original module's (``.module``), so checkpoint keys carry no wrapper prefix."""
 
     def __init__(self, forward_module: nn.Module, strategy: Strategy, original_module: nn.Module | None = None):
         super().__init__()
@@ -57,8 +45,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         precision = strategy.precision
         # in __dict__ too, for the hot path: nn.Module keeps submodules in `_modules`, reached through __getattr__
         object.__setattr__(self, "_call", forward_module)
-        # decided once here, not on every call: the forward hooks of full precision do nothing (an object that is no
-        # Precision, a plugin of duck type or a test's mock, has its hooks called whatever they do)
+        # decided once, not per call: full precision's forward hooks do nothing (a duck-typed plugin's always run)
         plain = isinstance(precision, Precision) and not precision.changes_forward()
         object.__setattr__(self, "_precision", None if plain else precision)
         # a LightningModule's step methods run through the strategy's forward as in Lightning (for DDP's hooks)
@@ -67,8 +54,7 @@ class _FabricModule(_DeviceDtypeModuleMixin):
 
     @property
     def module(self) -> nn.Module:
-        """The original module, as passed to ``Fabric.setup``; a compiled one without the wrapper that ``setup`` takes
-        off to compile the strategy's module again (with ``_reapply_compile=False``, as it was passed)."""
+        """The module passed to ``Fabric.setup``, uncompiled unless ``_reapply_compile=False``."""
         return self._original_module
 
     @property
@@ -95,10 +81,8 @@ class _FabricModule(_DeviceDtypeModuleMixin):
         return self._original_module.load_state_dict(state_dict, strict=strict, **kwargs)
 
     def mark_forward_method(self, method: MethodType | str) -> None:
-        """Route calls of another method (e.g. ``generate``) through the strategy's forward, like ``forward``.
-
-        ``DistributedDataParallel`` only synchronises what runs through its ``forward``; a method called directly
-        on the module would bypass it.
+        """Route calls of another method (e.g. ``generate``) through the strategy's forward, like ``forward``:
+        ``DistributedDataParallel`` only synchronises what runs through its ``forward``.
 
         Args:
             method: the method's name, or the bound method itself (``model.generate``).
@@ -161,13 +145,9 @@ class _FabricModule(_DeviceDtypeModuleMixin):
             return attribute
 
     def _guard_unmarked_method(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
-        """``method`` (not marked with :meth:`mark_forward_method`) of a module the strategy wrapped, called so that
-        a submodule that runs inside it with gradients enabled raises: its computation would bypass the strategy's
-        forward (DDP would not prepare the gradient reduction for it), and training would go wrong quietly.
-
-        Lightning raises whenever a submodule runs, gradients or not; under ``torch.no_grad()`` (acting, sampling,
-        evaluating) nothing can go wrong, so fabric_lite lets that run.
-        """
+        """``method`` (not marked with :meth:`mark_forward_method`), made to raise if a submodule runs inside it
+        with gradients enabled: that would bypass the strategy's forward and quietly break gradient sync. Under
+        ``torch.no_grad()`` it runs (Lightning raises either way)."""
         original = uncompiled(self._original_module)
 
         def refuse_with_gradients(module: nn.Module, _: Any) -> None:
@@ -204,18 +184,9 @@ class _FabricModule(_DeviceDtypeModuleMixin):
 
 
 class _FabricOptimizer(Optimizer):
-    """Wraps an optimizer set up by ``Fabric.setup``/``setup_optimizers``.
-
-    ``step`` goes through the strategy (and its precision, which may e.g. skip steps with inf gradients);
-    everything else, including ``param_groups``, ``state`` and hooks, is the wrapped optimizer's. ``.optimizer`` is
-    the original optimizer.
-
-    The wrapper is an instance of the wrapped optimizer's class, as in Lightning (``isinstance(fabric_opt,
-    torch.optim.Adam)`` holds, so code that tells optimizers by class and learning-rate schedulers accept it): it is
-    created as an instance of a subclass of both, ``Fabric<name>`` (e.g. ``FabricAdam``), made for it. Nothing is
-    rewritten afterwards, and it pickles and copies as a new wrapper around the copied optimizer. A wrapped object
-    whose class is not an ``Optimizer``, or cannot be subclassed, gives a plain ``_FabricOptimizer``.
-    """
+    """Wraps an optimizer set up by ``Fabric.setup``: ``step`` goes through the strategy and its precision, the
+    rest is the wrapped optimizer's (``.optimizer``). Its class is made for the wrapped one (e.g. ``FabricAdam``),
+    so ``isinstance(fabric_opt, torch.optim.Adam)`` holds, as in Lightning, and schedulers accept it."""
 
     def __new__(cls, optimizer: Optimizer, strategy: Strategy, callbacks: list[Any] | None = None) -> _FabricOptimizer:
         if cls is _FabricOptimizer:
@@ -315,9 +286,8 @@ class _FabricOptimizer(Optimizer):
 
 
 def _wrapper_class(optimizer: Any) -> type[_FabricOptimizer]:
-    """The class of a wrapper around ``optimizer``: a subclass of :class:`_FabricOptimizer` and of the optimizer's
-    class (its ``__class__``, which a stand-in such as ``Mock(spec=torch.optim.SGD)`` reports as the class it stands
-    for), or :class:`_FabricOptimizer` itself where that class is not an ``Optimizer`` or cannot be subclassed."""
+    """A subclass of :class:`_FabricOptimizer` and of ``optimizer.__class__``, or :class:`_FabricOptimizer` itself
+    where that class is not an ``Optimizer`` or cannot be subclassed."""
     kind = optimizer.__class__
     if not (isinstance(kind, type) and issubclass(kind, Optimizer)) or issubclass(kind, _FabricOptimizer):
         return _FabricOptimizer
@@ -337,13 +307,9 @@ def _owns_nothing(self: Any) -> None:
 
 
 class _FabricDataLoader:
-    """Wraps a dataloader set up by ``Fabric.setup_dataloaders``.
-
-    Every new iteration calls ``set_epoch(n)`` on its sampler (so a ``DistributedSampler`` reshuffles each epoch)
-    and moves each batch to the device, when one is given. Attributes are the wrapped loader's. It counts the
-    batches it hands out, so that a checkpoint taken inside an epoch resumes at the next batch (see
-    :meth:`state_dict`).
-    """
+    """Wraps a dataloader set up by ``Fabric.setup_dataloaders``: each iteration calls ``set_epoch(n)`` on its
+    sampler and moves batches to ``device`` (if given); it counts the batches it hands out, so that a checkpoint
+    taken inside an epoch resumes at the next batch (:meth:`state_dict`)."""
 
     def __init__(self, dataloader: DataLoader[Any], device: torch.device | None = None) -> None:
         if isinstance(dataloader.dataset, SeedPerSample) and dataloader.persistent_workers and dataloader.num_workers:
@@ -370,17 +336,9 @@ class _FabricDataLoader:
         return len(self._dataloader)
 
     def state_dict(self) -> Any:
-        """The loader's state for a checkpoint: where it is, so that a resumed run goes on with the next batch.
-
-        A loader with a ``state_dict`` of its own (torchdata's ``StatefulDataLoader``, litdata's
-        ``StreamingDataLoader``) gives exactly that state, as Lightning Fabric saves it, so that checkpoints move
-        between the two libraries. A plain ``DataLoader`` gives ``{"epoch": e, "batches_yielded": k, ...}``: the
-        epoch and the batches handed out in it. Inside an epoch it also holds every process's random states at
-        the epoch's start, which fix the epoch's order; they are gathered from every process, so with several
-        processes this is a collective (every process calls it, as ``fabric.save`` does). An ``IterableDataset``
-        with a ``state_dict`` (and no workers) adds the dataset's own state. Between epochs ``e`` is the next
-        epoch, as in earlier versions, which read only ``"epoch"``.
-        """
+        """The loader's position for a checkpoint: its own ``state_dict()`` if it has one (as in Lightning), else
+        ``{"epoch": e, "batches_yielded": k, ...}`` with, inside an epoch, every rank's random state at the epoch's
+        start (and an ``IterableDataset``'s state). It gathers from every process: every process must call it."""
         inner = getattr(self._dataloader, "state_dict", None)
         if callable(inner):
             return inner()
@@ -406,15 +364,10 @@ class _FabricDataLoader:
         return self._num_iter_calls - 1, self._yielded, self._epoch_start
 
     def load_state_dict(self, state_dict: Any) -> None:
-        """Restore what :meth:`state_dict` gave, or what Lightning Fabric or an earlier version saved.
-
-        A loader with a ``load_state_dict`` of its own gets the saved state (earlier fabric_lite versions saved it as
-        ``{"epoch": n, "loader": state}``, which is read too). A plain loader's next iteration continues the saved
-        epoch at its next batch, skipping the batches already handed out without reading them. It restarts that
-        epoch, with a warning, where it cannot do so exactly: the number of batches or of processes changed, or an
-        ``IterableDataset`` keeps no state of its own. From a checkpoint of Lightning's, which holds the loader
-        object itself and no position, it starts again from the first epoch, with a warning.
-        """
+        """Restore what :meth:`state_dict` gave (a loader with its own ``load_state_dict`` gets the state): the next
+        iteration continues the saved epoch at its next batch, without reading the batches before it. Where that
+        cannot be exact (batches or processes changed, a stateless ``IterableDataset``) the epoch restarts, with a
+        warning; a Lightning checkpoint, which holds no position, starts from the first epoch, with a warning."""
         inner = getattr(self._dataloader, "load_state_dict", None)
         if callable(inner):
             if isinstance(state_dict, Mapping) and set(state_dict) == {"epoch", "loader"}:
@@ -526,8 +479,8 @@ class _PendingResume:
 
 
 def _iterable_state(loader: Any) -> Any:
-    """The ``state_dict`` of the loader's ``IterableDataset`` when it can be saved from this process: the dataset
-    has ``state_dict``/``load_state_dict`` and runs in no worker (a worker's copy is out of reach)."""
+    """The ``state_dict`` method of the loader's ``IterableDataset``, or ``None`` where there is none or the
+    dataset runs in workers (whose copies are out of reach)."""
     dataset = getattr(loader, "dataset", None)
     if not isinstance(dataset, IterableDataset) or getattr(loader, "num_workers", 0) > 0:
         return None
@@ -536,8 +489,8 @@ def _iterable_state(loader: Any) -> Any:
 
 
 def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
-    """Make a plain ``loss.backward()`` through ``tensor`` fail with a clear message where the precision needs
-    ``fabric.backward(loss)`` (a loss scaler: the gradients would silently be wrong)."""
+    """Make ``loss.backward()`` through ``tensor`` raise where the precision needs ``fabric.backward(loss)`` (a
+    loss scaler): the gradients would otherwise be silently wrong."""
     if not tensor.requires_grad:
         return tensor
 
@@ -553,23 +506,14 @@ def _guard_backward(tensor: torch.Tensor, precision: Precision) -> torch.Tensor:
 
 
 def _unwrap_objects(collection: Any) -> Any:
-    """``collection`` with every module, optimizer and dataloader that ``Fabric.setup*`` returned (also compiled, and
-    also inside nested lists, tuples and dicts) replaced by what it wraps: the strategy's module (e.g. the
-    ``DistributedDataParallel`` module, never compiled), the optimizer, the dataloader. Other objects stay as they are.
-
-    Example::
-
-        model, optimizer = fabric.setup(net, optimizer)
-        _unwrap_objects({"model": model, "opts": [optimizer]})  # {"model": net, "opts": [the torch optimizer]}
-    """
+    """``collection`` with every object ``Fabric.setup*`` returned (also compiled, also nested) replaced by what it
+    wraps: the strategy's module (uncompiled), the optimizer, the dataloader."""
     return apply_to_collection(collection, (nn.Module, Optimizer, _FabricDataLoader), _unwrapped)
 
 
 def _unwrap_state(state: dict[str, Any]) -> dict[str, Any]:
-    """What ``Fabric.save``/``load`` hand the strategy: the entries of ``state`` unwrapped as by
-    :func:`_unwrap_objects`, except that a dataloader stays wrapped (its ``state_dict`` holds the position in the
-    epoch, which a checkpoint needs) and nested collections are left alone (an object inside is loaded in place, not
-    in a rebuilt copy)."""
+    """``state``'s entries unwrapped as by :func:`_unwrap_objects`, for ``Fabric.save``/``load``; dataloaders stay
+    wrapped (their ``state_dict`` holds the position) and nested collections are left alone (loaded in place)."""
     return {key: _unwrapped(value, keep_loaders=True) for key, value in state.items()}
 
 
@@ -585,28 +529,17 @@ def _unwrapped(obj: Any, keep_loaders: bool = False) -> Any:
 
 
 def _unwrap_compiled(obj: Any) -> tuple[Any, Compiler | None]:
-    """``obj`` without ``torch.compile``'s wrapper, and the settings to compile it again (``None`` for an object that
-    is not compiled), as Lightning's function of this name.
-
-    The settings are a :class:`~fabric_lite._compile.Compiler`, read from the compiled module itself, where Lightning
-    returns the keyword arguments it recorded by patching ``torch.compile`` at import.
-
-    Example::
-
-        module, compiler = _unwrap_compiled(torch.compile(model))  # model, its settings
-        module, compiler = _unwrap_compiled(model)  # model, None
-    """
+    """``obj`` without ``torch.compile``'s wrapper and a :class:`~fabric_lite._compile.Compiler` to compile it again
+    (``None`` if not compiled), as Lightning's function of this name."""
     return unwrap_compiled(obj)
 
 
 def is_wrapped(obj: object) -> bool:
-    """Whether ``obj`` is a module, optimizer or dataloader returned by ``Fabric.setup*`` (also once compiled:
-    ``torch.compile(fabric.setup(model))``).
+    """Whether ``obj`` is a module, optimizer or dataloader returned by ``Fabric.setup*`` (also once compiled).
 
     Example::
 
-        model = fabric.setup(model)
-        assert is_wrapped(model) and is_wrapped(torch.compile(model))
+        is_wrapped(fabric.setup(model))  # True
     """
     obj = uncompiled(obj)
     return isinstance(obj, (_FabricModule, _FabricOptimizer, _FabricDataLoader))
