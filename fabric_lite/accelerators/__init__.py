@@ -1,16 +1,5 @@
-"""Accelerators: the kinds of device fabric_lite computes on.
-
-``ACCELERATOR_REGISTRY`` holds ``"cpu"``, ``"cuda"``, ``"mps"`` and Lightning's ``"tpu"`` (each class registers
-itself through its ``register_accelerators`` classmethod, as in Lightning Fabric); ``ACCELERATORS`` maps the names
-fabric_lite runs on to the classes (``XLAAccelerator`` is never available: see :mod:`fabric_lite.accelerators.xla`).
-
-Example::
-
-    from fabric_lite.accelerators import ACCELERATOR_REGISTRY, find_usable_cuda_devices
-
-    ACCELERATOR_REGISTRY.get("cpu")      # CPUAccelerator()
-    find_usable_cuda_devices(2)          # e.g. [0, 1]: two GPUs that accept a tensor right now
-"""
+"""Accelerators: the kinds of device fabric_lite computes on. ``ACCELERATORS`` maps the names it runs on to classes;
+``ACCELERATOR_REGISTRY`` holds those and Lightning's ``"tpu"``, each registered by its class, as in Lightning."""
 
 from fabric_lite.accelerators.accelerator import Accelerator
 from fabric_lite.accelerators.cpu import CPUAccelerator

@@ -12,16 +12,14 @@ if TYPE_CHECKING:
 
 
 class _Name(str):
-    """An accelerator's name, readable both ways code reads it: as a string (``CPUAccelerator.name == "cpu"``, how
-    fabric_lite declares it) and as a call (``CPUAccelerator.name()``, Lightning Fabric's static method)."""
+    """An accelerator's name, read as a string (``name == "cpu"``) or called (``name()``, Lightning's static method)."""
 
     def __call__(self) -> str:
         return str(self)
 
 
 def accelerator_name(cls: type[Accelerator] | Accelerator) -> str:
-    """The name of an accelerator class or instance: its ``name`` attribute, or what its ``name()`` returns (the
-    static method a custom accelerator written for Lightning Fabric defines)."""
+    """The name of an accelerator class or instance, declared as a string or as Lightning's static ``name()``."""
     name = cls.name
     return str(name) if isinstance(name, str) else str(name())
 
@@ -34,15 +32,11 @@ def _undefined(method: str) -> NotImplementedError:
 
 
 class Accelerator(ABC):
-    """A kind of device (CPU, CUDA GPU, Apple MPS). Subclasses are stateless.
-
-    A custom accelerator may declare its name as a string (``name = "mine"``) or, as in Lightning Fabric, as a static
-    method (``def name() -> str``); either reads both ways on the built-in accelerators.
+    """A kind of device (CPU, CUDA GPU, Apple MPS); subclasses are stateless. A custom one declares its name as a
+    string (``name = "mine"``) or, as in Lightning, a static method; the built-in names read both ways.
 
     Example::
 
-        CUDAAccelerator.is_available(), CUDAAccelerator.auto_device_count()  # (True, 8) on a machine with 8 GPUs
-        CUDAAccelerator.parse_devices("0,2"), CUDAAccelerator.get_parallel_devices([0, 2])  # [0, 2], [cuda:0, cuda:2]
         fabric = Fabric(accelerator=CUDAAccelerator(), devices=2)  # the same as accelerator="cuda"
     """
 
@@ -57,20 +51,12 @@ class Accelerator(ABC):
 
     @staticmethod
     def parse_devices(devices: Any) -> Any:
-        """``devices`` as this accelerator understands it (a count, a list of indices).
-
-        Raises:
-            NotImplementedError: the subclass does not say; it must define this to be used by name in ``Fabric``.
-        """
+        """``devices`` as this accelerator understands it; ``NotImplementedError`` where the subclass does not say."""
         raise _undefined("parse_devices")
 
     @staticmethod
     def get_parallel_devices(devices: Any) -> Any:
-        """The ``torch.device`` of each process for the parsed ``devices``.
-
-        Raises:
-            NotImplementedError: the subclass does not say; it must define this to be used by name in ``Fabric``.
-        """
+        """The ``torch.device`` of each process for the parsed ``devices``; ``NotImplementedError`` as above."""
         raise _undefined("get_parallel_devices")
 
     @staticmethod
@@ -85,8 +71,7 @@ class Accelerator(ABC):
 
     @classmethod
     def register_accelerators(cls, accelerator_registry: _AcceleratorRegistry) -> None:
-        """Add this class to ``accelerator_registry`` (the base class registers nothing; the built-in accelerators
-        register themselves under their :attr:`name`)."""
+        """Register this class under its :attr:`name` (the base class, which has none, registers nothing)."""
         name = accelerator_name(cls)
         if name:
             accelerator_registry.register(name, cls, description=cls.__name__)

@@ -9,24 +9,18 @@ from fabric_lite.accelerators.accelerator import Accelerator, _Name
 
 
 class CPUAccelerator(Accelerator):
-    """Compute on the CPU. ``devices=N`` means N processes, each using the CPU.
+    """Compute on the CPU: ``devices=N`` means N processes.
 
     Example::
 
         fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")  # two processes, gloo between them
-        fabric.accelerator  # CPUAccelerator()
-        CPUAccelerator.get_parallel_devices("2")  # [device(type='cpu'), device(type='cpu')]
     """
 
     name = _Name("cpu")
 
     @override
     def setup_device(self, device: torch.device) -> None:
-        """Check that ``device`` is a CPU device; nothing to prepare.
-
-        Raises:
-            ValueError: it is not.
-        """
+        """Check that ``device`` is a CPU device (``ValueError`` otherwise); nothing to prepare."""
         if device.type != "cpu":
             raise ValueError(
                 f"Device should be CPU, got {device} instead: CPUAccelerator computes on torch.device('cpu')."
@@ -56,11 +50,8 @@ class CPUAccelerator(Accelerator):
 
 
 def _parse_cpu_cores(cpu_cores: int | str) -> int:
-    """The number of CPU processes ``cpu_cores`` asks for: an int > 0, or a string of ASCII digits that spells one.
-
-    Raises:
-        TypeError: anything else (a bool, a list, -1, 0), naming it.
-    """
+    """The number of processes ``cpu_cores`` asks for: an int > 0 or a string of digits; ``TypeError`` for anything
+    else (a bool, -1, 0)."""
     value: object = cpu_cores
     if isinstance(cpu_cores, str) and cpu_cores.strip().isascii() and cpu_cores.strip().isdigit():
         value = int(cpu_cores)

@@ -13,25 +13,19 @@ from fabric_lite.utilities.rank_zero import rank_zero_info
 
 
 class CUDAAccelerator(Accelerator):
-    """Compute on NVIDIA GPUs through CUDA. ``devices`` selects GPU indices; each process drives one GPU.
+    """Compute on NVIDIA GPUs through CUDA: ``devices`` selects GPU indices, one process each.
 
     Example::
 
-        fabric = Fabric(accelerator="cuda", devices=[0, 2])  # GPUs 0 and 2, one process each, NCCL between them
-        fabric.launch()
-        fabric.device  # rank 0: cuda:0   rank 1: cuda:2
+        fabric = Fabric(accelerator="cuda", devices=[0, 2])  # rank 0 on cuda:0, rank 1 on cuda:2
     """
 
     name = _Name("cuda")
 
     @override
     def setup_device(self, device: torch.device) -> None:
-        """Make ``device`` this process's current CUDA device (and say once how to use Tensor Cores, where they are
-        left unused).
-
-        Raises:
-            ValueError: ``device`` is not a CUDA device.
-        """
+        """Make ``device`` the current CUDA device (``ValueError`` if it is not one), saying once how to use Tensor
+        Cores that float32 matmuls leave unused."""
         if device.type != "cuda":
             raise ValueError(
                 f"Device should be CUDA, got {device} instead: CUDAAccelerator computes on torch.device('cuda', i)."
@@ -47,11 +41,8 @@ class CUDAAccelerator(Accelerator):
     @staticmethod
     @override
     def parse_devices(devices: int | str | list[int]) -> list[int] | None:
-        """The visible GPU indices ``devices`` selects; ``None`` for none.
-
-        Raises:
-            TypeError, MisconfigurationException: as :func:`fabric_lite.utilities.device_parser._parse_gpu_ids`.
-        """
+        """The visible GPU indices ``devices`` selects, or ``None``; raising as
+        :func:`fabric_lite.utilities.device_parser._parse_gpu_ids` does."""
         launched = torch.distributed.is_available() and torch.distributed.is_torchelastic_launched()
         return parse_device_ids(devices, _get_all_visible_cuda_devices(), one_device_per_process=launched)
 
@@ -73,12 +64,7 @@ class CUDAAccelerator(Accelerator):
 
 
 def num_cuda_devices() -> int:
-    """How many CUDA devices this process sees (Lightning Fabric's name in this module).
-
-    Example::
-
-        num_cuda_devices()  # 0 on a machine without a GPU
-    """
+    """How many CUDA devices this process sees (Lightning Fabric's name in this module)."""
     return torch.cuda.device_count()
 
 
@@ -93,26 +79,17 @@ def is_cuda_available() -> bool:
 
 
 def _is_ampere_or_later(device: torch.device | None = None) -> bool:
-    """Whether the CUDA device (default: the current one) is of compute capability 8 or later (Ampere and newer),
-    whose tensor cores run float32 matmuls as TF32 unless ``torch.get_float32_matmul_precision() == "highest"``
-    (Lightning Fabric's private name, which ``get_available_flops`` asks).
-
-    Example::
-
-        _is_ampere_or_later(torch.device("cuda", 0))  # True on an A100 or H100, False on a V100 or T4
-    """
+    """Whether the CUDA device (default: current) has compute capability >= 8, with TF32 tensor cores (Lightning's)."""
     major, _ = torch.cuda.get_device_capability(device)
     return major >= 8
 
 
 def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
-    """The indices of visible CUDA GPUs that accept a tensor right now (e.g. not taken by another process in
-    exclusive mode), the first ``num_devices`` of them, or all with ``-1``.
-
-    Processes that call it at the same time may both find the same GPU free.
+    """The first ``num_devices`` visible GPUs (all with ``-1``) that accept a tensor now, e.g. not taken by a process
+    in exclusive mode; processes calling it at the same time may pick the same GPU.
 
     Raises:
-        ValueError: GPUs are requested but there is none, or fewer than ``num_devices`` are visible.
+        ValueError: there is no visible GPU, or fewer than ``num_devices``.
         RuntimeError: fewer than ``num_devices`` are usable now; the message names the occupied ones.
 
     Example::
@@ -149,8 +126,7 @@ def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
 
 @lru_cache(1)  # said once per process
 def _check_cuda_matmul_precision(device: torch.device) -> None:
-    """Say once that float32 matrix products leave an Ampere-or-later GPU's Tensor Cores unused while torch's
-    float32 matmul precision is ``"highest"`` (its default), and how to use them."""
+    """Say how to use an Ampere-or-later GPU's Tensor Cores, which float32 matmuls leave unused at torch's default."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability(device)[0] < 8:
         return
     if torch.get_float32_matmul_precision() == "highest":

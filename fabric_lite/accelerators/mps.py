@@ -16,19 +16,14 @@ class MPSAccelerator(Accelerator):
 
     Example::
 
-        if MPSAccelerator.is_available():  # a Mac with Apple silicon
-            fabric = Fabric(accelerator="mps", devices=1)
+        fabric = Fabric(accelerator="mps", devices=1)
     """
 
     name = _Name("mps")
 
     @override
     def setup_device(self, device: torch.device) -> None:
-        """Check that ``device`` is an MPS device; nothing to prepare.
-
-        Raises:
-            ValueError: it is not.
-        """
+        """Check that ``device`` is an MPS device (``ValueError`` otherwise); nothing to prepare."""
         if device.type != "mps":
             raise ValueError(
                 f"Device should be MPS, got {device} instead: MPSAccelerator computes on torch.device('mps')."
@@ -37,11 +32,8 @@ class MPSAccelerator(Accelerator):
     @staticmethod
     @override
     def parse_devices(devices: int | str | list[int]) -> list[int] | None:
-        """The MPS device indices ``devices`` selects (there is one, index 0); ``None`` for none.
-
-        Raises:
-            TypeError, MisconfigurationException: as :func:`fabric_lite.utilities.device_parser._parse_gpu_ids`.
-        """
+        """The MPS indices ``devices`` selects (there is one, 0), or ``None``; raising as
+        :func:`fabric_lite.utilities.device_parser._parse_gpu_ids` does."""
         return parse_device_ids(devices, _get_all_available_mps_gpus())
 
     @staticmethod

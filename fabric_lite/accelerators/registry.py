@@ -1,5 +1,4 @@
-"""``ACCELERATOR_REGISTRY``: accelerator names mapped to classes and their constructor arguments (Lightning Fabric's
-``accelerators.registry``)."""
+"""The class of ``ACCELERATOR_REGISTRY``: accelerator names mapped to classes and constructor arguments."""
 
 from __future__ import annotations
 
@@ -10,15 +9,12 @@ from fabric_lite.utilities.exceptions import MisconfigurationException
 
 
 class _AcceleratorRegistry(dict[str, dict[str, Any]]):
-    """Accelerator names mapped to ``{"accelerator": cls, "accelerator_name": name, "description": str,
-    "init_params": dict}``; :meth:`get` builds an instance.
+    """Accelerator names mapped to ``{"accelerator", "accelerator_name", "description", "init_params"}``, as in
+    Lightning; :meth:`get` builds an instance.
 
     Example::
 
-        @ACCELERATOR_REGISTRY.register("sota", description="my accelerator", cores=8)
-        class SOTAAccelerator(Accelerator):
-            def __init__(self, cores): ...
-
+        ACCELERATOR_REGISTRY.register("sota", SOTAAccelerator, description="my accelerator", cores=8)
         ACCELERATOR_REGISTRY.get("sota")  # SOTAAccelerator(cores=8)
     """
 
@@ -30,20 +26,9 @@ class _AcceleratorRegistry(dict[str, dict[str, Any]]):
         override: bool = False,
         **init_params: Any,
     ) -> Callable[..., Any]:
-        """Register ``accelerator`` (a class, or any callable that builds one) under ``name``; without
-        ``accelerator``, return a decorator that registers the class it decorates.
-
-        Args:
-            name: the name, e.g. ``"cpu"``.
-            accelerator: the class; omit it to use ``register`` as a decorator.
-            description: a free text description.
-            override: replace an entry already registered under ``name``.
-            **init_params: the keyword arguments :meth:`get` passes to the class.
-
-        Raises:
-            TypeError: ``name`` is not a string.
-            MisconfigurationException: ``name`` is taken and ``override`` is ``False``.
-        """
+        """Register ``accelerator`` (a class or factory) under ``name``, for :meth:`get` to build with
+        ``init_params``; without ``accelerator``, return a decorator that registers the class it decorates. Raises
+        ``TypeError`` for a non-string ``name``, ``MisconfigurationException`` for a taken one unless ``override``."""
         if not (name is None or isinstance(name, str)):
             raise TypeError(f"`name` must be a str, found {name}")
         if name in self and not override:
@@ -59,12 +44,8 @@ class _AcceleratorRegistry(dict[str, dict[str, Any]]):
         return do_register(accelerator) if accelerator is not None else do_register
 
     def get(self, name: str, default: Any | None = None) -> Any:
-        """A new instance of the accelerator registered under ``name``, built with its ``init_params``; ``default``
-        when there is none and ``default`` is not ``None``.
-
-        Raises:
-            KeyError: ``name`` is not registered and no ``default`` is given; the message lists the names.
-        """
+        """A new instance of the accelerator registered under ``name``, else ``default`` if given; ``KeyError``
+        (listing the names) otherwise."""
         if name in self:
             data = self[name]
             return data["accelerator"](**data["init_params"])
@@ -73,11 +54,7 @@ class _AcceleratorRegistry(dict[str, dict[str, Any]]):
         raise KeyError(f"'{name}' not found in registry. Available names: {self.available_accelerators()}")
 
     def remove(self, name: str) -> None:
-        """Unregister ``name``.
-
-        Raises:
-            KeyError: ``name`` is not registered.
-        """
+        """Unregister ``name`` (``KeyError`` if it is not registered)."""
         self.pop(name)
 
     def available_accelerators(self) -> set[str]:

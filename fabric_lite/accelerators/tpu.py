@@ -6,8 +6,7 @@ from fabric_lite.accelerators.xla import XLAAccelerator
 
 
 class TPUAccelerator(XLAAccelerator):
-    """Deprecated (Lightning renamed it ``XLAAccelerator``), and never available either: building one warns, then
-    raises the XLA classes' error.
+    """Deprecated (Lightning renamed it ``XLAAccelerator``): building one warns, then raises as every XLA class does.
 
     Example::
 

@@ -1,10 +1,6 @@
-"""XLA devices (TPUs): importable under Lightning Fabric's names, never used.
-
-fabric_lite computes on CPU, CUDA and MPS devices. Code written for Lightning Fabric still names the XLA classes
-(an ``isinstance`` check, a registry listing, an ``import`` at the top of a module), so every one of them exists at
-Lightning's path: :meth:`XLAAccelerator.is_available` is ``False``, and building any XLA object raises an error that
-says what is missing, before anything starts.
-"""
+"""XLA devices (TPUs), never used: Lightning's XLA names exist at Lightning's paths so that code naming them
+(``isinstance``, a registry listing, an import) keeps working; :meth:`XLAAccelerator.is_available` is ``False``, and
+building any XLA object raises an error that says what is missing."""
 
 from __future__ import annotations
 
@@ -40,9 +36,8 @@ def _using_pjrt() -> bool:
 
 
 class _NeedsXLA:
-    """Mixed in first by every XLA class: building an instance raises :func:`_xla_missing`'s error (before the
-    base class's own checks, abstract methods included); the class itself stays usable in ``isinstance``,
-    ``issubclass`` and ``Mock(spec=...)``."""
+    """Mixed in first by every XLA class: building one raises :func:`_xla_missing`'s error before the base class's
+    checks; the class stays usable in ``isinstance``, ``issubclass`` and ``Mock(spec=...)``."""
 
     #: for Lightning's former names of the XLA classes: the deprecation warned before the error (``{name}``: the
     #: class's name)
@@ -65,7 +60,6 @@ class XLAAccelerator(_NeedsXLA, Accelerator):
     Example::
 
         XLAAccelerator.is_available()  # False
-        XLAAccelerator()               # ModuleNotFoundError: XLAAccelerator needs torch_xla and an XLA device ...
     """
 
     name = "tpu"

@@ -1,14 +1,5 @@
 """Loggers for ``Fabric(loggers=...)``: ``CSVLogger`` (no extra dependency) and ``TensorBoardLogger`` (needs
-``tensorboard``), with Lightning's ``root_dir/name/version_N`` folder layout; ``Logger`` to write your own.
-
-Example::
-
-    from fabric_lite import Fabric
-    from fabric_lite.loggers import CSVLogger
-
-    fabric = Fabric(loggers=CSVLogger("logs"))
-    fabric.log("loss", 0.25, step=0)  # logs/lightning_logs/version_0/metrics.csv, written by global rank 0
-"""
+``tensorboard``), in Lightning's ``root_dir/name/version_N`` layout; ``Logger`` to write your own."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The folder layout Lightning users know, ``root_dir/name/version_N``, and the one rank that writes into it.
-
-Only global rank 0 creates folders and files. When the version is not given, rank 0 picks the next free
-``version_N`` and ``Fabric.launch`` sends its choice to the other ranks, so that every rank's ``log_dir`` names
-the same folder (a rank that scanned the disk by itself could see rank 0's new folder and pick the one after).
-
-``root_dir`` may be an fsspec URL (``s3://bucket/logs``, ``memory://logs``): the versions are then found by listing
-that folder through fsspec, and the files are written through it. A ``file://`` URL is a local folder: it is taken
-as its path (``file:///tmp/logs`` is ``/tmp/logs``, which ``root_dir`` and ``log_dir`` then report).
-"""
+"""Lightning's folder layout, ``root_dir/name/version_N``, written by global rank 0 only; ``Fabric.launch`` sends rank
+0's choice of the next free version to the others (which could see rank 0's new folder and pick the one after)."""
 
 from __future__ import annotations
 
@@ -129,10 +121,8 @@ def _attach_rank(loggers: Sequence[Any], global_rank: int) -> None:
 def _agree_on_versions(loggers: Sequence[Any], global_rank: int, broadcast: Callable[[Any], Any]) -> None:
     """Give every rank global rank 0's choice of version for the loggers that pick theirs from the disk.
 
-    ``broadcast`` is a collective, and every rank takes part whatever loggers it holds: ranks may be built with
-    different loggers (a common pattern gives only rank 0 one), and a collective that only some ranks join would
-    hang the job. Rank 0 offers its choices by folder (``root_dir``/``name``); a rank applies the choice for each of
-    its own automatic loggers that writes to a folder rank 0 also chose for, and keeps its own pick for the rest.
+    ``broadcast`` is a collective, so every rank calls it whatever loggers it holds (often only rank 0 has one); a
+    rank takes rank 0's choice for each of its automatic loggers below a folder rank 0 chose for, else keeps its own.
     """
     automatic = [lg for lg in loggers if isinstance(lg, _FolderLogger) and lg._version_is_automatic]
     offer = {_folder_key(lg): lg.version for lg in automatic} if global_rank == 0 else None

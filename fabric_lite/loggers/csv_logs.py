@@ -24,31 +24,22 @@ from fabric_lite.utilities.types import _PATH
 class CSVLogger(_FolderLogger):
     """Log metrics to ``root_dir/name/version/metrics.csv``, as Lightning Fabric's ``CSVLogger`` does.
 
-    The file has one row per :meth:`log_metrics` call, a ``step`` column and one column per metric name, in
-    alphabetical order; a name that first appears later adds a column (the file is rewritten with the new header)
-    and rows without a value leave it empty. Rows are buffered and written every ``flush_logs_every_n_steps``
-    rows (and, as in Lightning, after a row whose ``step + 1`` is a multiple of it), by :meth:`save`, by
-    :meth:`finalize`, and at the latest when the process exits, so nothing is lost when the script does not call
-    :meth:`finalize`. Only global rank 0 creates folders and writes; on other ranks every
-    method is a no-op.
+    One row per :meth:`log_metrics` call: ``step`` and one column per metric name, sorted; a new name adds a column
+    (the file is rewritten) and missing values stay empty. Rows are buffered and written every
+    ``flush_logs_every_n_steps`` rows, by :meth:`save` and :meth:`finalize`, and at the latest at process exit.
+    Only global rank 0 writes; elsewhere every method is a no-op.
 
     Args:
-        root_dir: the folder that holds every experiment: a local path, a ``file://`` URL (taken as its local
-            path) or an fsspec URL such as ``s3://bucket/logs`` (``pip install 'fabric-lite[remote]'``).
+        root_dir: the folder of every experiment: a path, a ``file://`` URL or an fsspec URL (``s3://bucket/logs``).
         name: the experiment's folder under ``root_dir``; ``None`` or ``""`` puts the versions in ``root_dir``.
         version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
-            ``version_N`` (with Fabric, global rank 0 chooses it for every rank). An existing ``metrics.csv`` in
-            the folder is replaced, with a warning.
+            ``version_N``, which rank 0 chooses for every rank. A ``metrics.csv`` there is replaced, with a warning.
         prefix: put in front of every metric name, joined with ``"-"``.
         flush_logs_every_n_steps: how many rows to buffer before writing them.
 
     Example::
 
-        from fabric_lite.loggers import CSVLogger
-
-        logger = CSVLogger("logs", name="my_model")  # logs/my_model/version_0/metrics.csv
-        fabric = Fabric(loggers=logger)
-        fabric.log_dict({"loss": loss, "acc": 0.75}, step=0)
+        fabric = Fabric(loggers=CSVLogger("logs", name="my_model"))  # logs/my_model/version_0/metrics.csv
     """
 
     _experiment: _ExperimentWriter | None
@@ -77,8 +68,7 @@ class CSVLogger(_FolderLogger):
 
     @property
     def experiment(self) -> _ExperimentWriter | _DummyExperiment:
-        """The object that buffers rows and writes ``metrics.csv`` (created, with its folder, on first use); on
-        ranks other than 0, an object whose methods do nothing."""
+        """The writer of ``metrics.csv`` (made with its folder on first use); an object doing nothing on other ranks."""
         return self._writer() if self._is_global_zero() else _DummyExperiment()
 
     def _writer(self) -> _ExperimentWriter:
@@ -101,12 +91,8 @@ class CSVLogger(_FolderLogger):
 
     @override
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
-        """Add a row: the metrics (one-element tensors become numbers) and ``step``.
-
-        Without ``step``, the row gets the step Lightning's ``CSVLogger`` writes: the number of rows logged since the
-        last flush point (a row whose ``step + 1`` is a multiple of ``flush_logs_every_n_steps``, or a call of
-        :meth:`save`), so that it counts from 0 again after each. Pass ``step=`` for a meaningful step column.
-        """
+        """Add a row: the metrics (one-element tensors as numbers) and ``step``, else Lightning's count of rows since
+        the last flush point (which restarts from 0), so pass ``step=`` for a meaningful step column."""
         if not self._is_global_zero():
             return
         row = dict(self._scalars(metrics, "CSVLogger.log_metrics"))
@@ -212,8 +198,7 @@ class _ExperimentWriter:
         self.metrics = []
 
     def _rewrite_with_new_header(self, fieldnames: list[str], new_rows: Sequence[dict[str, Any]] = ()) -> None:
-        """Rewrite the local file with the header ``fieldnames`` (its rows keep their values; new columns are
-        empty), followed by ``new_rows``."""
+        """Rewrite the local file with the header ``fieldnames`` (new columns empty), followed by ``new_rows``."""
         with open(self.metrics_file_path, newline="") as file:
             rows = [*csv.DictReader(file), *new_rows]
         # write a new file and move it over the old one, so that an interruption never leaves half a file

@@ -15,25 +15,20 @@ from torch.nn import Module
 class Logger(ABC):
     """Base class for experiment loggers, as in Lightning Fabric.
 
-    A subclass implements :attr:`name`, :attr:`version`, :meth:`log_metrics` and :meth:`log_hyperparams`; every
-    other hook has a default. Loggers passed to ``Fabric(loggers=...)`` receive :meth:`log_metrics` calls from
-    ``fabric.log``/``fabric.log_dict`` on global rank 0 only, and :meth:`finalize` when the function given to
-    ``fabric.launch`` returns.
+    A subclass implements :attr:`name`, :attr:`version`, :meth:`log_metrics` and :meth:`log_hyperparams`. A logger
+    given to ``Fabric(loggers=...)`` gets ``fabric.log``/``fabric.log_dict`` on global rank 0 only, and
+    :meth:`finalize` when the function given to ``fabric.launch`` returns.
 
     Example::
 
         class PrintLogger(Logger):
-            name = "print"
-            version = 0
+            name, version = "print", 0
 
             def log_metrics(self, metrics, step=None):
                 print(step, metrics)
 
             def log_hyperparams(self, params, *args, **kwargs):
                 print(params)
-
-        fabric = Fabric(loggers=PrintLogger())
-        fabric.log("loss", 0.5, step=0)  # prints: 0 {'loss': 0.5}
     """
 
     @property
@@ -68,12 +63,7 @@ class Logger(ABC):
 
     @abstractmethod
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        """Record scalar metrics at ``step``.
-
-        Args:
-            metrics: metric names and values.
-            step: the step they belong to; loggers that keep a counter use it when ``None``.
-        """
+        """Record scalar metrics at ``step`` (``None``: the logger's own count, if it keeps one)."""
 
     @abstractmethod
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
@@ -86,11 +76,7 @@ class Logger(ABC):
         """Write what is buffered to its destination."""
 
     def finalize(self, status: str) -> None:
-        """Finish the run: write what is buffered and release files.
-
-        Args:
-            status: how the run ended, e.g. ``"success"`` or ``"failed"``.
-        """
+        """Finish the run, which ended with ``status`` (e.g. ``"success"``): write what is buffered, release files."""
         self.save()
 
 
@@ -111,17 +97,8 @@ class _DummyExperiment:
 
 
 def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """Decorate a logger's ``experiment`` property getter: on global rank 0 it returns the real experiment, on
-    other ranks a :class:`_DummyExperiment` whose methods do nothing (as in Lightning Fabric).
-
-    Example::
-
-        class MyLogger(Logger):
-            @property
-            @rank_zero_experiment
-            def experiment(self):
-                return SummaryWriter(self.log_dir)  # created on rank 0 only
-    """
+    """Decorate a logger's ``experiment`` getter: global rank 0 gets the real experiment, other ranks a
+    :class:`_DummyExperiment` whose methods do nothing (as in Lightning Fabric)."""
 
     @functools.wraps(fn)
     def experiment(self: Any) -> Any:

@@ -1,8 +1,4 @@
-"""``TensorBoardLogger``: TensorBoard event files in ``root_dir/name/version_N``, as Lightning writes them.
-
-TensorBoard is an optional extra (``pip install tensorboard``, or ``pip install 'fabric-lite[tensorboard]'``);
-nothing of it is imported until a logger writes its first value.
-"""
+"""``TensorBoardLogger``: event files in ``root_dir/name/version_N`` (the optional ``tensorboard`` loaded on use)."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ _TENSORBOARDX_AVAILABLE = _Availability("tensorboardX")
 
 
 def _installed_backend() -> _Backend | None:
-    """``"tensorboard"`` (written through ``torch.utils.tensorboard``) when installed, else ``"tensorboardX"`` when
-    that is, else ``None``. Looks the packages up without importing them."""
+    """``"tensorboard"`` if installed, else ``"tensorboardX"`` if that is, else ``None`` (imports neither)."""
     if _TENSORBOARD_AVAILABLE:
         return "tensorboard"
     if _TENSORBOARDX_AVAILABLE:
@@ -48,43 +43,25 @@ def _installed_backend() -> _Backend | None:
 
 class TensorBoardLogger(_FolderLogger):
     r"""Log to TensorBoard event files in ``root_dir/name/version[/sub_dir]``, as Lightning Fabric's
-    ``TensorBoardLogger`` does.
+    ``TensorBoardLogger`` does, through ``torch.utils.tensorboard`` (or ``tensorboardX`` where only that is installed).
 
-    Events are written with ``torch.utils.tensorboard.SummaryWriter`` (or ``tensorboardX``'s when only that is
-    installed). Only global rank 0 creates folders and writes; on other ranks every method is a no-op and
-    :attr:`experiment` is an object whose methods do nothing. The writer is closed by :meth:`finalize`, when the
-    function given to ``fabric.launch`` returns, and at the latest when the process exits.
-
-    ``root_dir`` may be an fsspec URL; who writes to it depends on the package. With ``tensorboardX``, fabric_lite
-    writes every URL through fsspec, so fsspec's configuration applies (e.g. ``FSSPEC_S3_ENDPOINT_URL``), and the
-    whole event file is uploaded again at every flush. With ``tensorboard``, its own file layer writes: ``s3://``
-    through boto3, configured only by boto3's environment (``AWS_ENDPOINT_URL`` or ``S3_ENDPOINT``, the usual
-    credentials) and never by fsspec's settings, while the next free version is still found through fsspec (so
-    a store other than AWS's needs both configured); other protocols through fsspec. The logger takes no
-    ``storage_options`` (nor does ``CSVLogger``): configure the store through the environment or fsspec's
-    configuration.
+    Only global rank 0 writes; elsewhere every method is a no-op. The writer is closed by :meth:`finalize`, when the
+    function given to ``fabric.launch`` returns, or at process exit. With an fsspec ``root_dir`` (and no
+    ``storage_options``), ``tensorboardX`` writes through fsspec, the whole file at every flush, and ``tensorboard``
+    writes ``s3://`` through boto3, configured by its environment (``AWS_ENDPOINT_URL``) and not fsspec's.
 
     Args:
-        root_dir, name, prefix: as for ``CSVLogger``.
-        version: an int (folder ``version_N``), a str (the folder's name) or ``None`` for the next free
-            ``version_N`` (with Fabric, global rank 0 chooses it for every rank).
-        default_hp_metric: have :meth:`log_hyperparams` without metrics log ``hp_metric = -1``, which TensorBoard
-            needs to show the hyperparameters.
+        root_dir, name, version, prefix: as for ``CSVLogger``.
+        default_hp_metric: have :meth:`log_hyperparams` without metrics log ``hp_metric = -1`` (TensorBoard needs one).
         sub_dir: a folder inside the version folder to write into (e.g. ``"train"``).
-        \**kwargs: passed to ``SummaryWriter`` (e.g. ``flush_secs=30``, ``max_queue=100``).
+        \**kwargs: passed to ``SummaryWriter`` (e.g. ``flush_secs=30``).
 
     Raises:
-        ModuleNotFoundError: neither ``tensorboard`` nor ``tensorboardX`` is installed; the message says what to
-            install.
+        ModuleNotFoundError: neither ``tensorboard`` nor ``tensorboardX`` is installed.
 
     Example::
 
-        from fabric_lite.loggers import TensorBoardLogger
-
-        logger = TensorBoardLogger("logs", name="my_model")  # logs/my_model/version_0/events.out.tfevents...
-        fabric = Fabric(loggers=logger)
-        fabric.log("loss", loss, step=0)
-        logger.log_hyperparams({"lr": 0.1, "batch_size": 32})
+        fabric = Fabric(loggers=TensorBoardLogger("logs", name="my_model"))  # logs/my_model/version_0/events...
     """
 
     def __init__(
@@ -131,9 +108,8 @@ class TensorBoardLogger(_FolderLogger):
 
     @property
     def experiment(self) -> Any:
-        """The ``SummaryWriter`` (created, with its folder, on first use), for anything :meth:`log_metrics` does
-        not cover: ``logger.experiment.add_histogram("w", weights, step)``. On ranks other than 0, an object
-        whose methods do nothing."""
+        """The ``SummaryWriter`` (made with its folder on first use), for what :meth:`log_metrics` does not cover; an
+        object doing nothing on other ranks."""
         if not self._is_global_zero():
             return _DummyExperiment()
         if self._experiment is None:
@@ -154,12 +130,8 @@ class TensorBoardLogger(_FolderLogger):
 
     @override
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Write each metric as a scalar (a dict value as a group of scalars) at ``step``; one-element tensors
-        become numbers.
-
-        Raises:
-            ValueError: a value that is neither a number, a one-element tensor nor a dict of them.
-        """
+        """Write each metric as a scalar (a dict value as a group of scalars) at ``step``; ``ValueError`` for a value
+        that is not a number, a one-element tensor or a dict of them."""
         if not self._is_global_zero():
             return
         scalars = self._scalars(metrics, "TensorBoardLogger.log_metrics")
@@ -180,17 +152,9 @@ class TensorBoardLogger(_FolderLogger):
 
     @override
     def log_hyperparams(self, params: dict[str, Any] | Namespace, metrics: Any = None, step: int | None = None) -> None:
-        """Record hyperparameters (shown in TensorBoard's HPARAMS tab) with the metrics they are judged by.
-
-        Nested dicts are flattened to ``"outer/inner"`` names; values other than numbers, strings and booleans are
-        written as their ``str``.
-
-        Args:
-            params: a dict or an ``argparse.Namespace``.
-            metrics: a dict of metric values, or one value (logged as ``hp_metric``); when ``None`` and
-                ``default_hp_metric`` is set, ``hp_metric = -1``.
-            step: the step the metrics belong to.
-        """
+        """Record ``params`` (TensorBoard's HPARAMS tab; nested dicts as ``"outer/inner"``, values other than numbers,
+        strings and booleans as text) with ``metrics`` at ``step``: a dict, or one value logged as ``hp_metric``
+        (``None``: ``hp_metric = -1`` where ``default_hp_metric``)."""
         if not self._is_global_zero():
             return
         flat = _sanitize(_flatten(vars(params) if isinstance(params, Namespace) else dict(params)))
@@ -224,8 +188,7 @@ class TensorBoardLogger(_FolderLogger):
             before = getattr(model, "_on_before_batch_transfer", None)
             transfer = getattr(model, "_apply_batch_transfer_handler", None)
             if callable(before) and callable(transfer):
-                # a LightningModule: its batch hooks prepare the input and move it to the module's device, as for
-                # a batch
+                # a LightningModule: its batch hooks prepare the input and move it to its device, as for a batch
                 input_array = transfer(before(input_array))
             self.experiment.add_graph(model, input_array)
             return
@@ -244,8 +207,7 @@ class TensorBoardLogger(_FolderLogger):
 
     @override
     def finalize(self, status: str) -> None:
-        """Flush and close the event file. Logging may go on afterwards (into a new event file in the same
-        folder)."""
+        """Flush and close the event file; logging may go on afterwards, into a new event file."""
         if self._experiment is None:
             return
         self._experiment.flush()
@@ -256,13 +218,9 @@ class TensorBoardLogger(_FolderLogger):
 
 
 def _prepare_remote(log_dir: str, backend: _Backend) -> None:
-    """Make ``SummaryWriter`` write to the URL ``log_dir`` through fsspec.
-
-    ``tensorboard``'s own file layer opens fsspec URLs itself. ``tensorboardX`` only knows ``s3://`` (through
-    boto3, without fsspec's settings) and ``gs://`` and would write any other URL as a local path, so the URL's
-    protocol is registered with tensorboardX's writer registry (its documented extension point) to go through
-    fsspec: events are buffered in memory and the whole event file is uploaded at every flush and at close.
-    """
+    """Make tensorboardX write the URL ``log_dir`` through fsspec, by registering its protocol with tensorboardX's
+    writer registry: it knows only ``s3://`` and ``gs://`` and would write another URL as a local path
+    (``tensorboard`` opens fsspec URLs itself)."""
     if backend != "tensorboardX":
         return
     from tensorboardX import record_writer  # type: ignore[import-untyped,import-not-found,unused-ignore]

@@ -1,7 +1,4 @@
-"""Plugins: precision, cluster environments and checkpoint IO (collectives: ``fabric_lite.plugins.collectives``).
-
-``BitsandbytesPrecision`` is imported on first use (it is the door to the optional ``bitsandbytes``).
-"""
+"""Plugins: precision, cluster environments and checkpoint IO (collectives: ``fabric_lite.plugins.collectives``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Collective plugins: ``torch.distributed``'s point-to-point and collective calls on a process group of their own.
-
-Unlike ``fabric.all_reduce`` and friends (which walk collections and always use every process), a collective
-owns one group, which may be a subset of the processes, and exposes torch's calls one to one.
-"""
+"""Collective plugins: ``torch.distributed``'s calls one to one, on a group of their own that may be a subset of the
+processes (``fabric.all_reduce`` and friends walk collections and always use every process)."""
 
 from fabric_lite.plugins.collectives.collective import Collective
 from fabric_lite.plugins.collectives.single_device import SingleDeviceCollective

@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 from typing_extensions import Self
 
-# re-exported here, as Lightning's module does (scripts import it from this module)
+# re-exported: scripts import it from here, as from Lightning's module
 from fabric_lite.utilities.types import CollectibleGroup
 
 __all__ = ["CollectibleGroup", "Collective"]
@@ -17,18 +17,14 @@ __all__ = ["CollectibleGroup", "Collective"]
 class Collective(ABC):
     """Collective and point-to-point communication over a group that this object owns.
 
-    :meth:`setup` joins the processes (creating the default group when there is none); :meth:`create_group`
-    makes this object's own group, which every process of the default group must call, members or not;
-    :meth:`teardown` destroys it again. The calls take and return tensors as ``torch.distributed`` does: they
-    work in place and return the tensor (or list) that holds the result.
+    :meth:`setup` joins the processes (creating the default group if needed); :meth:`create_group`, which every
+    process of the default group must call, makes this object's group; :meth:`teardown` destroys it. Calls work in
+    place, as in ``torch.distributed``, and return the tensor (or list) that holds the result.
 
     Example::
 
-        collective = TorchCollective().setup(main_address="127.0.0.1", main_port=29500, backend="gloo",
-                                             world_size=2, rank=rank)
-        collective.create_group()  # every rank
+        collective = TorchCollective().setup(backend="gloo").create_group()  # on every rank
         collective.all_reduce(torch.tensor(rank + 1.0))  # tensor(3.) on rank 0 and rank 1
-        collective.teardown()
     """
 
     def __init__(self) -> None:
@@ -46,11 +42,7 @@ class Collective(ABC):
 
     @property
     def group(self) -> Any:
-        """The group the calls run on.
-
-        Raises:
-            RuntimeError: this collective has no group yet; call :meth:`create_group` first.
-        """
+        """The group the calls run on; ``RuntimeError`` before :meth:`create_group`."""
         if self._group is None:
             raise RuntimeError(
                 f"`{type(self).__name__}` does not own a group yet: call collective.create_group() on every process"
@@ -140,10 +132,7 @@ class Collective(ABC):
 
     def create_group(self, **kwargs: Any) -> Self:
         """Make this collective's own group with :meth:`new_group` (``kwargs`` passed on); returns ``self``.
-
-        Raises:
-            RuntimeError: this collective owns a group already (call :meth:`teardown` first).
-        """
+        ``RuntimeError`` where it owns one already (call :meth:`teardown` first)."""
         if self._group is not None:
             raise RuntimeError(
                 f"`{type(self).__name__}` already owns a group: call collective.teardown() before creating another."
@@ -152,11 +141,7 @@ class Collective(ABC):
         return self
 
     def teardown(self) -> Self:
-        """Destroy the group made by :meth:`create_group`; returns ``self``.
-
-        Raises:
-            RuntimeError: there is no group to destroy.
-        """
+        """Destroy the group made by :meth:`create_group`; returns ``self``, or raises ``RuntimeError`` without one."""
         if self._group is None:
             raise RuntimeError(f"`{type(self).__name__}` does not own a group to destroy: call create_group() first.")
         self.destroy_group(self._group)

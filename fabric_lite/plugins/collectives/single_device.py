@@ -11,16 +11,12 @@ from fabric_lite.plugins.collectives.collective import Collective
 
 
 class SingleDeviceCollective(Collective):
-    """Collectives for one process: ``rank`` 0 of ``world_size`` 1, and every call returns its input unchanged.
-
-    Code written against :class:`Collective` runs unchanged without ``torch.distributed``.
+    """Collectives for one process, ``rank`` 0 of ``world_size`` 1: every call returns its input (or rank 0's part of
+    it), so code written against :class:`Collective` runs without ``torch.distributed``.
 
     Example::
 
-        collective = SingleDeviceCollective().create_group()
-        collective.all_reduce(torch.tensor(3.0), op="sum")  # tensor(3.)
-        collective.all_gather([torch.empty(1)], torch.ones(1))  # [tensor([1.])]
-        collective.scatter(torch.empty(1), [torch.full((1,), 7.0)])  # tensor([7.]): the one input for rank 0
+        SingleDeviceCollective().create_group().all_reduce(torch.tensor(3.0), op="sum")  # tensor(3.)
     """
 
     @property
@@ -37,17 +33,14 @@ class SingleDeviceCollective(Collective):
 
     @override
     def broadcast(self, tensor: Tensor, *_: Any, **__: Any) -> Tensor:
-        """``tensor``."""
         return tensor
 
     @override
     def all_reduce(self, tensor: Tensor, *_: Any, **__: Any) -> Tensor:
-        """``tensor``."""
         return tensor
 
     @override
     def reduce(self, tensor: Tensor, *_: Any, **__: Any) -> Tensor:
-        """``tensor``."""
         return tensor
 
     @override
@@ -83,7 +76,6 @@ class SingleDeviceCollective(Collective):
 
     @override
     def recv(self, tensor: Tensor, *_: Any, **__: Any) -> Tensor:
-        """``tensor``."""
         return tensor
 
     @override

@@ -14,8 +14,7 @@ from typing_extensions import Self, override
 from fabric_lite.plugins.collectives.collective import Collective
 from fabric_lite.utilities.types import ReduceOp as _ReduceOp
 
-#: the default timeout of a process group's collectives, as in ``torch.distributed`` (Lightning's name here; torch's
-#: 30 minutes where torch.distributed is missing)
+#: torch.distributed's default timeout of a collective (Lightning's name; 30 minutes where torch.distributed is missing)
 default_pg_timeout = dist.constants.default_pg_timeout if dist.is_available() else datetime.timedelta(minutes=30)
 #: what the ``op`` strings name, beyond ``ReduceOp``'s own members (matched case-insensitively)
 _OP_ALIASES = {"MEAN": "AVG", "PROD": "PRODUCT"}
@@ -24,23 +23,21 @@ _OP_ALIASES = {"MEAN": "AVG", "PROD": "PRODUCT"}
 class TorchCollective(Collective):
     """Collective and point-to-point calls through ``torch.distributed``, on a group this object owns.
 
-    Every call must be made by every member of the group, in the same order (``send``/``recv`` by the pair).
-    A process outside the group (see :meth:`create_group` with ``ranks=``) may make the calls too: torch then
-    does nothing and returns the tensor unchanged, ``rank`` and ``world_size`` are ``-1``, ``barrier`` returns at
-    once and ``teardown`` only forgets the group. ``op`` is a ``torch.distributed.ReduceOp`` or its name in any
-    case (``"sum"``, ``"product"``, ``"min"``, ``"max"``, ``"avg"``, also ``"mean"`` and ``"prod"``).
+    Every member of the group must make every call, in the same order (``send``/``recv`` by the pair). On a process
+    outside the group (:meth:`create_group` with ``ranks=``) the calls return the tensor unchanged, ``rank`` and
+    ``world_size`` are ``-1`` and ``barrier`` returns at once. ``op`` is a ``ReduceOp`` or its name in any case
+    (``"sum"``, ``"product"``, ``"min"``, ``"max"``, ``"avg"``, also ``"mean"`` and ``"prod"``).
 
     Example::
 
-        # rank 0 and rank 1, started by any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
-        collective = TorchCollective().setup(backend="gloo")
+        collective = TorchCollective().setup(backend="gloo")  # RANK, WORLD_SIZE, MASTER_ADDR/PORT set by a launcher
         collective.create_group()
-        t = collective.all_reduce(torch.tensor([rank + 1.0]), op="sum")  # tensor([3.]) on both ranks
+        collective.all_reduce(torch.tensor([rank + 1.0]), op="sum")  # rank 0: tensor([3.])   rank 1: tensor([3.])
         collective.teardown()  # destroys its group, and the default group that setup() created
     """
 
-    #: whether ``setup()`` created the default group, which the last ``teardown()`` then destroys. A class
-    #: attribute, as in Lightning: the default group is one per process, whichever collective created it
+    #: whether ``setup()`` created the default group, which the last ``teardown()`` destroys (a class attribute:
+    #: the process has one default group, whichever collective created it)
     manages_default_group: ClassVar[bool] = False
     addr_key = "MASTER_ADDR"
     port_key = "MASTER_PORT"
@@ -82,19 +79,13 @@ class TorchCollective(Collective):
 
     @override
     def all_reduce(self, tensor: Tensor, op: str | _ReduceOp | Any = "sum") -> Tensor:
-        """Reduce ``tensor`` in place across the group; every member gets the result.
-
-        Example::
-
-            collective.all_reduce(torch.tensor([rank + 1.0]), op="max")  # tensor([2.]) on rank 0 and rank 1
-        """
+        """Reduce ``tensor`` in place across the group; every member gets the result. Returns it."""
         dist.all_reduce(tensor, op=self._convert_to_native_op(op), group=self.group)
         return tensor
 
     @override
     def reduce(self, tensor: Tensor, dst: int, op: str | _ReduceOp | Any = "sum") -> Tensor:
-        """Reduce ``tensor`` across the group into global rank ``dst``'s ``tensor`` (the others' are
-        unspecified afterwards, as in torch); returns it."""
+        """Reduce the group's ``tensor`` into global rank ``dst``'s (the others' are then unspecified); returns it."""
         dist.reduce(tensor, dst, op=self._convert_to_native_op(op), group=self.group)
         return tensor
 
@@ -126,8 +117,7 @@ class TorchCollective(Collective):
 
     @override
     def all_to_all(self, output_tensor_list: list[Tensor], input_tensor_list: list[Tensor]) -> list[Tensor]:
-        """Send ``input_tensor_list[j]`` to group rank ``j``, received in its ``output_tensor_list[i]``; returns
-        ``output_tensor_list``."""
+        """Send ``input_tensor_list[j]`` to group rank ``j``, into its ``output_tensor_list[i]``; returns the latter."""
         dist.all_to_all(output_tensor_list, input_tensor_list, group=self.group)
         return output_tensor_list
 
@@ -143,32 +133,18 @@ class TorchCollective(Collective):
         return tensor
 
     def all_gather_object(self, object_list: list[Any], obj: Any) -> list[Any]:
-        """Fill ``object_list[i]`` (a list of the group's size) with group rank ``i``'s picklable ``obj``.
-
-        Example::
-
-            collective.all_gather_object([None, None], {"rank": rank})  # [{'rank': 0}, {'rank': 1}] on both
-        """
+        """Fill ``object_list[i]`` (of the group's size) with group rank ``i``'s picklable ``obj``, on every member."""
         dist.all_gather_object(object_list, obj, group=self.group)
         return object_list
 
     def broadcast_object_list(self, object_list: list[Any], src: int, device: torch.device | None = None) -> list[Any]:
-        """Overwrite every member's ``object_list`` (of the same length) with global rank ``src``'s.
-
-        Example::
-
-            collective.broadcast_object_list(["config"] if rank == 0 else [None], src=0)  # ['config'] on both
-        """
+        """Overwrite every member's ``object_list`` (of the same length) with global rank ``src``'s; returns it."""
         dist.broadcast_object_list(object_list, src, group=self.group, device=device)
         return object_list
 
     def gather_object(self, obj: Any, object_gather_list: list[Any], dst: int = 0) -> list[Any]:
-        """Fill global rank ``dst``'s ``object_gather_list`` (of the group's size) with every member's ``obj``.
-
-        Example::
-
-            out = collective.gather_object(rank * 10, [None, None] if rank == 0 else [], dst=0)  # [0, 10] on rank 0
-        """
+        """Fill global rank ``dst``'s ``object_gather_list`` (of the group's size) with every member's ``obj``; the
+        others pass ``[]``."""
         dist.gather_object(obj=obj, object_gather_list=object_gather_list, dst=dst, group=self.group)
         return object_gather_list
 
@@ -176,12 +152,7 @@ class TorchCollective(Collective):
         self, scatter_object_output_list: list[Any], scatter_object_input_list: list[Any], src: int = 0
     ) -> list[Any]:
         """Set group rank ``i``'s ``scatter_object_output_list[0]`` to global rank ``src``'s
-        ``scatter_object_input_list[i]``.
-
-        Example::
-
-            out = collective.scatter_object_list([None], ["a", "b"] if rank == 0 else [], src=0)  # ['b'] on rank 1
-        """
+        ``scatter_object_input_list[i]`` (the others pass ``[]``)."""
         dist.scatter_object_list(
             scatter_object_output_list=scatter_object_output_list,
             scatter_object_input_list=scatter_object_input_list,
@@ -198,23 +169,15 @@ class TorchCollective(Collective):
         dist.barrier(group=self.group, device_ids=device_ids)
 
     def monitored_barrier(self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        """A barrier that names the ranks that did not arrive within ``timeout`` (gloo only, as in torch).
-
-        Example::
-
-            collective.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
-        """
+        """A barrier that names the ranks that did not arrive within ``timeout`` (gloo only, as in torch)."""
         dist.monitored_barrier(group=self.group, timeout=timeout, wait_all_ranks=wait_all_ranks)
 
     # ------------------------------------------------------------------ groups
     @override
     def setup(self, main_address: str | None = None, main_port: str | int | None = None, **kwargs: Any) -> Self:
-        """Create the default group unless it exists, rendezvousing at ``main_address:main_port``; returns ``self``.
-
-        ``main_address``/``main_port`` fill ``MASTER_ADDR``/``MASTER_PORT`` for the rendezvous only when those are
-        not set, and are removed again afterwards. ``kwargs`` go to ``torch.distributed.init_process_group``
-        (``backend``, ``world_size``, ``rank``, ``timeout``, ...).
-        """
+        """Create the default group unless it exists, rendezvousing at ``main_address:main_port`` (which fill
+        ``MASTER_ADDR``/``MASTER_PORT`` where unset, for the rendezvous only); ``kwargs`` go to
+        ``torch.distributed.init_process_group``. Returns ``self``."""
         if self.is_initialized():
             return self
         added = []
@@ -232,15 +195,9 @@ class TorchCollective(Collective):
 
     @override
     def create_group(self, **kwargs: Any) -> Self:
-        """Make this collective's own group with ``torch.distributed.new_group(**kwargs)``; returns ``self``.
-
-        Every process of the default group must call it, with the same ``ranks`` (default: all of them). A
-        process not in ``ranks`` gets torch's non-member group: see the class docstring.
-
-        Raises:
-            ValueError: there is no default group yet (call :meth:`setup` first).
-            RuntimeError: this collective owns a group already.
-        """
+        """Make this collective's group with ``torch.distributed.new_group(**kwargs)``, which every process of the
+        default group must call with the same ``ranks``; returns ``self``. ``ValueError`` before :meth:`setup`,
+        ``RuntimeError`` where this collective owns a group already."""
         try:
             return super().create_group(**kwargs)
         except ValueError as err:
@@ -270,24 +227,17 @@ class TorchCollective(Collective):
     @classmethod
     @override
     def is_available(cls) -> bool:
-        """Whether torch was built with ``torch.distributed``.
-
-        Example::
-
-            TorchCollective.is_available()  # True on Linux builds of torch
-        """
+        """Whether torch was built with ``torch.distributed``."""
         return dist.is_available()
 
     @classmethod
     @override
     def is_initialized(cls) -> bool:
-        """Whether the default process group exists."""
         return cls.is_available() and dist.is_initialized()
 
     @classmethod
     @override
     def init_group(cls, **kwargs: Any) -> None:
-        """``torch.distributed.init_process_group(**kwargs)``."""
         dist.init_process_group(**kwargs)
 
     @classmethod

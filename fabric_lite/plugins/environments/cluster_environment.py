@@ -18,27 +18,19 @@ log = get_logger(__name__)
 class ClusterEnvironment(ABC):
     """Tells fabric_lite the ranks of this process and the address of the main process.
 
-    Environments read the variables set by whatever started the process (fabric_lite's own launcher, torchrun,
-    SLURM) when a value is asked for, never when they are created: an environment constructs without error where a
-    variable is missing, and a missing variable it needs is an error (a ``KeyError``, as in Lightning) when read.
-    They take the environment as a mapping so that they can be built and tested without touching ``os.environ``:
-    the planner passes the mapping it plans from.
-
-    Args:
-        env: The environment variables to read; a mapping is copied when the environment is created. Defaults to
-            this process's ``os.environ`` itself, read at each call (as Lightning does).
+    An environment reads the launcher's variables when a value is asked for, never when it is created: it
+    constructs where a variable is missing, and reading one it needs raises ``KeyError``. It reads ``env`` (copied;
+    default ``os.environ`` itself, read at each call), so that the planner can build it from the mapping it plans from.
 
     Example::
 
         env = TorchElasticEnvironment({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "GROUP_RANK": "1"})
         env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (3, 1, 1, 4)
-        fabric = Fabric(plugins=[SLURMEnvironment()])  # use SLURM's variables instead of the detected environment
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
-        # a mapping passed in is copied, so that what a plan was made from cannot change under it; None stands for
-        # this process's os.environ, so that an environment sent to a spawned process reads that process's variables
-        # (and pickles: os.environ itself does not)
+        # copied, so that what a plan was made from cannot change under it; None stands for os.environ, so that an
+        # environment sent to a spawned process reads that process's variables (and pickles: os.environ does not)
         self._given_env: dict[str, str] | None = None if env is None else dict(env)
 
     @property
@@ -99,19 +91,14 @@ class ClusterEnvironment(ABC):
         return ""
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Raise ``ValueError`` naming both sides when ``devices``/``num_nodes`` disagree with the environment.
-
-        ``num_devices`` is the number of processes per node. ``fabric.launch()`` calls it in every process, before
-        the process starts another or waits on one (as Lightning Fabric's launcher does). Nothing by default."""
+        """Raise ``ValueError`` naming both sides where ``devices`` (processes per node) or ``num_nodes`` disagree with
+        the environment; ``fabric.launch()`` calls it in every process before any other is started or waited on."""
 
     def teardown(self) -> None:
         """Clean up whatever the environment set up. Nothing by default."""
 
     def _on_setup(self, global_rank: int) -> None:
-        """Called in every process once Fabric has set it up (``fabric.launch()``), with its global rank.
-
-        :class:`SLURMEnvironment` installs its requeue signal handler here. Nothing by default.
-        """
+        """Called in every process by ``fabric.launch()`` with its global rank (SLURM installs its requeue handler)."""
 
     def _required(self, name: str) -> str:
         """The value of the variable ``name``, which this environment cannot work without."""
@@ -134,16 +121,9 @@ class ClusterEnvironment(ABC):
 
 
 class _LauncherEnvironment(ClusterEnvironment):
-    """Processes that a launcher (torchrun, ``srun``, ``jsrun``, the Kubeflow operator, ``mpirun``) started with
-    every rank fixed: each rank is one variable it sets, named by the subclass; fabric_lite sets none of them. Rank 0
-    is reached at torch's ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` unless the subclass says where.
-    A launcher that tells the ranks another way (``MPIEnvironment``: MPI's ``COMM_WORLD``) overrides the readers.
-
-    Example::
-
-        class MyLauncherEnvironment(_LauncherEnvironment):
-            _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "MY_SIZE", "MY_RANK", "MY_LOCAL_RANK", "MY_NODE"
-    """
+    """Processes a launcher started with every rank fixed: each is read from a variable the subclass names
+    (``_WORLD_SIZE``, ...), and the setters do nothing. Rank 0 is at ``MASTER_ADDR`` (default ``127.0.0.1``) and
+    ``MASTER_PORT`` unless the subclass says otherwise."""
 
     #: the variables of the world size, the global rank, the local rank and the node rank
     _WORLD_SIZE: ClassVar[str]

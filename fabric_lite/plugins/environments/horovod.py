@@ -10,17 +10,14 @@ from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironm
 
 
 class HorovodEnvironment(ClusterEnvironment):
-    """The ranks that ``horovodrun`` (or ``mpirun``) gave this process, read from its environment variables.
-
-    ``HOROVOD_RANK``, ``HOROVOD_SIZE``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE`` and ``HOROVOD_CROSS_RANK``
-    (``horovodrun`` with Gloo), or Open MPI's ``OMPI_COMM_WORLD_*``. Without them the process is alone: rank 0 of 1.
-    They tell fabric_lite the ranks before ``hvd.init()``; afterwards
-    :class:`~fabric_lite.strategies.horovod.HorovodStrategy` asks Horovod.
+    """The ranks ``horovodrun`` (or Open MPI's ``mpirun``) gave this process: ``HOROVOD_RANK``, ``HOROVOD_SIZE``,
+    ``HOROVOD_LOCAL_RANK``, ``HOROVOD_LOCAL_SIZE`` and ``HOROVOD_CROSS_RANK``, or ``OMPI_COMM_WORLD_*``; without them,
+    rank 0 of 1. They serve until ``hvd.init()``; then :class:`~fabric_lite.strategies.horovod.HorovodStrategy` asks
+    Horovod.
 
     Example::
 
-        HorovodEnvironment({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
-                            "HOROVOD_LOCAL_SIZE": "2"}).global_rank()  # 1
+        HorovodEnvironment({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}).global_rank()  # 1
     """
 
     _VARIABLES = (

@@ -12,18 +12,12 @@ from fabric_lite.plugins.environments.cluster_environment import _LauncherEnviro
 class KubeflowEnvironment(_LauncherEnvironment):
     """Processes started by the Kubeflow training operator's ``PyTorchJob``, one per pod.
 
-    The operator sets ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK`` in every pod (and Kubernetes
-    sets ``KUBERNETES_PORT``). Each pod runs one process, so the local rank is always 0 and the node rank is the
-    global rank. As in Lightning Fabric, this environment is never detected automatically (the same variables are
-    set by torchrun and by hand): pass it as a plugin.
+    Reads ``MASTER_ADDR``, ``MASTER_PORT``, ``WORLD_SIZE`` and ``RANK``; the local rank is 0 and the node rank the
+    global rank. Never detected (torchrun and users set the same variables), as in Lightning: pass it as a plugin.
 
     Example::
 
-        # in the pod of the second worker of a PyTorchJob with 4 replicas
-        fabric = Fabric(accelerator="cpu", devices=1, num_nodes=4, plugins=[KubeflowEnvironment()])
-        env = KubeflowEnvironment({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "4",
-                                   "RANK": "2"})
-        env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (2, 0, 2, 4)
+        fabric = Fabric(devices=1, num_nodes=4, plugins=[KubeflowEnvironment()])  # in each pod of a 4-replica job
     """
 
     _WORLD_SIZE, _GLOBAL_RANK = "WORLD_SIZE", "RANK"
@@ -36,7 +30,7 @@ class KubeflowEnvironment(_LauncherEnvironment):
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
-        """Not possible: raises ``NotImplementedError``, as in Lightning Fabric. Pass the environment as a plugin."""
+        """Raises ``NotImplementedError``, as in Lightning: pass the environment as a plugin."""
         raise NotImplementedError(
             "The Kubeflow environment can't be detected automatically: pass"
             " Fabric(plugins=[KubeflowEnvironment()]) in a PyTorchJob."

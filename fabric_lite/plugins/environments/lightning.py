@@ -13,24 +13,15 @@ from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironm
 class LightningEnvironment(ClusterEnvironment):
     """The default environment: fabric_lite starts the processes itself.
 
-    The process the user starts is local rank 0 and starts the other local ranks. On several nodes, start the
-    script once per node with ``NODE_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` set (the same address and port
-    everywhere). The variables read are:
-
-    * ``MASTER_ADDR`` (default ``127.0.0.1``) and ``MASTER_PORT`` (default: a free port, held by rank 0),
-    * ``NODE_RANK`` (or ``GROUP_RANK``; default 0),
-    * ``LOCAL_RANK`` and ``WORLD_SIZE``, set by the launcher for the processes it starts. A process that sees
-      ``LOCAL_RANK`` was started by a launcher and starts no processes itself. :meth:`teardown` removes
-      ``WORLD_SIZE``, as Lightning's does, so that a later ``Fabric`` in the process does not take it for its own.
-
-    The name is Lightning Fabric's, so code that refers to it keeps working.
+    The process the user starts is local rank 0 and starts the others, which see ``LOCAL_RANK`` and ``WORLD_SIZE``
+    and start none. On several nodes, start the script on each with the same ``MASTER_ADDR`` and ``MASTER_PORT``
+    and its ``NODE_RANK`` (or ``GROUP_RANK``); the defaults are ``127.0.0.1``, a free port held by rank 0, node 0.
 
     Example::
 
-        # two nodes started by hand, Fabric(num_nodes=2) in train.py; on the second node:
+        # on the second of two nodes (Fabric(num_nodes=2) in train.py):
         #   MASTER_ADDR=10.0.0.1 MASTER_PORT=29500 NODE_RANK=1 python train.py
-        env = LightningEnvironment({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "1"})
-        env.main_address, env.main_port, env.node_rank()  # ('10.0.0.1', 29500, 1)
+        LightningEnvironment().node_rank()  # 1
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
@@ -86,19 +77,15 @@ class LightningEnvironment(ClusterEnvironment):
 
     @override
     def teardown(self) -> None:
-        """Remove ``WORLD_SIZE`` from the variables this environment reads (``os.environ`` when it was given none)."""
+        """Remove ``WORLD_SIZE`` from the variables read (``os.environ`` when given none), as Lightning does, so that
+        a later ``Fabric`` in the process does not take it for its own."""
         variables = os.environ if self._given_env is None else self._given_env
         variables.pop("WORLD_SIZE", None)
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """A run over several nodes needs ``MASTER_ADDR`` and ``MASTER_PORT`` (without them each node would wait for
-        the others on its own address until the timeout); a process that fabric_lite's launcher started (it sees
-        ``LOCAL_RANK``) must ask for the ``WORLD_SIZE`` it was started with.
-
-        Raises:
-            ValueError: naming the missing variables, or both world sizes, and the fix.
-        """
+        """Raise ``ValueError`` where several nodes lack ``MASTER_ADDR``/``MASTER_PORT`` (each node would wait on its
+        own address until the timeout), or a process the launcher started asks for another ``WORLD_SIZE``."""
         if not self.creates_processes_externally:
             missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in self._env]
             if num_nodes > 1 and missing:

@@ -14,33 +14,19 @@ _REQUIRED = ("LSB_JOBID", "LSB_DJOB_RANKFILE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_
 
 
 class LSFEnvironment(_LauncherEnvironment):
-    """Processes started by ``jsrun`` in an LSF job (e.g. on IBM Summit-style clusters); fabric_lite starts none.
+    """Processes started by ``jsrun`` in an LSF job; fabric_lite starts none.
 
-    Reads:
-
-    * ``JSM_NAMESPACE_RANK``, ``JSM_NAMESPACE_LOCAL_RANK`` and ``JSM_NAMESPACE_SIZE`` (set by ``jsrun``): the
-      global rank, the rank on the node and the world size;
-    * the job's hosts from the rank file named by ``LSB_DJOB_RANKFILE`` (one host per line), or else from the
-      space-separated ``LSB_HOSTS``. The first entry is the launch node, which runs no task: it is dropped. The main
-      address is the first compute host; the node rank is the position of this machine's host name among the
-      distinct compute hosts, in order of appearance;
-    * the port: ``MASTER_PORT`` if set, else ``10000 + LSB_JOBID % 1000``, so every task computes the same one.
-
-    Detected when ``LSB_JOBID``, ``LSB_DJOB_RANKFILE``, ``JSM_NAMESPACE_LOCAL_RANK`` and ``JSM_NAMESPACE_SIZE``
-    are all set, as in Lightning Fabric. The hosts, address and port are read once, when it is created.
-
-    Args:
-        env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
+    Ranks come from ``JSM_NAMESPACE_RANK``, ``JSM_NAMESPACE_LOCAL_RANK`` and ``JSM_NAMESPACE_SIZE``. The compute hosts
+    are the rank file's (``LSB_DJOB_RANKFILE``, else ``LSB_HOSTS``) after the first entry, the launch node: the main
+    address is the first, the node rank this host's position among the distinct ones. The port is ``MASTER_PORT``,
+    else ``10000 + LSB_JOBID % 1000``, the same in every task. Hosts and port are read when it is created.
 
     Raises:
-        ValueError: no host list (``LSB_DJOB_RANKFILE``/``LSB_HOSTS`` unset or empty), or neither ``MASTER_PORT``
-            nor ``LSB_JOBID`` to derive the port from.
+        ValueError: no host list, or neither ``MASTER_PORT`` nor ``LSB_JOBID`` to derive the port from.
 
     Example::
 
-        # jsrun -n 4 -r 2 python train.py; in every task:
-        fabric = Fabric(accelerator="cuda", devices=2, num_nodes=2)  # LSFEnvironment is detected
-        LSFEnvironment().main_address  # 'batch2': the first compute host of $LSB_DJOB_RANKFILE
+        fabric = Fabric(accelerator="cuda", devices=2, num_nodes=2)  # under `jsrun -n 4 -r 2`: detected
     """
 
     _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK = "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"
@@ -107,14 +93,13 @@ class LSFEnvironment(_LauncherEnvironment):
 
     @override
     def node_rank(self) -> int:
-        """The position of this machine's host name among the job's distinct compute hosts (found once)."""
+        """This host's position among the job's distinct compute hosts; ``RuntimeError`` where it is not one."""
         if self._node_rank is None:
             self._node_rank = self._get_node_rank()
         return self._node_rank
 
     def _get_node_rank(self) -> int:
-        """Find this machine's host name among the job's distinct compute hosts, in order of appearance (Lightning
-        Fabric's name for it)."""
+        """This host's position among the distinct compute hosts, in order of appearance (Lightning's name)."""
         distinct = list(dict.fromkeys(self._hosts))
         hostname = socket.gethostname()
         if hostname not in distinct:

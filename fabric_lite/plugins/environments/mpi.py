@@ -49,23 +49,16 @@ def _free_port() -> int:
 class MPIEnvironment(_LauncherEnvironment):
     """Processes started by ``mpirun``/``mpiexec``, with ranks from MPI's ``COMM_WORLD`` (through ``mpi4py``).
 
-    The node rank is this host's index among the ranks' sorted host names; rank 0 broadcasts its host name and a
-    free port for the process group (gloo or NCCL, as usual: MPI only tells the ranks). An answer that needs MPI is
-    a collective the first time it is asked (then kept), so every rank must ask for it. Detected when an MPI
-    launcher's variables are set, mpi4py imports and ``COMM_WORLD`` has several processes (``pip install mpi4py``).
-
-    Args:
-        env: The environment variables to read (a copy is kept). Defaults to ``os.environ``.
+    The node rank is this host's index among the ranks' sorted host names; rank 0 broadcasts its host name and a free
+    port for the process group (gloo or NCCL: MPI only tells the ranks). An answer that needs MPI is a collective the
+    first time it is asked (then kept), so every rank must ask for it.
 
     Raises:
         ModuleNotFoundError: mpi4py is not installed (the message says how to install it).
 
     Example::
 
-        # mpirun -np 4 python train.py, with in train.py:
-        fabric = Fabric(accelerator="cpu", devices="auto")  # MPIEnvironment detected: 4 processes on this node
-        fabric.launch()
-        fabric.global_rank  # 0, 1, 2 or 3: COMM_WORLD's rank
+        fabric = Fabric(accelerator="cpu", devices="auto")  # under `mpirun -np 4`: 4 processes on this node
     """
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
@@ -101,13 +94,8 @@ class MPIEnvironment(_LauncherEnvironment):
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
-        """Whether an MPI launcher started this process among others: ``COMM_WORLD`` holds more than one process,
-        as in Lightning Fabric.
-
-        mpi4py is asked only where that costs nothing or is needed: when the program imported it already (MPI is
-        initialised), or when an MPI launcher's variable is set. Lightning imports it wherever it is installed, which
-        initialises MPI in every plain run.
-        """
+        """Whether an MPI launcher started this process among others (``COMM_WORLD`` holds several). mpi4py is asked
+        only where the program imported it or a launcher's variable is set, so that a plain run never starts MPI."""
         env = os.environ if env is None else env
         imported = sys.modules.get("mpi4py.MPI") or getattr(sys.modules.get("mpi4py"), "MPI", None)
         if imported is not None:  # MPI initialised by the program: ask it, whatever launched this process
@@ -155,23 +143,13 @@ class MPIEnvironment(_LauncherEnvironment):
         return int(self._node_rank)  # type: ignore[arg-type]
 
     def local_world_size(self) -> int:
-        """How many processes the launcher started on this node (a collective the first time).
-
-        Example::
-
-            MPIEnvironment().local_world_size()  # 2 under `mpirun -np 2` on one machine
-        """
+        """How many processes the launcher started on this node (a collective the first time)."""
         if self._comm_local is None:
             self._init_comm_local()
         return int(self._comm_local.Get_size())
 
     def num_nodes(self) -> int:
-        """How many distinct hosts the job's processes run on (a collective the first time).
-
-        Example::
-
-            MPIEnvironment().num_nodes()  # 1 under `mpirun -np 2` on one machine
-        """
+        """How many distinct hosts the job's processes run on (a collective the first time)."""
         if self._num_nodes is None:
             self._init_comm_local()
         return int(self._num_nodes)  # type: ignore[arg-type]

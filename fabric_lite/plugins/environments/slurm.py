@@ -27,12 +27,7 @@ _INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 
 
 def first_host(nodelist: str) -> str:
-    """The first host of a SLURM host list.
-
-    Handles plain lists separated by commas or spaces and bracketed ranges, including several bracket groups and
-    zero padding: ``"node[3-5,9]"`` gives ``"node3"``, ``"gpu[007-009],cpu1"`` gives ``"gpu007"``,
-    ``"rack[1-2]-n[4,6]"`` gives ``"rack1-n4"``.
-    """
+    """The first host of a SLURM host list (``"gpu[007-009],cpu1"``: ``"gpu007"``); ``ValueError`` if it is empty."""
     text = nodelist.strip()
     if not text:
         raise ValueError("SLURM_NODELIST is empty; cannot tell which host is the main node. Set MASTER_ADDR.")
@@ -80,8 +75,7 @@ def _started_by_srun(env: Mapping[str, str]) -> bool:
 
 
 def _warn_if_srun_not_used(env: Mapping[str, str]) -> None:
-    """Lightning's hint for a machine where ``srun`` exists but did not start this process (often a forgotten
-    ``srun`` in a batch script, whose processes would then wait for tasks SLURM never starts)."""
+    """Warn, as Lightning does, where ``srun`` exists but did not start this process (often a forgotten ``srun``)."""
     if sys.platform == "win32" or shutil.which("srun") is None or _started_by_srun(env):
         return
     command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
@@ -96,9 +90,7 @@ _TASKS_PER_NODE_VARIABLES = ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE
 
 
 def _check_tasks_per_node_known(env: Mapping[str, str]) -> None:
-    """Lightning's check of ``--ntasks`` without a count per node: several tasks, and none of the variables that say
-    how many run on each node (``sbatch``, ``salloc`` and ``srun`` set ``SLURM_TASKS_PER_NODE``; ``srun -n 2`` the
-    step's too, which fabric_lite reads), so the processes of a node cannot be counted."""
+    """Raise ``RuntimeError``, as Lightning does, for several tasks and no variable that says how many run per node."""
     try:
         ntasks = int(env.get("SLURM_NTASKS", "1"))
     except ValueError:
@@ -117,16 +109,14 @@ def _in_srun_step(env: Mapping[str, str]) -> bool:
 
 
 def _uniform_count(spec: str) -> int | None:
-    """The count of a SLURM tasks-per-node list when every node has the same: ``"2(x3)"`` and ``"2(x2),2"`` give 2,
-    ``"2,1"`` gives ``None``."""
+    """The count of a tasks-per-node list where every node has the same (``"2(x3)"``: 2), else ``None`` (``"2,1"``)."""
     counts = {int(m) for m in re.findall(r"(\d+)(?:\(x\d+\))?", spec)}
     return counts.pop() if len(counts) == 1 else None
 
 
 def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | None:
-    """A note for a process inside a SLURM job of several tasks that ``srun`` did not start as one of them (the
-    cases :class:`SLURMEnvironment` lists), for which fabric_lite starts ``processes`` processes itself. ``None``
-    outside SLURM, for a task of an ``srun`` step, and where the job (or the step) has one task."""
+    """What to tell a process of a several-task SLURM job that ``srun`` did not start (fabric_lite then starts
+    ``processes`` itself); ``None`` outside SLURM, in an ``srun`` task, and for a job of one task."""
     if "SLURM_JOB_ID" not in env or SLURMEnvironment.detect(env):
         return None
     ntasks = env.get("SLURM_NTASKS", "")
@@ -149,34 +139,26 @@ def _note_not_started_by_srun(env: Mapping[str, str], processes: int) -> str | N
 class SLURMEnvironment(_LauncherEnvironment):
     """Processes started by ``srun`` (directly or inside an ``sbatch`` script); fabric_lite starts none itself.
 
-    Reads the ranks and world size from ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and ``SLURM_NTASKS``
-    (a missing one is a ``KeyError``, as in Lightning). The main address is ``MASTER_ADDR`` or else the first host of
-    ``SLURM_NODELIST``; the port is ``MASTER_PORT`` or else ``15000 +`` the last four digits of the job id, as in
-    Lightning, so that every task computes the same port without talking to the others.
-
-    :meth:`detect` answers ``True`` only in a task that ``srun`` started: in a batch script without ``srun``, an
-    ``salloc`` shell or a single-task shell step (``srun --pty bash``), fabric_lite starts the processes itself
-    instead of waiting for tasks SLURM will never start. ``plugins=[SLURMEnvironment()]`` uses SLURM's variables in
-    any case. docs/troubleshooting.md ("SLURM") has the cases.
-
-    With ``auto_requeue=True`` every process installs a handler for ``requeue_signal`` at ``fabric.launch()``;
-    when it arrives, global rank 0 runs ``scontrol requeue <job id>``, so the job starts over (resume from your last
-    checkpoint). A handler installed before it is still called.
+    Ranks come from ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and ``SLURM_NTASKS`` (a missing one is a
+    ``KeyError``). The main address is ``MASTER_ADDR``, else the first host of ``SLURM_NODELIST``; the port is
+    ``MASTER_PORT``, else ``15000 +`` the job id's last four digits, so every task derives it without talking.
+    :meth:`detect` is ``True`` only in a task ``srun`` started: in a batch script, an ``salloc`` shell or
+    ``srun --pty bash`` fabric_lite starts the processes itself (docs/troubleshooting.md, "SLURM").
 
     Args:
-        auto_requeue: Whether to requeue the job when ``requeue_signal`` arrives.
+        auto_requeue: At ``fabric.launch()``, install a handler for ``requeue_signal`` on which global rank 0 runs
+            ``scontrol requeue <job id>``; a handler installed before it is still called.
         requeue_signal: The signal SLURM sends before the time limit. Defaults to ``SIGUSR1`` (none on Windows).
-        env: The environment variables to read (keyword only; a copy is kept). Defaults to this process's
-            ``os.environ``, read at each call; only then do the constructor and :meth:`detect` also warn where
-            ``srun`` is available but did not start this process, as Lightning does.
+        env: The variables to read (keyword only; copied). Defaults to ``os.environ``, read at each call; only then
+            do the constructor and :meth:`detect` warn where ``srun`` exists but did not start this process.
+
+    Raises:
+        RuntimeError: several tasks, but no tasks-per-node variable (checked only when ``env`` is not given).
 
     Example::
 
-        srun --ntasks-per-node=2 python train.py   # Fabric(devices="auto") takes 2 processes per node from SLURM
-
-        # sbatch --signal=USR1@90 --requeue job.sh: requeued 90 s before the time limit
+        # sbatch --signal=USR1@90 --requeue job.sh, which runs: srun --ntasks-per-node=2 python train.py
         fabric = Fabric(plugins=[SLURMEnvironment(auto_requeue=True)])
-        SLURMEnvironment(env={"SLURM_NNODES": "2"}).num_nodes()  # 2
     """
 
     _WORLD_SIZE, _GLOBAL_RANK, _LOCAL_RANK, _NODE_RANK = "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"
@@ -215,23 +197,13 @@ class SLURMEnvironment(_LauncherEnvironment):
 
     @staticmethod
     def job_name(env: Mapping[str, str] | None = None) -> str | None:
-        """``SLURM_JOB_NAME`` of ``env`` (default: this process's ``os.environ``), or ``None``.
-
-        Example::
-
-            SLURMEnvironment.job_name()  # 'train' in a job submitted with --job-name=train
-        """
+        """``SLURM_JOB_NAME`` of ``env`` (default ``os.environ``), or ``None``."""
         return (os.environ if env is None else env).get("SLURM_JOB_NAME")
 
     @staticmethod
     def job_id(env: Mapping[str, str] | None = None) -> int | None:
-        """``SLURM_JOB_ID`` of ``env`` (default: ``os.environ``) as an int; ``None`` outside SLURM and in an
-        interactive job.
-
-        Example::
-
-            SLURMEnvironment.job_id()  # 4242 inside job 4242; None in a job named 'bash' or 'interactive'
-        """
+        """``SLURM_JOB_ID`` of ``env`` (default ``os.environ``) as an int; ``None`` outside SLURM and in an
+        interactive job (named ``bash`` or ``interactive``)."""
         env = os.environ if env is None else env
         if _slurm_interactive(env):
             return None
@@ -240,12 +212,7 @@ class SLURMEnvironment(_LauncherEnvironment):
 
     @staticmethod
     def resolve_root_node_address(nodes: str) -> str:
-        """The first host of a SLURM host list, as :func:`first_host`.
-
-        Example::
-
-            SLURMEnvironment.resolve_root_node_address("node[3-5,9],gpu1")  # 'node3'
-        """
+        """The first host of a SLURM host list (:func:`first_host`)."""
         return first_host(nodes)
 
     # ------------------------------------------------------------------------------------------ auto-requeue
@@ -320,26 +287,16 @@ class SLURMEnvironment(_LauncherEnvironment):
     @staticmethod
     @override
     def detect(env: Mapping[str, str] | None = None) -> bool:
-        """Whether SLURM started this process as one task of a job step (under ``srun``); see the class.
-
-        Called without ``env`` (reading ``os.environ``), it also warns where ``srun`` is available but did not start
-        this process, as Lightning does.
-        """
+        """Whether ``srun`` started this process as one task of a job step (see the class); without ``env`` it also
+        warns where ``srun`` exists but did not start this process."""
         if env is None:
             _warn_if_srun_not_used(os.environ)
         return _started_by_srun(os.environ if env is None else env)
 
     def tasks_per_node(self) -> int | None:
-        """Tasks of this step on each node; ``None`` when nodes have different counts or SLURM does not say.
-
-        Read from the step's ``SLURM_STEP_TASKS_PER_NODE`` (set by ``srun``), else ``SLURM_NTASKS_PER_NODE``, else a
-        uniform ``SLURM_TASKS_PER_NODE``. The step's own count comes first because ``srun -n 1`` inside an
-        ``sbatch --ntasks-per-node=2`` job inherits ``SLURM_NTASKS_PER_NODE=2`` from the job.
-
-        Example:
-            >>> SLURMEnvironment(env={"SLURM_TASKS_PER_NODE": "2(x3)"}).tasks_per_node()
-            2
-        """
+        """Tasks of this step per node, or ``None`` where nodes differ or SLURM does not say: the step's own
+        ``SLURM_STEP_TASKS_PER_NODE`` (a step inherits the job's ``SLURM_NTASKS_PER_NODE``), else the latter, else a
+        uniform ``SLURM_TASKS_PER_NODE``."""
         return self._tasks_per_node()[0]
 
     def _tasks_per_node(self) -> tuple[int | None, str]:
@@ -353,12 +310,7 @@ class SLURMEnvironment(_LauncherEnvironment):
         return (_uniform_count(spec) if spec else None), f"SLURM_TASKS_PER_NODE={spec}"
 
     def num_nodes(self) -> int | None:
-        """Nodes of this step: ``SLURM_STEP_NUM_NODES`` (set by ``srun``), else ``SLURM_NNODES``; ``None`` if unset.
-
-        Example:
-            >>> SLURMEnvironment(env={"SLURM_NNODES": "2"}).num_nodes()
-            2
-        """
+        """Nodes of this step: ``SLURM_STEP_NUM_NODES`` (set by ``srun``), else ``SLURM_NNODES``; ``None`` if unset."""
         name = self._nodes_variable()
         return self._int(name) if name in self._env else None
 
@@ -367,11 +319,8 @@ class SLURMEnvironment(_LauncherEnvironment):
 
     @override
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Raise ``ValueError`` where ``devices``/``num_nodes`` disagree with SLURM's tasks per node, nodes or tasks.
-
-        Skipped in an interactive job (named ``bash`` or ``interactive``) unless ``srun`` started this process as
-        one task of several: there the processes are fabric_lite's to start, as in Lightning.
-        """
+        """Raise ``ValueError`` where ``devices``/``num_nodes`` disagree with SLURM's tasks per node, nodes or tasks;
+        skipped in an interactive job (fabric_lite starts its processes) unless ``srun`` started several tasks."""
         if self.job_name(self._env) in _INTERACTIVE_JOB_NAMES and not _several_task_step(self._env):
             return
         per_node, source = self._tasks_per_node()

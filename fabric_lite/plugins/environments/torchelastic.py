@@ -15,17 +15,15 @@ _DEFAULT_PORT = 12910
 
 
 class TorchElasticEnvironment(_LauncherEnvironment):
-    """Processes started by torchrun (the torch elastic agent), which fabric_lite never starts itself.
+    """Processes started by torchrun, which fabric_lite never starts itself; detected by ``TORCHELASTIC_RUN_ID``.
 
-    Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (default 0),
-    ``MASTER_ADDR`` and ``MASTER_PORT`` (torchrun sets both; without them ``127.0.0.1`` and 12910, with a warning, as
-    in Lightning); detected by ``TORCHELASTIC_RUN_ID``. torchrun's settings win: ``devices`` and ``num_nodes``
-    must agree with them, or :meth:`validate_settings` raises naming both.
+    Reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (default 0), ``MASTER_ADDR``
+    and ``MASTER_PORT`` (without them ``127.0.0.1`` and 12910, with a warning). ``devices`` and ``num_nodes`` must
+    agree with torchrun's settings, or :meth:`validate_settings` raises ``ValueError`` naming both.
 
     Example::
 
-        # torchrun --nnodes 2 --nproc-per-node 2 ... train.py; in the second process of the second node:
-        env = TorchElasticEnvironment()  # reads RANK=3, LOCAL_RANK=1, WORLD_SIZE=4, GROUP_RANK=1, ...
+        env = TorchElasticEnvironment()  # torchrun --nnodes 2 --nproc-per-node 2: the second process of node 1
         env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()  # (3, 1, 1, 4)
     """
 
@@ -58,7 +56,7 @@ class TorchElasticEnvironment(_LauncherEnvironment):
     @override
     def store_prefix(self) -> str:
         # torchrun keeps its agent's store across restarts: without a prefix a restarted worker can read the gloo
-        # addresses of the attempt that died and fail to connect ("Connection refused"), as seen with torch 2.13
+        # addresses of the attempt that died and fail to connect ("Connection refused")
         return f"fabric_lite/attempt_{self._int('TORCHELASTIC_RESTART_COUNT', 0)}"
 
     def local_world_size(self) -> int | None:

@@ -1,5 +1,4 @@
-"""Lightning Fabric's ``XLAEnvironment``: importable, never detected, and an error when built (see
-:mod:`fabric_lite.accelerators.xla`)."""
+"""Lightning Fabric's ``XLAEnvironment``: importable, never detected (see :mod:`fabric_lite.accelerators.xla`)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,11 @@ from fabric_lite.plugins.environments.cluster_environment import ClusterEnvironm
 
 
 class XLAEnvironment(_NeedsXLA, ClusterEnvironment):
-    """The cluster environment of an XLA (TPU) job: fabric_lite has none, so :meth:`detect` is always ``False``.
+    """The environment of an XLA (TPU) job, which fabric_lite does not run: never detected, and building one raises.
 
     Example::
 
-        XLAEnvironment.detect()  # False
-        XLAEnvironment()         # ModuleNotFoundError: XLAEnvironment needs torch_xla and an XLA device ...
+        XLAEnvironment()  # ModuleNotFoundError: XLAEnvironment needs torch_xla and an XLA device ...
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -13,29 +13,19 @@ from fabric_lite.utilities.types import _PATH
 
 
 class AsyncCheckpointIO(CheckpointIO):
-    """Save without waiting for the write: ``fabric.save`` copies the state on the calling thread (so the checkpoint
-    holds the state at the moment of the call, whatever later steps do) and returns; the file is written in a
-    background thread by ``checkpoint_io`` (default :class:`TorchCheckpointIO`: atomic writes).
+    """Save without waiting for the write: ``fabric.save`` copies the state on the calling thread and returns, and
+    ``checkpoint_io`` (default :class:`TorchCheckpointIO`) writes the copy in a background thread.
 
-    * At most one save is in flight: the next ``fabric.save`` first waits for the previous write.
-    * ``fabric.load``, the end of ``fabric.launch(fn)`` (and of a script), a failure in training and ``teardown``
-      wait for the write in flight, so nothing reads or exits before the checkpoint is published.
-    * A failed write is never lost: it raises :class:`~fabric_lite.runtime.checkpoint.CheckpointError` (naming the
-      path) at the next save and at ``fabric.load`` on every rank, or at the end of ``launch``; at the end of a
-      script it is printed and the process exits with code 1.
-    * The copy is held between saves (one checkpoint's worth of host memory), and reused by the next save.
-    * With the sharding strategies (FSDP, ModelParallel), ``AsyncCheckpointIO()`` without ``checkpoint_io`` switches
-      their folders to ``torch.distributed.checkpoint.async_save``, on a process group of its own.
-
-    Args:
-        checkpoint_io: what writes the file in the background (default :class:`TorchCheckpointIO`).
+    One write is in flight at most: the next save, ``fabric.load``, ``teardown`` and the end of ``fabric.launch``
+    (or of the script) wait for it. A failed write raises :class:`~fabric_lite.runtime.checkpoint.CheckpointError`
+    at the next save or load on every rank, or at the end of ``launch`` (of a script: printed, exit code 1). The
+    host copy is kept for the next save. With FSDP and ModelParallel, ``AsyncCheckpointIO()`` without
+    ``checkpoint_io`` makes their folders use ``torch.distributed.checkpoint.async_save``.
 
     Example::
 
         fabric = Fabric(strategy="ddp", devices=2, plugins=[AsyncCheckpointIO()])
-        fabric.save("checkpoints/last.ckpt", state)  # returns once the state is copied; written in the background
-        ...
-        fabric.load("checkpoints/last.ckpt", state)  # waits for the write first
+        fabric.save("checkpoints/last.ckpt", state)  # returns once the state is copied
     """
 
     def __init__(self, checkpoint_io: CheckpointIO | None = None) -> None:
@@ -93,16 +83,12 @@ class AsyncCheckpointIO(CheckpointIO):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        """Wait for the previous write, copy ``checkpoint`` and write the copy to ``path`` in the background.
-
-        Raises:
-            CheckpointError: the previous write failed (this checkpoint is then not saved).
-        """
+        """Wait for the previous write, copy ``checkpoint`` and write the copy to ``path`` in the background; raises
+        the previous write's ``CheckpointError`` (this checkpoint is then not saved)."""
         self._submit(lambda staged: self._inner().save_checkpoint(staged, path, storage_options), checkpoint, path)
 
     def _submit(self, write: Any, checkpoint: Any, path: _PATH) -> None:
-        """Wait for the previous write (raising its error), stage ``checkpoint`` on this thread, then run
-        ``write(staged)`` in the background."""
+        """Wait for the previous write (raising its error), stage ``checkpoint``, and ``write`` the copy in a thread."""
         self._background.wait()
         staged = self._stage(checkpoint)
         self._background.submit(lambda: write(staged), str(path))
@@ -131,11 +117,7 @@ class AsyncCheckpointIO(CheckpointIO):
         return self._background.in_flight
 
     def wait(self) -> None:
-        """Block until the write in flight is done.
-
-        Raises:
-            CheckpointError: the last write failed; the message names its path.
-        """
+        """Block until the write in flight is done; ``CheckpointError`` (naming its path) if it failed."""
         self._background.wait()
 
     def _join(self, timeout: float | None = None) -> bool:
@@ -148,11 +130,7 @@ class AsyncCheckpointIO(CheckpointIO):
 
     @override
     def teardown(self) -> None:
-        """Wait for the write in flight and release the staging copy.
-
-        Raises:
-            CheckpointError: the last write failed.
-        """
+        """Wait for the write in flight (raising its ``CheckpointError``) and release the staging copy."""
         try:
             self.wait()
         finally:

@@ -11,53 +11,29 @@ from fabric_lite.utilities.types import _PATH
 class CheckpointIO(ABC):
     """Writes, reads and removes checkpoint files for a strategy.
 
-    The strategy turns modules, optimizers and stateful objects into a plain dict of state dicts; a
-    ``CheckpointIO`` only decides how that dict becomes bytes at ``path`` and back. ``fabric.save`` calls
-    :meth:`save_checkpoint` on global rank 0 only; ``fabric.load`` calls :meth:`load_checkpoint` on every rank.
-    Pass your own through ``Fabric(plugins=[MyCheckpointIO()])`` or a strategy's ``checkpoint_io=`` argument.
-    Strategies whose checkpoint is a sharded folder (``FSDPStrategy``) write it themselves and refuse a
-    ``CheckpointIO``, as Lightning Fabric's do.
+    The strategy turns the state into a plain dict; a ``CheckpointIO`` only decides how it becomes bytes at ``path``
+    and back. ``fabric.save`` calls :meth:`save_checkpoint` on global rank 0, ``fabric.load`` :meth:`load_checkpoint`
+    on every rank. Strategies that write sharded folders (``FSDPStrategy``) refuse one, as Lightning's do.
 
     Example::
 
         class JsonCheckpointIO(CheckpointIO):
             def save_checkpoint(self, checkpoint, path, storage_options=None):
                 Path(path).write_text(json.dumps(checkpoint))
-
-            def load_checkpoint(self, path, map_location=None, weights_only=None):
-                return json.loads(Path(path).read_text())
-
-            def remove_checkpoint(self, path):
-                Path(path).unlink(missing_ok=True)
-
-        fabric = Fabric(plugins=[JsonCheckpointIO()])
-        fabric.save("state.json", {"step": 3})  # written by JsonCheckpointIO.save_checkpoint, on rank 0
+            ...  # load_checkpoint and remove_checkpoint likewise
     """
 
     @abstractmethod
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        """Write ``checkpoint`` (plain state: tensors, numbers, strings, containers) to ``path``.
-
-        Args:
-            checkpoint: the state to write.
-            path: where to write it.
-            storage_options: options of your own for the write (``None`` when the caller gives none).
-        """
+        """Write ``checkpoint`` (tensors, numbers, strings, containers) to ``path``; ``storage_options`` are the
+        caller's, for the plugin to interpret."""
 
     @abstractmethod
     def load_checkpoint(
         self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Read back the state written by :meth:`save_checkpoint`.
-
-        Args:
-            path: the checkpoint to read.
-            map_location: where tensors are loaded, as for ``torch.load``.
-            weights_only: ``True`` restricts unpickling to tensors and plain values (safe for untrusted files).
-
-        Returns:
-            The checkpoint's state.
-        """
+        """Return the state :meth:`save_checkpoint` wrote to ``path``; ``map_location`` as for ``torch.load``, and
+        ``weights_only=True`` unpickles only tensors and plain values (safe for untrusted files)."""
 
     @abstractmethod
     def remove_checkpoint(self, path: _PATH) -> None:

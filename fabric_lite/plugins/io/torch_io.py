@@ -15,32 +15,23 @@ from fabric_lite.utilities.types import _PATH
 
 
 class TorchCheckpointIO(CheckpointIO):
-    """Checkpoint files written with ``torch.save`` and read with ``torch.load``: what every strategy uses unless
-    given another :class:`CheckpointIO`.
-
-    Writes are atomic (:func:`fabric_lite.runtime.checkpoint.atomic_save`: the file at ``path`` is either the
-    previous checkpoint or the complete new one) and reads unpickle only tensors and plain values unless
-    ``weights_only=False`` is passed (:func:`fabric_lite.runtime.checkpoint.safe_load`).
+    """Checkpoints through ``torch.save``/``torch.load``, every strategy's default: writes are atomic
+    (:func:`fabric_lite.runtime.checkpoint.atomic_save`), and reads unpickle only tensors and plain values unless
+    given ``weights_only=False`` (:func:`fabric_lite.runtime.checkpoint.safe_load`).
 
     Example::
 
-        io = TorchCheckpointIO()
-        io.save_checkpoint({"step": 3, "weight": torch.ones(2)}, "out/state.ckpt")
-        io.load_checkpoint("out/state.ckpt")  # {'step': 3, 'weight': tensor([1., 1.])}
-        io.remove_checkpoint("out/state.ckpt")
+        TorchCheckpointIO().save_checkpoint({"step": 3}, "out/state.ckpt")
     """
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
-        """Write ``checkpoint`` to ``path`` atomically, creating missing parent folders.
-
-        ``path`` may be an fsspec URL (``s3://bucket/run/last.ckpt``, ``memory://...``; needs
-        ``pip install 'fabric-lite[remote]'`` and the protocol's package); ``storage_options`` then go to its
-        filesystem (e.g. ``{"endpoint_url": "http://127.0.0.1:9000"}`` for ``s3://``).
+        """Write ``checkpoint`` to ``path`` atomically, creating missing folders; ``path`` may be an fsspec URL
+        (``pip install 'fabric-lite[remote]'``), whose filesystem gets ``storage_options``.
 
         Raises:
-            TypeError: ``storage_options`` given with a local path, which takes none.
-            ImportError: fsspec or the URL's protocol package is missing; the message says what to install.
+            TypeError: ``storage_options`` given with a local path.
+            ImportError: fsspec or the URL's protocol package is missing.
             CheckpointError: the write failed; the previous file at ``path`` is unchanged.
         """
         if storage_options is not None and not _is_remote(path):
@@ -55,10 +46,8 @@ class TorchCheckpointIO(CheckpointIO):
     def load_checkpoint(
         self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """Read the checkpoint at ``path``; tensors land on the CPU unless ``map_location`` says otherwise.
-
-        ``weights_only=None`` means ``True``: only tensors and plain values are unpickled. Pass ``False`` only for
-        files you trust. ``path`` may be an fsspec URL.
+        """Read the checkpoint at ``path`` (or fsspec URL) onto the CPU unless ``map_location`` says otherwise;
+        ``weights_only=None`` means ``True`` (pass ``False`` only for files you trust).
 
         Raises:
             FileNotFoundError: there is no file at ``path``.
@@ -71,8 +60,7 @@ class TorchCheckpointIO(CheckpointIO):
 
     @override
     def remove_checkpoint(self, path: _PATH) -> None:
-        """Delete the file (or folder) at ``path``, a local path or an fsspec URL; nothing happens when there is
-        none."""
+        """Delete the file or folder at ``path`` (or fsspec URL); nothing happens when there is none."""
         if _is_remote(path):
             fs, fs_path = _filesystem(path)
             if fs.exists(fs_path):

@@ -1,9 +1,5 @@
-"""Precision plugins: how a loop computes (full, double, mixed and true half precision, 8- and 4-bit weights, FP8
-through Transformer Engine, and DeepSpeed's, which leaves the casting of the model to its engine).
-
-``BitsandbytesPrecision`` is imported on first use (its module is light, but it is the door to the optional
-``bitsandbytes``, which is imported only when the plugin is constructed).
-"""
+"""Precision plugins: full, double, mixed and true half precision, 8- and 4-bit weights, FP8 through Transformer
+Engine, and DeepSpeed's. ``BitsandbytesPrecision`` is imported on first use (the door to optional ``bitsandbytes``)."""
 
 from __future__ import annotations
 

@@ -20,21 +20,18 @@ _MIXED = ("16-mixed", "bf16-mixed")
 class MixedPrecision(Precision):
     """Automatic mixed precision: the forward runs under ``torch.autocast`` in float16 or bfloat16.
 
-    Parameters stay in float32. Floating inputs are cast to the half dtype before the forward and floating outputs
-    come back in the default dtype, as in Lightning Fabric. With ``"16-mixed"`` a ``torch.amp.GradScaler`` scales
-    the loss in ``fabric.backward``, unscales the gradients once before clipping, and steps the optimizer
-    through the scaler, which skips a step whose gradients hold inf/NaN and lowers the scale. The scaler's state is
-    saved by ``fabric.save`` and restored by ``fabric.load``.
+    Parameters stay float32; floating inputs are cast to the half type and outputs come back in the default dtype.
+    With ``"16-mixed"`` a ``torch.amp.GradScaler`` scales the loss in ``fabric.backward``, unscales the gradients once
+    before clipping and steps the optimizer, skipping a step whose gradients hold inf/NaN; its state is checkpointed.
 
     Args:
         precision: ``"16-mixed"`` or ``"bf16-mixed"``.
         device: the device type for autocast and the scaler: ``"cuda"``, ``"cpu"`` or ``"mps"``.
-        scaler: a ``torch.amp.GradScaler`` to use with ``"16-mixed"`` (one is created when not given).
+        scaler: the ``GradScaler`` for ``"16-mixed"`` (default: a new one); ``ValueError`` with ``"bf16-mixed"``.
 
     Example::
 
-        Fabric(precision="bf16-mixed")
-        Fabric(plugins=[MixedPrecision("16-mixed", "cpu")])  # real float16 on the CPU, with a scaler
+        Fabric(plugins=[MixedPrecision("16-mixed", "cpu")])  # float16 on the CPU, with a scaler
     """
 
     def __init__(

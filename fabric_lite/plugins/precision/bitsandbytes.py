@@ -1,14 +1,4 @@
-"""8- and 4-bit weights through `bitsandbytes <https://github.com/bitsandbytes-foundation/bitsandbytes>`__.
-
-``bitsandbytes`` is optional and imported when :class:`BitsandbytesPrecision` is constructed, never before: the
-quantised layer classes subclass its modules, so they are defined on first use too (:func:`_layer_classes`).
-
-Where quantisation happens, as in Lightning Fabric: ``convert_module`` (called by ``Fabric.setup``) swaps every
-``torch.nn.Linear`` for a layer that still holds the float weight, and moving the module to the device quantises it
-(bitsandbytes' own ``Params4bit.to``/``Int8Params.to``). Under ``fabric.init_module()`` the layers are created as
-quantised layers and quantise their weight as soon as it exists on a real device, so the float model never exists
-as a whole. Unlike Lightning, this also runs on the CPU (bitsandbytes >= 0.45 has CPU kernels for every mode).
-"""
+"""8- and 4-bit weights through `bitsandbytes <https://github.com/bitsandbytes-foundation/bitsandbytes>`__."""
 
 from __future__ import annotations
 
@@ -38,36 +28,27 @@ _BITSANDBYTES_AVAILABLE = _Availability("bitsandbytes")
 class BitsandbytesPrecision(Precision):
     """Quantise the weights of ``torch.nn.Linear`` layers to 8 or 4 bits with bitsandbytes, on the CPU or a CUDA GPU.
 
-    The layers are replaced when the module is set up (or created under ``fabric.init_module()``) and quantised
-    when they reach the device. The quantised weights are frozen; train adapters beside them (LoRA) as is usual
-    for fine-tuning. ``fabric.save``/``fabric.load`` keep the quantised weights as they are (4-bit quantisation
-    state included); a float checkpoint loaded into a quantised model is quantised on load.
-
-    Modes: ``"nf4"``/``"fp4"`` (4-bit NormalFloat / float, QLoRA), the same with ``"-dq"`` (the block scales are
-    quantised too, double quantisation), ``"int8"`` (LLM.int8() with frozen int8 weights) and ``"int8-training"``
-    (float weights, quantised on the fly in every forward, trainable).
+    ``fabric.setup`` swaps each ``Linear`` for a layer that holds the float weight until it is moved to the device;
+    under ``fabric.init_module()`` layers are quantised as they are created, so the float model never exists whole.
+    Quantised weights are frozen (train adapters beside them, e.g. LoRA); checkpoints keep them quantised, and a
+    float checkpoint is quantised on load. The optimizer is not replaced by an 8-bit one.
 
     Args:
-        mode: the quantisation mode, one of the above.
-        dtype: the compute dtype: floating inputs are cast to it and the module runs under it as the default
-            dtype. The ``int8`` modes need ``torch.float16`` (their default). The 4-bit default is
-            ``torch.bfloat16`` where it is fast (a CUDA GPU that supports it, or no CUDA GPU), else ``torch.float16``.
-        ignore_modules: names of submodules whose Linear layers stay in float, e.g. ``{"lm_head"}``. A name is a
-            prefix: ``"transformer.blocks"`` leaves every Linear layer of every block in float.
+        mode: ``"nf4"``/``"fp4"`` (4-bit, QLoRA), with ``"-dq"`` also quantising the block scales, ``"int8"``
+            (LLM.int8(), frozen) or ``"int8-training"`` (trainable float weights, quantised in each forward).
+        dtype: the compute dtype of the inputs and the forward. The ``int8`` modes need (and default to)
+            ``torch.float16``; 4-bit defaults to ``torch.bfloat16`` unless the CUDA GPU lacks it.
+        ignore_modules: prefixes of submodule names whose Linear layers stay in float, e.g. ``{"lm_head"}``.
 
     Raises:
         ValueError: an unknown ``mode``, or an ``int8`` mode with a dtype other than ``torch.float16``.
+        TypeError: ``dtype`` is not a floating ``torch.dtype``.
         ModuleNotFoundError: bitsandbytes is not installed (``pip install bitsandbytes``).
-
-    The optimizer is not replaced by an 8-bit one (``bitsandbytes.optim.Adam8bit``); pass one yourself if you want
-    it.
 
     Example::
 
         fabric = Fabric(accelerator="cpu", plugins=[BitsandbytesPrecision("nf4")])
         model = fabric.setup_module(model)  # every Linear is now a 4-bit layer, frozen
-        adapter = torch.nn.Linear(64, 64)  # what you train
-        optimizer = fabric.setup_optimizers(torch.optim.AdamW(adapter.parameters()))
     """
 
     def __init__(
@@ -99,9 +80,8 @@ class BitsandbytesPrecision(Precision):
         self._linear_cls = _layer_classes()[mode]
 
     def convert_module(self, module: Module) -> Module:
-        """Replace the module's ``Linear`` layers (those not in ``ignore_modules``) by bitsandbytes layers that
-        hold the float weight until the module is moved to its device (layers created under ``init_module`` are
-        kept as they are), and cast the other floating parameters and buffers to the compute dtype."""
+        """Replace the ``Linear`` layers not in ``ignore_modules`` by this mode's layers (unless ``init_module`` made
+        them), and cast the other floating tensors to the compute dtype; ``TypeError`` where there is no ``Linear``."""
         if not any(isinstance(m, torch.nn.Linear) for m in module.modules()):
             raise TypeError(
                 "You are using the bitsandbytes precision plugin, but your model has no Linear layers. This plugin"
@@ -159,7 +139,7 @@ class BitsandbytesPrecision(Precision):
 
 
 def _import_bitsandbytes() -> ModuleType:
-    """bitsandbytes, imported without its welcome banner and CPU-build warnings."""
+    """bitsandbytes (optional: imported when the plugin is built), without its welcome banner and CPU warnings."""
     try:
         return _import_quietly()
     except ModuleNotFoundError as err:
@@ -197,9 +177,8 @@ def _layer_classes() -> dict[str, type[Module]]:
     bnb: Any = _import_bitsandbytes()
 
     class _Linear8bitLt(bnb.nn.Linear8bitLt):  # type: ignore[misc]
-        """``Linear8bitLt`` that quantises where it is created (on a real device), quantises float weights
-        loaded into it once quantised, restores int8 checkpoints with their scales, and runs ``int8-training``
-        in eval mode on the CPU."""
+        """``Linear8bitLt`` that quantises where it is created on a real device, loads float and int8 checkpoints,
+        and runs ``int8-training`` in eval mode on the CPU."""
 
         weight: Any  # an Int8Params
 
@@ -271,8 +250,7 @@ def _layer_classes() -> dict[str, type[Module]]:
                 self.quantize_(weight)
 
     class _Linear4bit(bnb.nn.Linear4bit):  # type: ignore[misc]
-        """``Linear4bit`` that quantises where it is created (on a real device), quantises float weights loaded
-        into it once quantised, and restores 4-bit checkpoints with their quantisation state."""
+        """``Linear4bit`` that quantises where it is created on a real device and loads float and 4-bit checkpoints."""
 
         weight: Any  # a Params4bit
 
@@ -356,8 +334,7 @@ def _layer_classes() -> dict[str, type[Module]]:
                 self.quantize_(weight)
 
     def preset(base: type[Module], name: str, **settings: Any) -> type[Module]:
-        """A subclass of ``base`` named ``name`` whose constructor always passes ``settings`` (a class rather than a
-        ``functools.partial``, so that isinstance checks and attributes work)."""
+        """A subclass of ``base`` whose constructor passes ``settings`` (a class, so that ``isinstance`` works)."""
 
         def __init__(self: Module, *args: Any, **kwargs: Any) -> None:
             base.__init__(self, *args, **settings, **kwargs)

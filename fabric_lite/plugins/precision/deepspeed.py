@@ -1,5 +1,4 @@
-"""DeepSpeed's precision: the engine converts the model and runs the backward and the step; this plugin only casts
-what goes in and out of the model."""
+"""DeepSpeed's precision: the engine casts the model and runs backward and step; the plugin casts inputs and outputs."""
 
 from __future__ import annotations
 
@@ -27,25 +26,19 @@ _DTYPES = {
 
 
 class DeepSpeedPrecision(Precision):
-    """The precision plugin of :class:`~fabric_lite.strategies.DeepSpeedStrategy`, chosen by it from
-    ``Fabric(precision=...)``.
+    """The precision plugin :class:`~fabric_lite.strategies.DeepSpeedStrategy` builds from ``Fabric(precision=...)``.
 
-    DeepSpeed does the precision work itself, from its config (``DeepSpeedStrategy`` writes ``"bf16"``/``"fp16"``
-    into it): its engine casts the model to the half type and keeps float32 master weights in the optimizer, and
-    its ``backward`` scales a float16 loss. This plugin casts floating inputs to that dtype and floating outputs back
-    to the default dtype; with ``"-true"`` it also creates and converts the module in that dtype. ``fabric.backward``
-    runs ``engine.backward(loss)`` through it.
+    DeepSpeed's engine does the precision work from its config: it casts the model, keeps float32 master weights and
+    scales a float16 loss in its ``backward``. This plugin casts floating inputs to the dtype and outputs back, and
+    with ``"-true"`` creates and converts the module in it.
 
     Args:
-        precision: ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"16-mixed"`` or ``"16-true"``.
-
-    Raises:
-        ValueError: another precision; the message lists the accepted ones.
+        precision: ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"16-mixed"`` or ``"16-true"``; another raises
+            ``ValueError``.
 
     Example::
 
-        fabric = Fabric(strategy="deepspeed_stage_2", precision="bf16-mixed")  # gets DeepSpeedPrecision("bf16-mixed")
-        fabric = Fabric(strategy="deepspeed", plugins=[DeepSpeedPrecision("bf16-mixed")])  # the same
+        fabric = Fabric(strategy="deepspeed", plugins=[DeepSpeedPrecision("bf16-mixed")])
     """
 
     def __init__(self, precision: Literal["32-true", "16-true", "bf16-true", "16-mixed", "bf16-mixed"]) -> None:
@@ -58,8 +51,7 @@ class DeepSpeedPrecision(Precision):
         self._desired_dtype = _DTYPES[precision]
 
     def convert_module(self, module: Module) -> Module:
-        """With ``"-true"``, the module's floating parameters and buffers in the half type (complex and integer ones
-        keep their dtype); with ``"-mixed"`` unchanged (the engine casts it)."""
+        """With ``"-true"`` the floating parameters and buffers in the half type, else unchanged (the engine casts)."""
         if self.precision.endswith("-true"):
             return _convert_module(module, self._desired_dtype)
         return module
@@ -81,7 +73,7 @@ class DeepSpeedPrecision(Precision):
         return _cast_floating(data, torch.get_default_dtype())
 
     def backward(self, tensor: Tensor, model: Module | None, *args: Any, **kwargs: Any) -> None:
-        """``model.backward(tensor)``: the DeepSpeed engine scales the loss (float16) and reduces the gradients."""
+        """``model.backward(tensor)``: the engine scales the loss and reduces gradients; ``TypeError`` without one."""
         engine_backward = getattr(model, "backward", None)
         if not callable(engine_backward):
             raise TypeError(
@@ -91,6 +83,5 @@ class DeepSpeedPrecision(Precision):
         engine_backward(tensor, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, **kwargs: Any) -> Any:
-        """``optimizer.step()``: given the engine, DeepSpeed steps (and zeroes the gradients) at its accumulation
-        boundary."""
+        """``optimizer.step()``: the engine steps (and zeroes the gradients) at its accumulation boundary."""
         return optimizer.step(**kwargs)

@@ -47,15 +47,9 @@ class FSDPPrecision(Precision):
     """The precision of an ``FSDPStrategy`` run, by name: ``Fabric(strategy="fsdp", plugins=[FSDPPrecision(p)])``
     behaves as ``Fabric(strategy="fsdp", precision=p)``.
 
-    ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards, compute under autocast and all-gather and reduce gradients
-    in the half type, as Lightning's does (see :attr:`mixed_precision_config`); ``"16-mixed"`` steps through a
-    ``ShardedGradScaler``, so every rank skips the same steps. ``"bf16-true"``/``"16-true"`` do everything in the
-    half type; ``"32-true"`` changes nothing. The autocast device follows the strategy's device.
-
-    Args:
-        precision: one of ``"32-true"``, ``"16-true"``, ``"bf16-true"``, ``"16-mixed"``, ``"bf16-mixed"``.
-        scaler: a ``torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler`` for ``"16-mixed"`` (one is
-            created when not given); other precisions take none.
+    ``"bf16-mixed"``/``"16-mixed"`` keep float32 shards, compute under autocast and all-gather and reduce in the half
+    type (:func:`mixed_precision_policy`); ``"16-mixed"`` steps through ``scaler``, a ``ShardedGradScaler`` (default:
+    a new one), so every rank skips the same steps. ``"bf16-true"``/``"16-true"`` do everything in the half type.
 
     Raises:
         ValueError: another ``precision``, or a ``scaler`` with a precision that does not scale the loss.
@@ -63,7 +57,6 @@ class FSDPPrecision(Precision):
     Example::
 
         fabric = Fabric(strategy="fsdp", devices=2, plugins=[FSDPPrecision("bf16-mixed")])
-        fabric.strategy.mixed_precision  # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=bfloat16)
     """
 
     def __init__(
@@ -99,19 +92,15 @@ class FSDPPrecision(Precision):
         return Precision()
 
     def _set_device_type(self, device_type: str) -> None:
-        """Autocast (and a created scaler) on ``device_type``; called by ``FSDPStrategy`` once its device is known,
-        before any step."""
+        """Autocast (and a new scaler) on ``device_type``; ``FSDPStrategy`` calls it once its device is known."""
         if device_type != self._device_type:
             self._device_type = device_type
             self._impl = self._make_impl()
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
-        """The loss scaler (a ``ShardedGradScaler``) with ``"16-mixed"``, settable as in Lightning; ``None`` otherwise.
-
-        Raises:
-            ValueError: setting one with another precision, which scales nothing.
-        """
+        """The ``ShardedGradScaler`` of ``"16-mixed"`` (settable, as in Lightning), else ``None``; setting one with
+        another precision raises ``ValueError``."""
         return getattr(self._impl, "scaler", None)
 
     @scaler.setter
@@ -128,17 +117,9 @@ class FSDPPrecision(Precision):
 
     @property
     def mixed_precision_config(self) -> FSDP1MixedPrecision:
-        """The dtypes of :attr:`precision` as FSDP1's ``MixedPrecision``, as Lightning's plugin gives them: the half
-        type throughout for ``"16-*"``/``"bf16-*"``, float32 for ``"32-true"``.
-
-        ``FSDPStrategy`` applies ``param_dtype`` and ``reduce_dtype`` through FSDP2's ``MixedPrecisionPolicy``
-        (:func:`mixed_precision_policy`); FSDP2 has no ``buffer_dtype``, so buffers keep theirs. Reading it with
-        ``"16-true"``/``"bf16-true"`` warns, as Lightning's does.
-
-        Example::
-
-            FSDPPrecision("bf16-mixed").mixed_precision_config.reduce_dtype  # torch.bfloat16
-        """
+        """The dtypes of :attr:`precision` as FSDP1's ``MixedPrecision``, as Lightning gives them (the half type
+        throughout, or float32); ``FSDPStrategy`` applies them through FSDP2 (:func:`mixed_precision_policy`), which
+        has no ``buffer_dtype``. Reading it with ``"16-true"``/``"bf16-true"`` warns, as Lightning's does."""
         from torch.distributed.fsdp import MixedPrecision as FSDP1MixedPrecision
 
         dtype = _dtype_of(self.precision)
@@ -157,28 +138,18 @@ class FSDPPrecision(Precision):
 
 
 def _dtype_of(precision: str) -> torch.dtype:
-    """The floating-point type a precision name computes in: the half type of ``"16-*"``/``"bf16-*"``, else
-    float32."""
+    """The dtype a precision name computes in: the half type of ``"16-*"``/``"bf16-*"``, else float32."""
     return {"16": torch.float16, "bf16": torch.bfloat16}.get(precision.partition("-")[0], torch.float32)
 
 
 def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
-    """The ``MixedPrecisionPolicy`` that matches ``Fabric(precision=...)``: the dtypes of
-    :attr:`FSDPPrecision.mixed_precision_config` (Lightning's), on FSDP2.
-
-    * ``"bf16-mixed"`` / ``"16-mixed"``: the sharded parameters (and the optimizer) stay float32; each unit is
-      all-gathered in bfloat16/float16 and computes in it (under autocast); gradients are reduce-scattered in it and
-      accumulated into the float32 shards' gradients.
-    * ``"bf16-true"`` / ``"16-true"``: everything in bfloat16/float16.
-    * anything else (``"32-true"``, ``"64-true"``): no casting.
-
-    Pass ``FSDPStrategy(mixed_precision=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
-    reduce_dtype=torch.float32))`` to reduce gradients in float32 instead.
+    """FSDP2's ``MixedPrecisionPolicy`` with the dtypes of :attr:`FSDPPrecision.mixed_precision_config`: for
+    ``"bf16-mixed"``/``"16-mixed"`` the shards (and optimizer) stay float32 while each unit is all-gathered, computes
+    and reduce-scatters in the half type. To reduce in float32, pass ``FSDPStrategy(mixed_precision=...)`` a policy.
 
     Example::
 
-        mixed_precision_policy("bf16-mixed")
-        # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, ...)
+        mixed_precision_policy("bf16-mixed")  # MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=...)
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

@@ -1,9 +1,5 @@
-"""The precision interface: a short list of hooks, each a no-op by default.
-
-A precision family overrides only the hooks where it differs from full precision. The module and optimizer
-wrappers call these hooks; a hook that a precision does not override costs nothing on the hot path, because the
-wrappers check once, at setup, which hooks are overridden (see :meth:`Precision.changes_forward`).
-"""
+"""The precision interface: hooks, each a no-op by default, that a precision overrides where it differs from full
+precision; the wrappers check once which are overridden, so a hook left alone costs nothing per step."""
 
 from __future__ import annotations
 
@@ -35,17 +31,14 @@ _PRECISION_INPUT = Union[_PRECISION_INPUT_INT, _PRECISION_INPUT_STR, _PRECISION_
 
 
 class Precision:
-    """Full precision (``"32-true"``) and the base class of every precision plugin.
-
-    Subclass it and override the hooks that differ; pass an instance through ``Fabric(plugins=[...])``.
+    """Full precision (``"32-true"``) and the base class of every precision plugin: override the hooks that differ
+    and pass an instance through ``Fabric(plugins=[...])``.
 
     Example::
 
         class LossPrinter(Precision):
             def post_backward(self, tensor, module):
-                print(f"loss {tensor.item():.4f}")
-
-        fabric = Fabric(plugins=[LossPrinter()])  # every fabric.backward(loss) prints the loss
+                print(f"loss {tensor.item():.4f}")  # after every fabric.backward(loss)
     """
 
     #: the name of this precision, as accepted by ``Fabric(precision=...)``
@@ -83,8 +76,7 @@ class Precision:
 
     @contextmanager
     def backward_context(self) -> Iterator[None]:
-        """The context in which the strategy runs this precision's backward hooks for ``fabric.backward(loss)``: the
-        module wrapper refuses a plain ``loss.backward()`` outside it where the loss must be scaled first."""
+        """The context in which the strategy runs the backward hooks for ``fabric.backward(loss)``."""
         self._in_fabric_backward += 1
         try:
             yield
@@ -132,13 +124,11 @@ class Precision:
         """Release what the precision holds."""
 
     def requires_fabric_backward(self) -> bool:
-        """Whether ``loss.backward()`` would be wrong and ``fabric.backward(loss)`` is required (e.g. with a loss
-        scaler). The module wrapper then catches a plain ``loss.backward()`` with an error that says so."""
+        """Whether ``fabric.backward(loss)`` is required (a loss scaler); the wrapper refuses ``loss.backward()``."""
         return False
 
     def skips_nonfinite_steps(self) -> bool:
-        """Whether inf/NaN gradients are expected and handled by skipping the step (a loss scaler); gradient
-        clipping then does not raise on them."""
+        """Whether inf/NaN gradients are expected and the step skipped (a loss scaler), so clipping does not raise."""
         return False
 
     def changes_forward(self) -> bool:
@@ -154,9 +144,7 @@ class Precision:
 
 
 class _TrueDtypePrecision(Precision):
-    """Everything in one floating dtype: the module's floating parameters and buffers (complex and integer ones are
-    kept), floating inputs, tensors created under ``init_module()``/``init_tensor()`` and inside the forward.
-    Floating outputs come back in the default dtype, as in Lightning."""
+    """Everything floating in ``_desired_input_dtype`` (see :class:`HalfPrecision`); outputs in the default dtype."""
 
     #: the dtype (Lightning's attribute name)
     _desired_input_dtype: torch.dtype = torch.float32

@@ -1,5 +1,4 @@
-"""Lightning Fabric's former name of :class:`~fabric_lite.plugins.precision.xla.XLAPrecision` in bfloat16 on TPUs,
-at its former path."""
+"""Lightning's former name of :class:`~fabric_lite.plugins.precision.xla.XLAPrecision` (bfloat16), at its path."""
 
 from __future__ import annotations
 
@@ -7,8 +6,7 @@ from fabric_lite.plugins.precision.xlabf16 import XLABf16Precision
 
 
 class TPUBf16Precision(XLABf16Precision):
-    """Deprecated (Lightning's ``XLAPrecision("bf16-true")``), and never available either: building one warns, then
-    raises the XLA classes' error.
+    """Deprecated (Lightning's ``XLAPrecision("bf16-true")``): building one warns, then raises as every XLA class does.
 
     Example::
 

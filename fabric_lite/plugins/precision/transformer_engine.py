@@ -1,9 +1,5 @@
 """FP8 training with NVIDIA's `Transformer Engine <https://docs.nvidia.com/deeplearning/transformer-engine>`__ on
-CUDA GPUs (Hopper and newer): ``Fabric(precision="transformer-engine")``.
-
-``transformer_engine`` is optional and imported when :class:`TransformerEnginePrecision` is constructed or one of
-its contexts is entered, never when this module is imported.
-"""
+CUDA GPUs (Hopper and newer); the optional ``transformer_engine`` is imported on first use, never at import."""
 
 from __future__ import annotations
 
@@ -26,29 +22,21 @@ log = logging.getLogger(__name__)
 
 
 class TransformerEnginePrecision(_TrueDtypePrecision):
-    """FP8 compute through Transformer Engine: the weights are kept in ``weights_dtype``, the Transformer Engine
-    layers run their matrix multiplications in FP8 under ``te.fp8_autocast`` with ``recipe``, and every other
-    operation of the forward runs under ``torch.autocast("cuda", fallback_compute_dtype)``.
+    """FP8 compute through Transformer Engine: its layers' matrix products in FP8 under ``te.fp8_autocast(recipe)``,
+    the rest of the forward under ``torch.autocast("cuda", fallback_compute_dtype)``. ``precision="transformer-engine"``
+    is this with ``weights_dtype=torch.bfloat16``, ``"transformer-engine-float16"`` with ``torch.float16``.
 
-    ``Fabric(precision="transformer-engine")`` is ``TransformerEnginePrecision(weights_dtype=torch.bfloat16)``, and
-    ``"transformer-engine-float16"`` the same with ``torch.float16``.
-
-    Only Transformer Engine's own layers compute in FP8. With ``replace_layers`` (the default when the model has no
-    Transformer Engine layer yet), ``fabric.setup`` replaces every ``torch.nn.Linear`` and ``torch.nn.LayerNorm`` by
-    ``transformer_engine.pytorch.Linear``/``LayerNorm`` with the same weights; ``replace_layers=True`` also makes
-    ``fabric.init_module()`` create those directly. The replacements do not subclass the torch layers, so
-    ``isinstance(layer, torch.nn.Linear)`` is false for them. FP8 needs a ``Linear``'s ``in_features`` divisible by 8
-    and ``out_features`` by 16: other ``Linear`` layers are kept, with a warning (pad your shapes to reach them).
+    Only Transformer Engine's layers compute in FP8, so ``fabric.setup`` replaces each ``torch.nn.Linear`` and
+    ``LayerNorm`` by theirs (not subclasses of torch's), keeping the weights; a ``Linear`` whose ``in_features`` is not
+    divisible by 8 or ``out_features`` by 16 is kept, with a warning.
 
     Args:
-        weights_dtype: the dtype of the parameters, of the inputs and of tensors made under ``init_module()``/
-            ``init_tensor()``.
-        recipe: Transformer Engine's ``DelayedScaling`` recipe, or a mapping of its arguments (``fp8_format`` by
-            name, e.g. ``{"fp8_format": "HYBRID", "amax_history_len": 16}``); ``DelayedScaling()`` when not given.
-        replace_layers: whether to replace the torch layers as above. ``None`` (default): at ``setup``, unless the
-            model already holds Transformer Engine layers.
-        fallback_compute_dtype: the autocast dtype of the operations that do not run in FP8; ``weights_dtype`` when
-            not given.
+        weights_dtype: the dtype of the parameters, the inputs and tensors made under ``init_module()``.
+        recipe: a ``DelayedScaling`` recipe, or a mapping of its arguments (``fp8_format`` by name, e.g.
+            ``{"fp8_format": "HYBRID"}``); default ``DelayedScaling()``.
+        replace_layers: replace the torch layers at ``setup`` (``None``: unless the model holds Transformer Engine
+            layers already); ``True`` also makes ``fabric.init_module()`` create theirs.
+        fallback_compute_dtype: the autocast dtype of what does not run in FP8; default ``weights_dtype``.
 
     Raises:
         ModuleNotFoundError: ``transformer_engine`` is not installed.
@@ -56,9 +44,6 @@ class TransformerEnginePrecision(_TrueDtypePrecision):
     Example::
 
         fabric = Fabric(accelerator="cuda", precision="transformer-engine")
-        # or, with a recipe of your own:
-        fabric = Fabric(plugins=[TransformerEnginePrecision(weights_dtype=torch.bfloat16,
-                                                            recipe={"fp8_format": "HYBRID"})])
     """
 
     precision: Literal["transformer-engine", "transformer-engine-float16"] = "transformer-engine"
@@ -147,8 +132,8 @@ class TransformerEnginePrecision(_TrueDtypePrecision):
 
 
 def _replace_layers(module: Module) -> None:
-    """Replace, in place and at any depth, each ``Linear`` whose shape FP8 supports and each ``LayerNorm`` over one
-    dimension by the Transformer Engine layer, with copies of its weights."""
+    """Replace, at any depth, each ``Linear`` of a shape FP8 supports and each 1-d ``LayerNorm`` by Transformer
+    Engine's, with copies of its weights."""
     import transformer_engine.pytorch as te  # type: ignore[import-not-found,import-untyped,unused-ignore]
 
     for name, child in module.named_children():

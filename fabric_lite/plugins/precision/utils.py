@@ -1,5 +1,4 @@
-"""What the precision plugins share: casting floating tensors and modules, the default dtype inside a block, and
-classes replaced inside a block (Lightning Fabric's ``plugins.precision.utils``, whose names clients import)."""
+"""What the precision plugins share (Lightning Fabric's ``plugins.precision.utils``, whose names clients import)."""
 
 from __future__ import annotations
 
@@ -27,27 +26,15 @@ def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
 
 
 def _convert_module(module: Module, dtype: torch.dtype) -> Module:
-    """``module`` (in place, and returned) with its floating parameters and buffers in ``dtype``; integer, bool and
-    complex ones are kept. ``module.to(dtype=...)`` would cast complex tensors too, keeping only their real part.
-
-    Example::
-
-        _convert_module(model, torch.float64)  # like model.double(): floating tensors only
-    """
+    """``module`` (in place, and returned) with its floating parameters and buffers in ``dtype``; the others are kept
+    (``module.to(dtype=...)`` would keep only the real part of complex ones)."""
     # Module._apply is what module.double() and module.half() run: parameters, their gradients and buffers alike
     module._apply(lambda t: _convert_fp_tensor(t, dtype))  # type: ignore[no-untyped-call]
     return module
 
 
 class _DtypeContextManager:
-    """Set the default floating dtype inside the block and restore it afterwards, also on error; reentrant (the
-    same instance can be entered again inside itself, or after it exited).
-
-    Example::
-
-        with _DtypeContextManager(torch.float64):
-            torch.empty(1).dtype  # torch.float64
-    """
+    """Set the default floating dtype inside the block and restore it afterwards, also on error; reentrant."""
 
     def __init__(self, dtype: torch.dtype) -> None:
         self._dtype = dtype
@@ -62,16 +49,9 @@ class _DtypeContextManager:
 
 
 class _ClassReplacementContextManager:
-    """Inside the block, each class named in ``mapping`` (``"module.path.ClassName"``) is replaced in its module by
-    the class it maps to, so that unmodified model code creates the replacement (e.g. quantised ``Linear`` layers
-    under ``init_module``); the originals are restored on exit, also on error. The modules are imported at
-    construction, so a wrong name fails there.
-
-    Example::
-
-        with _ClassReplacementContextManager({"torch.nn.Linear": QuantisedLinear}):
-            layer = torch.nn.Linear(4, 4)  # a QuantisedLinear
-    """
+    """Inside the block, each class named in ``mapping`` (``"module.path.ClassName"``) is replaced in its module, so
+    that unmodified model code creates the replacement (quantised ``Linear`` layers); restored on exit, also on error.
+    The modules are imported at construction, so a wrong name fails there."""
 
     def __init__(self, mapping: Mapping[str, type]) -> None:
         self._mapping = dict(mapping)

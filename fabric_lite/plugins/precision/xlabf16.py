@@ -1,5 +1,4 @@
-"""Lightning Fabric's former name of :class:`~fabric_lite.plugins.precision.xla.XLAPrecision` in bfloat16, at its
-former path."""
+"""Lightning's former name of :class:`~fabric_lite.plugins.precision.xla.XLAPrecision` (bfloat16), at its path."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from fabric_lite.plugins.precision.xla import XLAPrecision
 
 
 class XLABf16Precision(XLAPrecision):
-    """Deprecated (Lightning's ``XLAPrecision("bf16-true")``), and never available either: building one warns, then
-    raises the XLA classes' error.
+    """Deprecated (Lightning's ``XLAPrecision("bf16-true")``): building one warns, then raises as every XLA class does.
 
     Example::
 
