@@ -5,7 +5,8 @@
 
 fabric_lite runs from this interpreter; Lightning Fabric and Accelerate run from ``$LIGHTNING_PYTHON`` or
 ``.venv-lightning`` (made by ``.ci/setup``) when it has both, and are skipped with a note when not. A quick run
-takes two measurements at a time to stay short; a full run never overlaps two. Each figure is a ratio to raw PyTorch
+takes two measurements at a time to stay short, and leaves Lightning's two-process figures (start-up, DDP steps)
+out; a full run never overlaps two. Each figure is a ratio to raw PyTorch
 measured in paired, interleaved rounds, so that machine noise hits every variant alike: ``ratio`` is the median
 over rounds of (implementation / raw), ``spread`` the interquartile range of those per-round ratios (for import
 time, which has no raw counterpart, the interquartile range in seconds). The figures:
@@ -131,14 +132,16 @@ def sections(impls: list[str], quick: bool) -> list[Callable[[], list[dict]]]:
     """The measurements, each a function that returns its table lines; the longest first."""
     flag = ["--quick"] if quick else []
     memory = {"rounds": 1, "size": "quick", "steps": 2} if quick else {"rounds": 3, "size": "full", "steps": 5}
+    # a quick run leaves Lightning's two-process figures out (they cost more than all of fabric_lite's, and the quick
+    # run only shows that the measurements work): its start-up here, its DDP steps below
+    two_process = [i for i in impls if not (quick and i == "lightning")]
     found: list[Callable[[], list[dict]]] = [
-        lambda: summarise(bench_startup.measure(impls, runs=1 if quick else 7)),
+        lambda: summarise(bench_startup.measure(two_process, runs=1 if quick else 7)),
         lambda: summarise(bench_memory.measure(impls, **memory)),  # type: ignore[arg-type]
         partial(_async_save_table, quick),
     ]
-    # Accelerate is compared single-process only; a quick run leaves Lightning's two-process figures out too (they
-    # cost more than all of fabric_lite's, and the quick run only shows that the measurements work)
-    for impl in [i for i in impls if i == "fabric_lite" or (i == "lightning" and not quick)]:
+    # Accelerate is compared single-process only
+    for impl in [i for i in two_process if i in ("fabric_lite", "lightning")]:
         found.append(partial(_core_table, impl, ["ddp", impl, *flag], torchrun=True))
     # the payload sweep on 3 ranks too (fabric_lite against raw torch.distributed)
     found.append(partial(_core_table, "fabric_lite", ["sweep", "fabric_lite", *flag], torchrun=True, nproc=3))

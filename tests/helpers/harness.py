@@ -224,7 +224,9 @@ def lightning_python() -> str | None:
         found = None
         for candidate in (os.environ.get("LIGHTNING_PYTHON"), str(REPO / ".venv-lightning" / "bin" / "python")):
             if candidate and Path(candidate).is_file():
-                check = subprocess.run([candidate, "-c", "import lightning_fabric"], capture_output=True, timeout=120)
+                # found, not imported: an import would cost an interpreter's torch import in every worker
+                probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('lightning_fabric') is None)"
+                check = subprocess.run([candidate, "-c", probe], capture_output=True, timeout=120)
                 if check.returncode == 0:
                     found = candidate
                     break
