@@ -222,19 +222,7 @@ def all_reduce_checked(
     payload = _payload(tensors, groups, device) if fusable else None
     buffers = payload[1] if payload is not None else None
     rows = _exchange(call, tensors, signature, group.group, device, buffers, group.check_group)
-    _reduce_exchanged(tensors, reduce_op, group, rows, payload)
-
-
-def _reduce_exchanged(
-    tensors: Sequence[Tensor],
-    reduce_op: Any,
-    group: GroupState,
-    rows: Tensor | None,
-    payload: tuple[list[list[Tensor]], list[Tensor]] | None,
-) -> None:
-    """Finish a checked all-reduce once the signatures agree: reduce the ``payload`` from the exchanged ``rows``
-    locally, or, when it did not travel with the exchange, in the backend's all-reduce."""
-    if rows is None or payload is None:
+    if rows is None or payload is None:  # the tensors did not travel with the exchange: the backend reduces them
         all_reduce_(tensors, reduce_op, group.group, group.backend)
         return
     aliases, buffers = payload

@@ -43,13 +43,7 @@ def all_gather_checked(
     rows = _exchange("all_gather", tensors, signature, group.group, device, buffers, group.check_group)
     if rows is None or buffers is None:
         return _gather_after_check(tensors, group, False)
-    return _from_exchange(tensors, groups, buffers, rows)
-
-
-def _from_exchange(
-    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], buffers: Sequence[Tensor], rows: Tensor
-) -> list[Tensor]:
-    """The gathered tensors, cut from the exchanged ``rows`` that carried the ``buffers`` of every rank."""
+    # the gathered tensors, cut from the exchanged rows that carried every rank's buffers
     outs = [values.to(m[0].device) for values, m in zip(_columns(rows, buffers), groups, strict=True)]
     return _split_gathered(tensors, groups, outs, rows.shape[0])
 
