@@ -26,10 +26,6 @@ ENV_VAR = "FABRIC_LITE_AS_LIGHTNING"
 __all__ = ["ENV_VAR", "LIGHTNING_VERSION", "install", "is_installed", "uninstall"]
 
 
-def _enabled(value: str | None) -> bool:
-    return (value or "").strip() not in ("", "0")
-
-
 def _finder() -> LightningFinder | None:
     return next((f for f in sys.meta_path if isinstance(f, LightningFinder)), None)
 
@@ -94,5 +90,5 @@ def uninstall() -> None:
 
 def _install_from_environment() -> None:
     """What ``fabric_lite-as-lightning.pth`` runs at start-up when ``FABRIC_LITE_AS_LIGHTNING`` is set."""
-    if _enabled(os.environ.get(ENV_VAR)):
+    if os.environ.get(ENV_VAR, "").strip() not in ("", "0"):
         install()

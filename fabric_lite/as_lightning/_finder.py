@@ -233,9 +233,7 @@ class _StandInLightningLoader(importlib.abc.Loader):
         module.__path__ = []
 
         def __getattr__(name: str) -> Any:
-            if name.startswith("__"):
-                raise AttributeError(name)
-            raise AttributeError(_NOT_INSTALLED.format(name=f"lightning.{name}"))
+            raise AttributeError(name if name.startswith("__") else _NOT_INSTALLED.format(name=f"lightning.{name}"))
 
         module.__dict__["__getattr__"] = __getattr__  # PEP 562: attributes it lacks
         self._finder.adopt_top_level(module)

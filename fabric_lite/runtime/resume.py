@@ -20,9 +20,8 @@ FORMAT = 1
 
 def _sampler_generators(loader: DataLoader[Any]) -> list[torch.Generator]:
     """The generators of the loader's sampler and batch sampler's sampler other than ``loader.generator``."""
-    samplers = [loader.sampler, getattr(loader.batch_sampler, "sampler", None)]
     found: list[torch.Generator] = []
-    for sampler in samplers:
+    for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
         generator = getattr(sampler, "generator", None)
         if isinstance(generator, torch.Generator) and generator is not loader.generator and generator not in found:
             found.append(generator)

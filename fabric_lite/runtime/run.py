@@ -59,8 +59,7 @@ class RunContext:
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> RunContext:
         """The context a launcher gave this process through its environment (:meth:`environment`); empty if none."""
         environ = os.environ if environ is None else environ
-        launcher = environ.get(ENV_LAUNCHER) or None
-        run_dir = environ.get(ENV_RUN_DIR) or None
+        launcher = environ.get(ENV_LAUNCHER)
         if launcher not in _KINDS:
             launcher = None
-        return cls(launcher=launcher, run_dir=run_dir)
+        return cls(launcher=launcher, run_dir=environ.get(ENV_RUN_DIR) or None)

@@ -99,10 +99,9 @@ class RootCause:
     def decide(self, *, waited: bool = False, exiting: bool = False) -> RankExit | None:
         """The root cause, or ``None`` while none is known (``waited``: stop waiting for a primary failure; ``exiting``:
         a rank that reported an error has not ended yet)."""
-        secondary = self._secondary
         waited = waited or self.clock() - self._secondary_at >= (self.patience if exiting else self.window)
-        if self.cause is None and secondary is not None and waited:
-            self.cause = self.early_exit or secondary
+        if self.cause is None and self._secondary is not None and waited:
+            self.cause = self.early_exit or self._secondary
         return self.cause
 
     @property
@@ -152,9 +151,9 @@ def from_torchrun(failures: Mapping[int, Any]) -> RankExit | None:
 
 def describe(exit: RankExit, *, rank0_finished: bool = False, traceback: bool = True) -> str:
     """The root cause in words, the same under every launcher (``traceback=False``: its last line only)."""
-    who = f"rank {exit.rank}"
-    if exit.local_rank is not None or exit.pid is not None:
-        who += f" ({', '.join(_where(exit))})"
+    known = {"local rank": exit.local_rank, "pid": exit.pid}
+    where = ", ".join(f"{name} {value}" for name, value in known.items() if value is not None)
+    who = f"rank {exit.rank}" + (f" ({where})" if where else "")
     if exit.code == 0:
         return (
             f"{who} exited with code 0 while the other ranks were still running: they then lost their peer in a"
@@ -180,12 +179,3 @@ def describe(exit: RankExit, *, rank0_finished: bool = False, traceback: bool = 
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
-
-
-def _where(exit: RankExit) -> list[str]:
-    parts = []
-    if exit.local_rank is not None:
-        parts.append(f"local rank {exit.local_rank}")
-    if exit.pid is not None:
-        parts.append(f"pid {exit.pid}")
-    return parts

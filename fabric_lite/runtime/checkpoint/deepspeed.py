@@ -6,7 +6,6 @@ is the folder DeepSpeed's engine writes, in Lightning Fabric's layout (each load
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,8 +116,7 @@ def save(
         return None
 
     def finish(temp: folders.Folder) -> None:
-        index = {"format": 1, "module": module_key, "optimizer": optimizer_key, "entries": stored}
-        folders.write_file(Path(temp), folders.INDEX_FILE, json.dumps(index).encode())
+        folders.write_index(temp, module=module_key, optimizer=optimizer_key, entries=stored)
 
     folders.save_folder(
         target,
@@ -166,11 +164,10 @@ def load(path: _PATH, state: dict[str, Any], strict: bool) -> dict[str, Any]:
     index = folders.read_json(folder, folders.INDEX_FILE)  # None for a folder written by Lightning
     # ZeRO writes one optimizer-state file per rank; without ZeRO (stage 0) the optimizer is in the model states
     zero_files = len(list((folder / TAG).glob("*zero_pp_rank_*_optim_states.pt")))
-    has_optimizer = bool(index.get("optimizer")) if index is not None else True
     if strict and index is not None:
         names = list(dict(index.get("entries", {})))
         missing = [k for k in state if k != module_key and k not in optimizer_keys and k not in names]
-        missing += [k for k in optimizer_keys if not has_optimizer]
+        missing += [k for k in optimizer_keys if not index.get("optimizer")]
         if missing:
             saved_objects = [str(index.get("module"))] + ([str(index["optimizer"])] if index.get("optimizer") else [])
             raise missing_entries_error(folder, missing, saved_objects + names)

@@ -145,15 +145,12 @@ def _file_mode(target: Path) -> int:
 
 def _fsync_folder(folder: Path) -> None:
     # makes the rename itself durable; not every platform/filesystem allows opening a folder
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 def safe_load(path: _PATH, weights_only: bool | None = True, map_location: Any = "cpu") -> Any:

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -208,10 +208,10 @@ def reader(folder: Folder) -> Any:
     return FileSystemReader(str(folder))
 
 
-def write_index(folder: Folder, modules: Iterable[str], optimizers: Iterable[str]) -> None:
-    """Record which top-level entries of the checkpoint in ``folder`` are modules and optimizers."""
-    index = {"format": 1, "modules": sorted(modules), "optimizers": sorted(optimizers)}
-    write_file(folder, INDEX_FILE, json.dumps(index).encode())
+def write_index(folder: Folder, **index: str | list[str] | dict[str, str] | None) -> None:
+    """Write fabric_lite's index of the checkpoint in ``folder`` (:data:`INDEX_FILE`): ``index``, in format 1. A
+    sharded checkpoint's names the top-level entries that are ``modules`` and ``optimizers``."""
+    write_file(folder, INDEX_FILE, json.dumps({"format": 1, **index}).encode())
 
 
 def write_file(folder: Folder, name: str, data: bytes) -> None:
@@ -224,12 +224,6 @@ def write_file(folder: Folder, name: str, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def read_index(folder: Folder) -> dict[str, list[str]]:
-    """What :func:`write_index` recorded; empty lists for a folder that DCP wrote without fabric_lite."""
-    index = read_json(folder, INDEX_FILE) or {}
-    return {"modules": list(index.get("modules", [])), "optimizers": list(index.get("optimizers", []))}
 
 
 def read_json(folder: Folder, name: str) -> dict[str, Any] | None:

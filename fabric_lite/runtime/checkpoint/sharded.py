@@ -79,11 +79,22 @@ def save(
         else:  # rank 0 waits for its previous write (a failure raises on every rank), copies, writes in the back
             folders.on_rank_zero(lambda: background.io._submit(write_file, checkpoint, str(path)), *ranks)
         return
-    if background is None:
-        _save_sharded(folders._folder(path), checkpoint, state, ranks, storage_options)
-    else:
+    target = folders._folder(path)
+    if background is not None:
         finish = _finisher(checkpoint, state, snapshot=True)
-        _save_sharded_async(folders._folder(path), checkpoint, finish, ranks, background, storage_options)
+        _save_sharded_async(target, checkpoint, finish, ranks, background, storage_options)
+        return
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    def write(temp: folders.Folder) -> str | None:
+        try:
+            dcp_save(checkpoint, storage_writer=folders.writer(temp, storage_options))
+        except folders.dcp_errors() as err:
+            return _dcp_failure(err, ranks[0])
+        return None
+
+    make_temp = partial(folders.make_temp_folder, target, storage_options)
+    folders.save_folder(target, "sharded", make_temp, write, _finisher(checkpoint, state), ranks, storage_options)
 
 
 @dataclass
@@ -173,26 +184,6 @@ def owner(optimizer: Optimizer, modules: Iterable[Module], state: dict[str, Any]
     )
 
 
-def _save_sharded(
-    target: folders.Folder,
-    checkpoint: dict[str, Any],
-    state: dict[str, Any],
-    ranks: Ranks,
-    storage_options: dict[str, Any] | None,
-) -> None:
-    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-
-    def write(temp: folders.Folder) -> str | None:
-        try:
-            dcp_save(checkpoint, storage_writer=folders.writer(temp, storage_options))
-        except folders.dcp_errors() as err:
-            return _dcp_failure(err, ranks[0])
-        return None
-
-    make_temp = partial(folders.make_temp_folder, target, storage_options)
-    folders.save_folder(target, "sharded", make_temp, write, _finisher(checkpoint, state), ranks, storage_options)
-
-
 def _dcp_failure(err: BaseException, rank: int) -> str:
     # DCP raises the same CheckpointException on every rank when one rank failed; anything else is this rank's
     described = folders.describe(err)
@@ -212,7 +203,7 @@ def _finisher(
         plain = copy.deepcopy(plain)
 
     def finish(temp: folders.Folder) -> None:
-        folders.write_index(temp, modules, optimizers)
+        folders.write_index(temp, modules=sorted(modules), optimizers=sorted(optimizers))
         folders.write_lightning_metadata(temp, plain)  # so that Lightning Fabric loads this folder too
 
     return finish
@@ -226,9 +217,9 @@ def _save_sharded_async(
     background: Background,
     storage_options: dict[str, Any] | None,
 ) -> None:
-    """:func:`_save_sharded` with DCP's ``async_save``. In the foreground every rank waits for the previous write,
-    checks the target, names the temporary folder by the tag (no collective) and copies the state; in the background DCP
-    writes, then the ranks agree and rank 0 publishes, on the background's own group."""
+    """The sharded write of :func:`save` with DCP's ``async_save``. In the foreground every rank waits for the previous
+    write, checks the target, names the temporary folder by the tag (no collective) and copies the state; in the
+    background DCP writes, then the ranks agree and rank 0 publishes, on the background's own group."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict_saver import async_save
 
@@ -338,14 +329,12 @@ def _load_sharded(
         everything = {**folders.read_entries(folder, None), **lightning}
         pop_precision(everything, load_precision)
         return everything
-    if isinstance(state, Module):  # a raw model state dict saved on its own: its keys are the top-level ones
-        target = _module_target(folder, state, set(available), strict)
+    if isinstance(state, (Module, Optimizer)):  # a raw state dict saved on its own: its keys are the top-level ones
+        if isinstance(state, Module):
+            target = _module_target(folder, state, set(available), strict)
+        else:
+            target = get_optimizer_state_dict(owner(state, modules), state)
         _read_sharded(folder, {"": state}, {"": target}, modules, strict)
-        return {}
-    if isinstance(state, Optimizer):
-        _read_sharded(
-            folder, {"": state}, {"": get_optimizer_state_dict(owner(state, modules), state)}, modules, strict
-        )
         return {}
     available = available + list(lightning)
     check_missing(folder, state, available, strict)
@@ -356,8 +345,8 @@ def _load_sharded(
         elif key in available and isinstance(obj, Optimizer):
             targets[key] = get_optimizer_state_dict(owner(obj, modules, state), obj)
     _read_sharded(folder, state, targets, modules, strict)
-    index = folders.read_index(folder)
-    sharded = {*index["modules"], *index["optimizers"]}
+    index = folders.read_json(folder, folders.INDEX_FILE) or {}  # none in a folder that DCP wrote without fabric_lite
+    sharded = {*index.get("modules", []), *index.get("optimizers", [])}
     plain = [k for k in state if k in available and k not in targets]
     remainder = [k for k in available if k not in state and k not in sharded and k != PRECISION_KEY]
     stored = [k for k in plain + remainder if k not in lightning]

@@ -48,10 +48,9 @@ def broadcast(obj: Any, src: int, group: BroadcastGroup, device: torch.device) -
         received = _receive_predicted(predicted, src, group)
         if received is not None:
             return received
-    on_host = device.type == "cpu"
     # on the CPU the message is a bytearray seen as a tensor: the header is read, and a small tensor received, from
     # it without a copy (the received tensor owns the bytearray)
-    raw = bytearray(_HEADER_BYTES + _INLINE_BYTES) if on_host else None
+    raw = bytearray(_HEADER_BYTES + _INLINE_BYTES) if device.type == "cpu" else None
     message = (
         torch.frombuffer(raw, dtype=torch.uint8)
         if raw is not None
@@ -169,11 +168,9 @@ def _broadcast_send(
     header = [0] * _HEADER_WORDS
     error: BaseException | None = None
     if type(obj) in (Tensor, torch.nn.Parameter) and obj.dtype in _DTYPE_CODE and obj.dim() <= _MAX_HEADER_DIMS:
-        payload = _as_bytes(obj.detach())
-        header[0] = _KIND_TENSOR
-        header[1] = _DTYPE_CODE[obj.dtype]
-        header[2] = obj.dim()
-        header[3] = int(obj.requires_grad) | (int(isinstance(obj, torch.nn.Parameter)) << 1)
+        payload = obj.detach().contiguous().reshape(-1).view(torch.uint8)  # a copy only if it is not contiguous
+        flags = int(obj.requires_grad) | (int(isinstance(obj, torch.nn.Parameter)) << 1)
+        header[:4] = [_KIND_TENSOR, _DTYPE_CODE[obj.dtype], obj.dim(), flags]
         header[_SHAPE_AT : _SHAPE_AT + obj.dim()] = obj.shape
     else:
         try:
@@ -211,8 +208,3 @@ def _raise_unpicklable(src: int, what: str, cause: BaseException | None) -> None
         f"broadcast(src={src}) failed: rank {src} could not pickle the object, a {what}. Broadcast a"
         " tensor or a picklable object (plain Python values, tensors, and collections of them)."
     ) from cause
-
-
-def _as_bytes(tensor: Tensor) -> Tensor:
-    """A flat uint8 view of ``tensor``'s storage (a copy only if it is not contiguous)."""
-    return tensor.contiguous().reshape(-1).view(torch.uint8)

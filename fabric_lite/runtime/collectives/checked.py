@@ -126,21 +126,17 @@ def _exchange(
     check_group: Any = None,
 ) -> Tensor | None:
     """All-gather every rank's ``signature`` of ``call`` on ``tensors`` over ``group`` (or over ``check_group`` on the
-    host, without payload), with ``payload`` (flat buffers, in alignment order) when it fits; raise
+    host, without payload), with ``payload`` (flat buffers, in alignment order, that fit: :func:`_payload`'s); raise
     :class:`CollectiveMismatchError` on every rank when the signatures differ. Returns the payload's rows, one per rank,
     or ``None`` when it did not travel."""
     if check_group is not None:  # device tensors: the signatures travel on the host, the data stay where they are
         group, device, payload = check_group, torch.device("cpu"), None
     world_size = dist.get_world_size(group)
-    nbytes = _NO_PAYLOAD
-    if payload is not None:
-        nbytes = sum(b.numel() * b.element_size() for b in payload)
-        if nbytes > _PAYLOAD_BYTES:
-            nbytes = _NO_PAYLOAD
+    nbytes = _NO_PAYLOAD if payload is None else sum(b.numel() * b.element_size() for b in payload)
     # built on the host with struct and buffer copies, cheaper than a handful of small torch ops
     raw = bytearray(_MESSAGE_BYTES)
     struct.pack_into(_SIGNATURE_FORMAT, raw, 0, *signature, nbytes)
-    if nbytes != _NO_PAYLOAD and payload is not None:
+    if payload is not None:
         offset = _SIGNATURE_BYTES
         for buffer in payload:
             data = buffer.reshape(-1).view(torch.uint8)
@@ -222,19 +218,7 @@ def all_reduce_checked(
     payload = _payload(tensors, groups, device) if fusable else None
     buffers = payload[1] if payload is not None else None
     rows = _exchange(call, tensors, signature, group.group, device, buffers, group.check_group)
-    _reduce_exchanged(tensors, reduce_op, group, rows, payload)
-
-
-def _reduce_exchanged(
-    tensors: Sequence[Tensor],
-    reduce_op: Any,
-    group: GroupState,
-    rows: Tensor | None,
-    payload: tuple[list[list[Tensor]], list[Tensor]] | None,
-) -> None:
-    """Finish a checked all-reduce once the signatures agree: reduce the ``payload`` from the exchanged ``rows``
-    locally, or, when it did not travel with the exchange, in the backend's all-reduce."""
-    if rows is None or payload is None:
+    if rows is None or payload is None:  # the tensors did not travel with the exchange: the backend reduces them
         all_reduce_(tensors, reduce_op, group.group, group.backend)
         return
     aliases, buffers = payload

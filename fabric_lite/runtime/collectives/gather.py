@@ -43,13 +43,7 @@ def all_gather_checked(
     rows = _exchange("all_gather", tensors, signature, group.group, device, buffers, group.check_group)
     if rows is None or buffers is None:
         return _gather_after_check(tensors, group, False)
-    return _from_exchange(tensors, groups, buffers, rows)
-
-
-def _from_exchange(
-    tensors: Sequence[Tensor], groups: Sequence[Sequence[Tensor]], buffers: Sequence[Tensor], rows: Tensor
-) -> list[Tensor]:
-    """The gathered tensors, cut from the exchanged ``rows`` that carried the ``buffers`` of every rank."""
+    # the gathered tensors, cut from the exchanged rows that carried every rank's buffers
     outs = [values.to(m[0].device) for values, m in zip(_columns(rows, buffers), groups, strict=True)]
     return _split_gathered(tensors, groups, outs, rows.shape[0])
 
@@ -112,11 +106,9 @@ def gather_uneven(tensor: Tensor, group: Any) -> list[Tensor]:
             f"gather_all_tensors supports up to {_MAX_HEADER_DIMS} dimensions and standard dtypes, got a"
             f" {tensor.dim()}-d tensor of {tensor.dtype}."
         )
-    meta = torch.zeros(2 + _MAX_HEADER_DIMS, dtype=torch.int64, device=tensor.device)
-    meta[0] = tensor.dim()
-    meta[1] = _DTYPE_CODE[tensor.dtype]
-    meta[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
-    rows = _all_gather_flat(meta, group, world_size).cpu()
+    # ndim, dtype code, then the shape, padded to the longest shape a header holds
+    meta = [tensor.dim(), _DTYPE_CODE[tensor.dtype], *tensor.shape, *[0] * (_MAX_HEADER_DIMS - tensor.dim())]
+    rows = _all_gather_flat(torch.tensor(meta, dtype=torch.int64, device=tensor.device), group, world_size).cpu()
     if bool((rows[:, :2] != rows[0, :2]).any()):
         ranks = dist.get_process_group_ranks(group) if group is not None else range(world_size)
         table = "\n".join(

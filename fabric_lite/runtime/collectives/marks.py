@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -64,21 +65,17 @@ _EXPONENT_BITS = {
 
 def _rows_start_clean(rows: Tensor, op: Any) -> bool:
     """Whether no row of the 2-D CPU tensor ``rows`` starts with the mark of a rank without real data (for floats, any
-    non-finite value), read from memory as :func:`_first_is_clean` does."""
+    non-finite value)."""
     base, step = rows.data_ptr(), rows.stride(0) * rows.element_size()
-    word = _INT_WORDS.get(rows.dtype)
-    if word is None:
-        word, exponent = _EXPONENT_BITS[rows.dtype]
-        return all(word.from_address(base + r * step).value & exponent != exponent for r in range(rows.shape[0]))
-    mark = _mark(op, rows.dtype)
-    return all(word.from_address(base + r * step).value != mark for r in range(rows.shape[0]))
+    return _clean_at([base + r * step for r in range(rows.shape[0])], rows.dtype, op)
 
 
-def _first_is_clean(buffer: Tensor, op: Any) -> bool:
-    """Whether the probe, the first element of the reduced CPU tensor ``buffer``, is not :func:`_mark`'s value (for
-    floats: is finite), read straight from memory: far cheaper than indexing and ``item()``."""
-    word = _INT_WORDS.get(buffer.dtype)
+def _clean_at(addresses: Sequence[int], dtype: torch.dtype, op: Any) -> bool:
+    """Whether no element of ``dtype`` at ``addresses`` (CPU memory) is :func:`_mark`'s value (for floats: every one is
+    finite), read straight from memory: far cheaper than indexing and ``item()``."""
+    word = _INT_WORDS.get(dtype)
     if word is None:
-        word, exponent = _EXPONENT_BITS[buffer.dtype]
-        return word.from_address(buffer.data_ptr()).value & exponent != exponent
-    return bool(word.from_address(buffer.data_ptr()).value != _mark(op, buffer.dtype))
+        word, exponent = _EXPONENT_BITS[dtype]
+        return all(word.from_address(a).value & exponent != exponent for a in addresses)
+    mark = _mark(op, dtype)
+    return all(word.from_address(a).value != mark for a in addresses)

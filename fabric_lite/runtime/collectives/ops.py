@@ -203,17 +203,20 @@ def all_reduce_(tensors: Sequence[Tensor], reduce_op: Any, group: Any, backend: 
 
 
 def _all_reduce_mean(buffer: Tensor, group: Any, backend: str, world_size: int) -> None:
-    floating = buffer.is_floating_point() or buffer.is_complex()
-    if floating and backend == "nccl":
+    if (buffer.is_floating_point() or buffer.is_complex()) and backend == "nccl":
         dist.all_reduce(buffer, op=ReduceOp.AVG, group=group)
         return
     dist.all_reduce(buffer, op=ReduceOp.SUM, group=group)
-    if floating:
-        buffer.div_(world_size)
-    else:
-        # integers keep their dtype and the quotient is truncated toward zero, as in Lightning Fabric (which
-        # divides in float32 and so loses precision above 2**24; the integer division here is exact)
-        buffer.copy_(torch.div(buffer, world_size, rounding_mode="trunc"))
+    _divide_(buffer, world_size)
+
+
+def _divide_(total: Tensor, world_size: int) -> Tensor:
+    """``total`` divided by ``world_size`` in place: the mean of a sum over the ranks. Integers keep their dtype and the
+    quotient is truncated toward zero, as in Lightning Fabric (which divides in float32 and so loses precision above
+    2**24; the integer division here is exact)."""
+    if total.is_floating_point() or total.is_complex():
+        return total.div_(world_size)
+    return total.div_(world_size, rounding_mode="trunc")
 
 
 # On booleans, sum and mean mean "any" and product means "all"; MAX/MIN express them without overflow.
@@ -246,11 +249,7 @@ def _reduce_rows(rows: Tensor, reduce_op: Any, world_size: int) -> Tensor:
     if reduce_op == ReduceOp.PRODUCT:
         return rows.prod(0, dtype=dtype)
     total = rows.sum(0, dtype=dtype)
-    if reduce_op is _MEAN:
-        if dtype.is_floating_point or dtype.is_complex:
-            return total.div_(world_size)
-        return torch.div(total, world_size, rounding_mode="trunc")
-    return total
+    return _divide_(total, world_size) if reduce_op is _MEAN else total
 
 
 def reduce_boolean_decision(decision: bool, all: bool, group: Any, device: torch.device) -> bool:

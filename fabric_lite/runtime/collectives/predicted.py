@@ -28,8 +28,8 @@ from fabric_lite.runtime.collectives.marks import (
     _FLAGGED,
     _FLOATS,
     _POISON,
+    _clean_at,
     _finite,
-    _first_is_clean,
     _flag,
     _mark,
     _rows_start_clean,
@@ -43,6 +43,7 @@ from fabric_lite.runtime.collectives.ops import (
     _all_reduce_mean,
     _by_element_size,
     _columns,
+    _divide_,
     _flat_buffer,
     _gather_buffers,
     _group_by_device_dtype,
@@ -309,7 +310,7 @@ def _reduce_planned(
         else:
             dist.all_reduce(buffer, op=plan.op, group=group.group)
         if i == 0:
-            clean = _first_is_clean(buffer, plan.op)  # the probe: the first element (predicted buffers are on the CPU)
+            clean = _clean_at([buffer.data_ptr()], buffer.dtype, plan.op)  # the probe: the first element, on the CPU
         if aliases is not None:
             _write_back(buffer, aliases[i])
     return clean
@@ -331,10 +332,7 @@ def _reduce_flagged(
     for i, (buffer, work) in enumerate(zip(buffers, works, strict=True)):
         work.wait()
         if plan.op == _MEAN and buffer.dtype != torch.bool:  # as _all_reduce_mean does
-            if buffer.is_floating_point():
-                buffer.div_(world_size)
-            else:
-                buffer.div_(world_size, rounding_mode="trunc")
+            _divide_(buffer, world_size)
         if aliases is not None:
             _write_back(buffer, aliases[i])  # nothing to copy for the caller's own contiguous tensor
     return int(flag.item()) == expected

@@ -119,8 +119,7 @@ class RankDiagnostics:
         except BaseException as err:
             self.failed(slot, name, err, debug)
             raise
-        if trail is not None:
-            trail.exit(slot)
+        self.exit(slot)
         return result
 
     def enter(self, checked: CheckedGroup, description: str) -> int:

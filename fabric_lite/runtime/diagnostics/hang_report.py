@@ -25,17 +25,15 @@ import time
 from collections.abc import Callable, Mapping
 
 from fabric_lite.runtime.diagnostics.trail import (
-    DONE,
     FAILED,
     STATES,
     WAITING,
     Record,
     TrailView,
-    process_start_time,
     read_trails,
+    stat_fields,
 )
-from fabric_lite.runtime.supervision import how_it_ended as how_it_ended
-from fabric_lite.runtime.supervision import signal_name as signal_name
+from fabric_lite.runtime.supervision import how_it_ended
 
 #: the first words of a report block (what re-printers strip, see :func:`without_block`)
 BLOCK_START = "fabric_lite: where every rank was"
@@ -172,13 +170,8 @@ def read_flight_recorder(run_dir: str) -> dict[int, str]:
 
 def _alive(view: TrailView) -> bool:
     """Whether the process that wrote ``view`` still runs (its pid not reused, not a zombie)."""
-    if process_start_time(view.pid) != view.start_time:
-        return False
-    try:
-        with open(f"/proc/{view.pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+    fields = stat_fields(view.pid)
+    return len(fields) > 19 and int(fields[19]) == view.start_time and fields[0] not in (b"Z", b"X")
 
 
 def fetch_stacks(
@@ -515,17 +508,3 @@ def diagnose(last: Mapping[int, Record], statuses: Mapping[int, str]) -> str:
     elif not died:
         parts.append("no rank is waiting in a collective")
     return "; ".join([*parts, died] if died else parts)
-
-
-__all__ = [
-    "BLOCK_START",
-    "DONE",
-    "FAILED",
-    "SEE_ABOVE",
-    "claim",
-    "collect",
-    "diagnose",
-    "format_report",
-    "wait_for_reporter",
-    "without_block",
-]

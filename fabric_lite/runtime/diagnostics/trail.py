@@ -60,14 +60,18 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 def process_start_time(pid: int) -> int:
     """The start time of process ``pid`` in clock ticks since boot, -1 if gone: with the pid, it names a process for
     good."""
+    fields = stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else -1  # field 22 of /proc/<pid>/stat
+
+
+def stat_fields(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the ``)`` that ends the command name, from field 3 (the state) on;
+    empty if the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return -1
-    # the fields after the ")" that ends the command name start at field 3 (state); field 22 is the 20th of them
-    fields = stat.rsplit(b")", 1)[1].split()
-    return int(fields[19]) if len(fields) > 19 else -1
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
 
 
 def stack_signal() -> int:
@@ -84,15 +88,10 @@ def trail_enabled() -> bool:
     return os.environ.get(ENV_TRAIL, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def run_dir_base() -> str:
-    """Where run folders go: ``/dev/shm`` (memory, never written to disk) when writable, else the temp folder."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-
-
 def make_run_dir() -> str:
     """A new, empty run folder for a job of fabric_lite's launchers (which remove it), after sweeping away abandoned
-    ones."""
-    base = run_dir_base()
+    ones: in ``/dev/shm`` (memory, never written to disk) when writable, else in the temp folder."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     sweep_run_dirs(base)
     return tempfile.mkdtemp(prefix=f"fabric_lite-{os.getuid()}-", dir=base)
 
@@ -247,11 +246,9 @@ class Trail:
     # ------------------------------------------------------------------ cold path
     def register_group(self, group: Any, label: str) -> None:
         """Give ``group`` (a ``CheckedGroup``) its index in this trail; its ``seq`` counts from 0."""
-        if label in self._labels:
-            group.trail_index = self._labels.index(label)
-        else:
+        if label not in self._labels:
             self._labels.append(label)
-            group.trail_index = len(self._labels) - 1
+        group.trail_index = self._labels.index(label)
         group.seq = 0
 
     def _code(self, code: Any) -> tuple[Any, bool]:
