@@ -45,7 +45,7 @@ def _precision(plan: Plan, plugins: Sequence[Any], kind: type[Strategy]) -> Prec
     return Precision()
 
 
-def _check_bitsandbytes(precision: Precision, plan: Plan, strategy: str | Strategy) -> None:
+def _check_bitsandbytes(precision: Precision, plan: Plan, strategy: str | Strategy, kind: type[Strategy]) -> None:
     """Quantised layers run on the CPU and CUDA, and cannot be sharded (Lightning: CUDA only, FSDP refuses)."""
     module = sys.modules.get("fabric_lite.plugins.precision.bitsandbytes")  # not loaded: no such precision exists
     if module is None or not isinstance(precision, module.BitsandbytesPrecision):
@@ -55,7 +55,6 @@ def _check_bitsandbytes(precision: Precision, plan: Plan, strategy: str | Strate
             f"{precision!r} runs on the CPU and on CUDA GPUs, not on accelerator={plan.accelerator!r}:"
             " choose Fabric(accelerator='cpu') or Fabric(accelerator='cuda')."
         )
-    kind = strategy if isinstance(strategy, Strategy) else STRATEGY_REGISTRY[plan.strategy].load()
     if kind.shards_parameters:
         name = type(strategy).__name__ if isinstance(strategy, Strategy) else plan.strategy
         raise TypeError(
@@ -83,7 +82,7 @@ def build_strategy(
         accelerator_obj = ACCELERATORS[plan.accelerator]()
     kind = type(strategy) if isinstance(strategy, Strategy) else STRATEGY_REGISTRY[plan.strategy].load()
     precision = _precision(plan, plugins, kind)
-    _check_bitsandbytes(precision, plan, strategy)
+    _check_bitsandbytes(precision, plan, strategy, kind)
     devices = _devices(plan)
     if isinstance(strategy, Strategy):
         instance = strategy
@@ -92,8 +91,8 @@ def build_strategy(
         if instance._precision is None:
             instance.precision = precision
     else:
-        entry = STRATEGY_REGISTRY[plan.strategy]
-        instance = entry.load()._create(devices, accelerator=accelerator_obj, precision=precision, **entry.init_kwargs)
+        init_kwargs = STRATEGY_REGISTRY[plan.strategy].init_kwargs
+        instance = kind._create(devices, accelerator=accelerator_obj, precision=precision, **init_kwargs)
     for plugin in plugins:
         if isinstance(plugin, CheckpointIO):
             instance.checkpoint_io = plugin  # strategies that write their own checkpoints (FSDP) refuse it here

@@ -154,8 +154,5 @@ def _gather_interleaved(
     # positions past the dataset's end are the sampler's padding (none with drop_last=True, which drops instead)
     limit = min(len(sampler.dataset), sampler.total_size)  # type: ignore[arg-type]
     keep = max(0, min(rows * world_size, limit - offset * world_size))
-    results = []
-    for value in gathered:
-        interleaved = value.transpose(0, 1).reshape(rows * world_size, *value.shape[2:])
-        results.append(interleaved[:keep])
-    return results
+    # (world_size, rows, ...) -> rank 0's first row, rank 1's first row, ...: the sampler's order
+    return [value.transpose(0, 1).reshape(rows * world_size, *value.shape[2:])[:keep] for value in gathered]

@@ -37,6 +37,7 @@ from fabric_lite.utilities.data import (
     distributed_sampler,
     has_iterable_dataset,
     replace_sampler,
+    sized_len,
 )
 from fabric_lite.utilities.device_dtype_mixin import _update_properties
 from fabric_lite.utilities.distributed import _InfiniteBarrier
@@ -549,7 +550,9 @@ class Fabric:
         """Raise on every rank when loaders whose sampler is not a ``DistributedSampler`` give the ranks different
         numbers of batches: the rank with more batches would wait at epoch end, in a collective no other rank
         joins, until the timeout. (A ``DistributedSampler`` pads, so its ranks always agree.)"""
-        unchecked = [dl for dl in loaders if not isinstance(dl.sampler, DistributedSampler) and _sized(dl)]
+        unchecked = [
+            dl for dl in loaders if not isinstance(dl.sampler, DistributedSampler) and sized_len(dl) is not None
+        ]
         if not unchecked:
             return
         counts = torch.tensor([len(dl) for dl in unchecked], dtype=torch.int64)
@@ -616,18 +619,14 @@ class Fabric:
                 f"Only one of `clip_val` ({clip_val}) or `max_norm` ({max_norm}) can be set, as this specifies the"
                 " clipping algorithm. Pass clip_val= to clip each gradient value, or max_norm= to clip the total norm."
             )
-        unwrapped_module = _unwrap_objects(module)
-        unwrapped_optimizer = _unwrap_objects(optimizer)
+        module = _unwrap_objects(module)
+        optimizer = _unwrap_objects(optimizer)
         if clip_val is not None:
-            self._strategy.clip_gradients_value(unwrapped_module, unwrapped_optimizer, clip_val=clip_val)
+            self._strategy.clip_gradients_value(module, optimizer, clip_val=clip_val)
             return None
         if max_norm is not None:
             return self._strategy.clip_gradients_norm(
-                unwrapped_module,
-                unwrapped_optimizer,
-                max_norm=max_norm,
-                norm_type=norm_type,
-                error_if_nonfinite=error_if_nonfinite,
+                module, optimizer, max_norm=max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
             )
         raise ValueError(
             "You have to specify either `clip_val` or `max_norm` to do gradient clipping! E.g. max_norm=1.0."
@@ -1083,11 +1082,3 @@ def _check_optimizers_own_parameters(module: nn.Module, optimizers: Sequence[Opt
                 f" parameters of the {type(module).__name__} passed to setup. Create the optimizer from this"
                 " module's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.1)."
             )
-
-
-def _sized(loader: DataLoader[Any]) -> bool:
-    try:
-        len(loader)
-    except TypeError:
-        return False
-    return True

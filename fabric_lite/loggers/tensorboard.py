@@ -32,15 +32,6 @@ _TENSORBOARD_AVAILABLE = _Availability("tensorboard")
 _TENSORBOARDX_AVAILABLE = _Availability("tensorboardX")
 
 
-def _installed_backend() -> _Backend | None:
-    """``"tensorboard"`` if installed, else ``"tensorboardX"`` if that is, else ``None`` (imports neither)."""
-    if _TENSORBOARD_AVAILABLE:
-        return "tensorboard"
-    if _TENSORBOARDX_AVAILABLE:
-        return "tensorboardX"
-    return None
-
-
 class TensorBoardLogger(_FolderLogger):
     r"""Log to TensorBoard event files in ``root_dir/name/version[/sub_dir]``, as Lightning Fabric's
     ``TensorBoardLogger`` does, through ``torch.utils.tensorboard`` (or ``tensorboardX`` where only that is installed).
@@ -74,15 +65,14 @@ class TensorBoardLogger(_FolderLogger):
         sub_dir: _PATH | None = None,
         **kwargs: Any,
     ) -> None:
-        backend = _installed_backend()
-        if backend is None:
+        if not (_TENSORBOARD_AVAILABLE or _TENSORBOARDX_AVAILABLE):  # looked up, not imported
             raise ModuleNotFoundError(
                 "TensorBoardLogger needs the `tensorboard` package (or `tensorboardX`), and neither is installed."
                 " Install it with `pip install tensorboard` (or `pip install 'fabric-lite[tensorboard]'`), or log"
                 " with fabric_lite.loggers.CSVLogger, which needs nothing extra."
             )
         super().__init__(root_dir, name, version, prefix)
-        self._backend: _Backend = backend
+        self._backend: _Backend = "tensorboard" if _TENSORBOARD_AVAILABLE else "tensorboardX"
         self._default_hp_metric = default_hp_metric
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._kwargs = kwargs

@@ -33,9 +33,8 @@ class LSFEnvironment(_LauncherEnvironment):
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         super().__init__(env)
-        hosts = self._read_hosts()
-        self._hosts = hosts
-        self._main_address = hosts[0]
+        self._hosts = self._read_hosts()
+        self._main_address = self._hosts[0]
         self._main_port = self._get_main_port()
         self._node_rank: int | None = None
 

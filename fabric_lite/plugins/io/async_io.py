@@ -61,14 +61,9 @@ class AsyncCheckpointIO(CheckpointIO):
             self._checkpoint_io = TorchCheckpointIO()
         return self._checkpoint_io
 
-    def _stage(self, checkpoint: Any) -> Any:
-        """A copy of ``checkpoint`` whose tensors are new host tensors (kept and reused by the next call: valid until
-        then, which is why only one save may be in flight). Where CUDA is in use, the copy is in pinned memory."""
-        return self._dcp_stager.stage(checkpoint)
-
     @property
     def _dcp_stager(self) -> Any:
-        """The ``DefaultStager`` (``torch.distributed.checkpoint``) that :meth:`_stage` uses; made on first use."""
+        """The ``DefaultStager`` (``torch.distributed.checkpoint``) that stages each save's copy; made on first use."""
         if self._stager is None:
             import torch
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -90,7 +85,8 @@ class AsyncCheckpointIO(CheckpointIO):
     def _submit(self, write: Any, checkpoint: Any, path: _PATH) -> None:
         """Wait for the previous write (raising its error), stage ``checkpoint``, and ``write`` the copy in a thread."""
         self._background.wait()
-        staged = self._stage(checkpoint)
+        # new host tensors (pinned where CUDA is in use), reused by the next save: only one write may be in flight
+        staged = self._dcp_stager.stage(checkpoint)
         self._background.submit(lambda: write(staged), str(path))
 
     def _run_in_background(self, job: Any, path: _PATH) -> None:

@@ -138,10 +138,16 @@ class BitsandbytesPrecision(Precision):
         return f"{type(self).__name__}(mode={self.mode!r}, dtype={self.dtype})"
 
 
+@functools.lru_cache(maxsize=1)  # a failed import is not cached: installing the package later works
 def _import_bitsandbytes() -> ModuleType:
     """bitsandbytes (optional: imported when the plugin is built), without its welcome banner and CPU warnings."""
+    set_by_us = "BITSANDBYTES_NOWELCOME" not in os.environ
+    if set_by_us:
+        os.environ["BITSANDBYTES_NOWELCOME"] = "1"
     try:
-        return _import_quietly()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*bitsandbytes was compiled without GPU support.*")
+            return importlib.import_module("bitsandbytes")
     except ModuleNotFoundError as err:
         if err.name != "bitsandbytes":
             raise
@@ -150,17 +156,6 @@ def _import_bitsandbytes() -> ModuleType:
             " `pip install fabric-lite[bitsandbytes]`).",
             name="bitsandbytes",
         ) from err
-
-
-@functools.lru_cache(maxsize=1)
-def _import_quietly() -> ModuleType:
-    set_by_us = "BITSANDBYTES_NOWELCOME" not in os.environ
-    if set_by_us:
-        os.environ["BITSANDBYTES_NOWELCOME"] = "1"
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*bitsandbytes was compiled without GPU support.*")
-            return importlib.import_module("bitsandbytes")
     finally:
         if set_by_us:
             del os.environ["BITSANDBYTES_NOWELCOME"]
@@ -365,16 +360,12 @@ def _convert_layers(module: Module, linear_cls: type[Module], ignore_modules: se
     ``ignore_modules`` by ``linear_cls`` holding the same float weight (not quantised yet) and the same bias."""
     for name, child in module.named_children():
         fullname = f"{prefix}.{name}" if prefix else name
-        if isinstance(child, torch.nn.Linear) and not any(fullname.startswith(s) for s in ignore_modules):
-            setattr(module, name, _replacement(child, linear_cls))
-        else:
+        if not isinstance(child, torch.nn.Linear) or any(fullname.startswith(s) for s in ignore_modules):
             _convert_layers(child, linear_cls, ignore_modules, prefix=fullname)
-
-
-def _replacement(linear: torch.nn.Linear, linear_cls: type[Module]) -> Module:
-    # created on the meta device: no memory, no initialisation, no quantisation of random weights
-    layer = linear_cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
-    layer._adopt_float(linear.weight.data)  # type: ignore[operator]
-    layer.bias = linear.bias  # the same Parameter: an optimizer that holds it keeps working
-    layer.train(linear.training)
-    return layer
+            continue
+        # created on the meta device: no memory, no initialisation, no quantisation of random weights
+        layer = linear_cls(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+        layer._adopt_float(child.weight.data)  # type: ignore[operator]
+        layer.bias = child.bias  # the same Parameter: an optimizer that holds it keeps working
+        layer.train(child.training)
+        setattr(module, name, layer)
