@@ -235,22 +235,19 @@ def materialize(
         initialise = _initialiser(module, param_init_fn)
         if initialise is None:  # left uninitialised, as check_initialisable warned
             continue
-        real = {n: module._parameters[n] for n in owner.params}
-        real_buffers = {n: module._buffers[n] for n in owner.buffers}
+        real = {n: module.get_parameter(n) for n in owner.params}
+        real_buffers = {n: module.get_buffer(n) for n in owner.buffers}
         try:
             for n, p in real.items():
-                assert p is not None
                 module._parameters[n] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad)
             for n, b in real_buffers.items():
-                assert b is not None
                 module._buffers[n] = torch.empty(b.shape, dtype=b.dtype)
             with torch.no_grad():
                 initialise()
                 if sync is not None:
                     sync([t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None])
                 for n, p in real.items():
-                    full = module._parameters[n]
-                    assert p is not None and full is not None
+                    full = module.get_parameter(n)
                     if id(p) in done:
                         continue
                     if isinstance(p, DTensor):
@@ -260,9 +257,7 @@ def materialize(
                         p.copy_(full)
                     done.add(id(p))
                 for n, b in real_buffers.items():
-                    full_buffer = module._buffers[n]
-                    assert b is not None and full_buffer is not None
-                    b.copy_(full_buffer)
+                    b.copy_(module.get_buffer(n))
         finally:
             module._parameters.update(real)
             module._buffers.update(real_buffers)

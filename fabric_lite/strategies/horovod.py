@@ -35,7 +35,6 @@ HOROVOD_INSTALL = (
     "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1"
     " HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation horovod==0.28.1"
 )
-_ReduceOp = ReduceOp
 # while gradient sync is blocked, Horovod's per-parameter countdown starts here, so its hooks never fire an all-reduce
 _NEVER = 1 << 30
 
@@ -320,7 +319,7 @@ class HorovodStrategy(Strategy):
         """
         self._check_group("all_reduce", group)
         op = ops.resolve_reduce_op(reduce_op)
-        if op not in (ops._MEAN, _ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+        if op not in (ops._MEAN, ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT):
             raise InvalidReduceOpError(
                 f"HorovodStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of 'mean',"
                 " 'sum', 'max', 'min', 'product'."
