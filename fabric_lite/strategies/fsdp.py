@@ -368,15 +368,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             return
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        sharded = ShardedGradScaler(
-            device=precision._device_type,
-            init_scale=plain.get_scale(),
-            growth_factor=plain.get_growth_factor(),
-            backoff_factor=plain.get_backoff_factor(),
-            growth_interval=plain.get_growth_interval(),
-            enabled=plain.is_enabled(),
-        )
-        if plain.state_dict():
+        sharded = ShardedGradScaler(device=precision._device_type, enabled=plain.is_enabled())
+        if plain.is_enabled():  # the scale, its growth settings and tracker
             sharded.load_state_dict(plain.state_dict())
         precision.scaler = sharded
 

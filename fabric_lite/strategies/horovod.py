@@ -243,11 +243,9 @@ class HorovodStrategy(Strategy):
         hvd = self._hvd
         if self.world_size == 1:
             return
-        has_state = 1 if optimizer.state_dict()["state"] else 0
-        flags = torch.tensor([has_state, -has_state], dtype=torch.int32)
-        hvd.allreduce_(flags, op=hvd.Max, name=f"{BROADCAST_NAME}.has_state")
-        anyone, everyone = int(flags[0]) == 1, int(flags[1]) == -1
-        if anyone and everyone:
+        lacking = torch.tensor([0 if optimizer.state_dict()["state"] else 1], dtype=torch.int32)
+        hvd.allreduce_(lacking, op=hvd.Max, name=f"{BROADCAST_NAME}.has_state")
+        if int(lacking[0]) == 0:  # every process has a state
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
             return
         state = hvd.broadcast_object(optimizer.state_dict(), root_rank=0, name=f"{BROADCAST_NAME}.optimizer")
