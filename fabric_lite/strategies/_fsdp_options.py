@@ -180,9 +180,7 @@ def _check_device_mesh(device_mesh: Any, name: str) -> None:
     if isinstance(device_mesh, DeviceMesh):
         dims = device_mesh.ndim
     elif (
-        isinstance(device_mesh, tuple)
-        and len(device_mesh) == 2
-        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in device_mesh)
+        isinstance(device_mesh, tuple) and len(device_mesh) == 2 and all(type(n) is int and n >= 1 for n in device_mesh)
     ):
         dims = 2
     else:
@@ -221,16 +219,15 @@ def _check_process_group(process_group: Any, name: str, device_mesh: Any) -> Non
             f"FSDPStrategy(sharding_strategy={name!r}, process_group=...): a hybrid strategy takes a tuple of two"
             " groups, (shard group within a node, replicate group across nodes), as FSDP1 does."
         )
-    if name not in _HYBRID and (pair or name == "NO_SHARD"):
+    if name == "NO_SHARD":
         raise ValueError(
-            f"FSDPStrategy(sharding_strategy={name!r}, process_group=...): "
-            + (
-                "NO_SHARD replicates over every rank and takes no group; use DDPStrategy(process_group=...) to"
-                " replicate over a group."
-                if name == "NO_SHARD"
-                else "a tuple of two groups needs sharding_strategy='HYBRID_SHARD' (or '_HYBRID_SHARD_ZERO2');"
-                f" {name} takes one group."
-            )
+            f"FSDPStrategy(sharding_strategy={name!r}, process_group=...): NO_SHARD replicates over every rank and"
+            " takes no group; use DDPStrategy(process_group=...) to replicate over a group."
+        )
+    if name not in _HYBRID and pair:
+        raise ValueError(
+            f"FSDPStrategy(sharding_strategy={name!r}, process_group=...): a tuple of two groups needs"
+            f" sharding_strategy='HYBRID_SHARD' (or '_HYBRID_SHARD_ZERO2'); {name} takes one group."
         )
 
 

@@ -97,18 +97,10 @@ def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
     if callable(policy) and _takes_fsdp1_arguments(policy):
         return _fsdp1_function_targets(root, policy)
     if isinstance(policy, int):
-        targets: list[Module] = []
-
-        def visit(module: Module) -> int:
-            held = sum(p.numel() for p in module.parameters(recurse=False))
-            held += sum(visit(child) for child in module.children())
-            if module is not root and held >= policy:
-                targets.append(module)  # appended after its children: children first
-                return 0
-            return held
-
-        visit(root)
-        return targets
+        minimum = policy  # FSDP1's size-based rule: a unit where a subtree holds that many parameters outside units
+        return _fsdp1_function_targets(
+            root, lambda module, recurse, nonwrapped_numel: recurse or nonwrapped_numel >= minimum
+        )
     if isinstance(policy, (set, frozenset)):
         classes = tuple(policy)
         return [m for m in candidates if isinstance(m, classes)]
@@ -235,22 +227,19 @@ def materialize(
         initialise = _initialiser(module, param_init_fn)
         if initialise is None:  # left uninitialised, as check_initialisable warned
             continue
-        real = {n: module._parameters[n] for n in owner.params}
-        real_buffers = {n: module._buffers[n] for n in owner.buffers}
+        real = {n: module.get_parameter(n) for n in owner.params}
+        real_buffers = {n: module.get_buffer(n) for n in owner.buffers}
         try:
             for n, p in real.items():
-                assert p is not None
                 module._parameters[n] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad)
             for n, b in real_buffers.items():
-                assert b is not None
                 module._buffers[n] = torch.empty(b.shape, dtype=b.dtype)
             with torch.no_grad():
                 initialise()
                 if sync is not None:
                     sync([t for t in [*module._parameters.values(), *module._buffers.values()] if t is not None])
                 for n, p in real.items():
-                    full = module._parameters[n]
-                    assert p is not None and full is not None
+                    full = module.get_parameter(n)
                     if id(p) in done:
                         continue
                     if isinstance(p, DTensor):
@@ -260,9 +249,7 @@ def materialize(
                         p.copy_(full)
                     done.add(id(p))
                 for n, b in real_buffers.items():
-                    full_buffer = module._buffers[n]
-                    assert b is not None and full_buffer is not None
-                    b.copy_(full_buffer)
+                    b.copy_(module.get_buffer(n))
         finally:
             module._parameters.update(real)
             module._buffers.update(real_buffers)

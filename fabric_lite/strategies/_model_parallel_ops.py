@@ -21,11 +21,9 @@ def mesh_shape(
     :class:`MeshSizeError`, showing the arithmetic, where they do not fit the world size."""
     if data_parallel == "auto" and tensor_parallel == "auto":
         data_parallel, tensor_parallel = num_nodes, world_size // max(num_nodes, 1)
-    elif data_parallel == "auto":
-        assert isinstance(tensor_parallel, int)
+    elif data_parallel == "auto" and isinstance(tensor_parallel, int):
         data_parallel = world_size // tensor_parallel if world_size % tensor_parallel == 0 else 0
-    elif tensor_parallel == "auto":
-        assert isinstance(data_parallel, int)
+    elif tensor_parallel == "auto" and isinstance(data_parallel, int):
         tensor_parallel = world_size // data_parallel if world_size % data_parallel == 0 else 0
     assert isinstance(data_parallel, int) and isinstance(tensor_parallel, int)
     if data_parallel * tensor_parallel != world_size or not data_parallel or not tensor_parallel:

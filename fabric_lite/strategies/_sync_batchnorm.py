@@ -56,56 +56,45 @@ class CPUSyncBatchNorm(_BatchNorm):
             return F.batch_norm(
                 input, self.running_mean, self.running_var, self.weight, self.bias, True, momentum, self.eps
             )
-        running_mean = self.running_mean if self.track_running_stats else None
-        running_var = self.running_var if self.track_running_stats else None
-        return _sync_batch_norm(input, self.weight, self.bias, running_mean, running_var, self.eps, momentum, group)
+        return self._sync_batch_norm(input, momentum, group)
 
-
-def _sync_batch_norm(
-    input: Tensor,
-    weight: Tensor | None,
-    bias: Tensor | None,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    eps: float,
-    momentum: float,
-    group: Any,
-) -> Tensor:
-    channels = input.shape[1]
-    dims = [0, *range(2, input.dim())]
-    shape = [1, channels] + [1] * (input.dim() - 2)
-    count = input.numel() // max(channels, 1)
-    if count > 0:
-        mean = input.mean(dims)
-        m2 = (input - mean.view(shape)).square().sum(dims)
-    else:  # an empty batch still takes part in the collective, with a count of 0
-        mean = input.sum(dims)
-        m2 = input.sum(dims)
-    local = torch.cat([mean.new_full((1,), float(count)), mean, m2])
-    # differentiable: a rank's statistics receive the gradients of every rank's loss
-    gathered: Tensor = _AllGatherGrad.apply(local, group)  # type: ignore[no-untyped-call]
-    counts, means, m2s = gathered[:, :1], gathered[:, 1 : channels + 1], gathered[:, channels + 1 :]
-    total = counts.sum()
-    total_count = int(total.item())
-    if total_count <= 1:
-        raise ValueError(
-            f"Expected more than 1 value per channel when training, got {total_count} over every process"
-            f" (input of shape {tuple(input.shape)} here)."
-        )
-    global_mean = (counts * means).sum(0) / total
-    # parallel variance: each rank's squared deviations plus its count times the shift of its mean
-    global_var = (m2s + counts * (means - global_mean).square()).sum(0) / total
-    if running_mean is not None and running_var is not None:
-        with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_(global_mean.to(running_mean.dtype), alpha=momentum)
-            unbiased = global_var * (total_count / (total_count - 1))
-            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
-    out = (input - global_mean.view(shape)) * torch.rsqrt(global_var + eps).view(shape)
-    if weight is not None:
-        out = out * weight.view(shape)
-    if bias is not None:
-        out = out + bias.view(shape)
-    return out
+    def _sync_batch_norm(self, input: Tensor, momentum: float, group: Any) -> Tensor:
+        channels = input.shape[1]
+        dims = [0, *range(2, input.dim())]
+        shape = [1, channels] + [1] * (input.dim() - 2)
+        count = input.numel() // max(channels, 1)
+        if count > 0:
+            mean = input.mean(dims)
+            m2 = (input - mean.view(shape)).square().sum(dims)
+        else:  # an empty batch still takes part in the collective, with a count of 0
+            mean = input.sum(dims)
+            m2 = input.sum(dims)
+        local = torch.cat([mean.new_full((1,), float(count)), mean, m2])
+        # differentiable: a rank's statistics receive the gradients of every rank's loss
+        gathered: Tensor = _AllGatherGrad.apply(local, group)  # type: ignore[no-untyped-call]
+        counts, means, m2s = gathered[:, :1], gathered[:, 1 : channels + 1], gathered[:, channels + 1 :]
+        total = counts.sum()
+        total_count = int(total.item())
+        if total_count <= 1:
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got {total_count} over every process"
+                f" (input of shape {tuple(input.shape)} here)."
+            )
+        global_mean = (counts * means).sum(0) / total
+        # parallel variance: each rank's squared deviations plus its count times the shift of its mean
+        global_var = (m2s + counts * (means - global_mean).square()).sum(0) / total
+        running_mean, running_var = self.running_mean, self.running_var
+        if self.track_running_stats and running_mean is not None and running_var is not None:
+            with torch.no_grad():
+                running_mean.mul_(1 - momentum).add_(global_mean.to(running_mean.dtype), alpha=momentum)
+                unbiased = global_var * (total_count / (total_count - 1))
+                running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        out = (input - global_mean.view(shape)) * torch.rsqrt(global_var + self.eps).view(shape)
+        if self.weight is not None:
+            out = out * self.weight.view(shape)
+        if self.bias is not None:
+            out = out + self.bias.view(shape)
+        return out
 
 
 def convert_sync_batchnorm(module: nn.Module, device_type: str, process_group: Any | None = None) -> nn.Module:
@@ -128,11 +117,8 @@ def _convert_cpu(module: nn.Module, process_group: Any | None) -> nn.Module:
             process_group,
         )
         # the same Parameter and buffer objects: optimizers created before the conversion keep working
-        converted.weight = module.weight
-        converted.bias = module.bias
-        converted.running_mean = module.running_mean
-        converted.running_var = module.running_var
-        converted.num_batches_tracked = module.num_batches_tracked
+        for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
+            setattr(converted, name, getattr(module, name))
         converted.train(module.training)
     for name, child in module.named_children():
         converted.add_module(name, _convert_cpu(child, process_group))

@@ -22,7 +22,6 @@ from fabric_lite.utilities.types import ReduceOp, TBroadcast, TReduce
 if TYPE_CHECKING:
     from fabric_lite.plugins.environments import ClusterEnvironment
 
-_ReduceOp = ReduceOp
 #: the reductions over the replicas' values; ``mean`` is ``_collectives``' marker for an average
 _DP_REDUCE_OPS = ("mean", "sum", "max", "min", "product")
 
@@ -155,7 +154,7 @@ class DataParallelStrategy(Strategy):
 
 def _replica_reduce_op(reduce_op: str | ReduceOp | None) -> Any:
     op = ops.resolve_reduce_op(reduce_op)
-    if op == ops._MEAN or op in (_ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+    if op == ops._MEAN or op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT):
         return op
     raise InvalidReduceOpError(
         f"DataParallelStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of"
@@ -168,16 +167,16 @@ def _reduce_replicas(t: Tensor, op: Any) -> Tensor:
     dtype = t.dtype
     if dtype == torch.bool:
         # "any" for sum, mean and max; "all" for product and min: the multi-process strategies' meaning
-        return t.all() if op in (_ReduceOp.PRODUCT, _ReduceOp.MIN) else t.any()
+        return t.all() if op in (ReduceOp.PRODUCT, ReduceOp.MIN) else t.any()
     if op == ops._MEAN:
         if t.is_floating_point() or t.is_complex():
             return t.mean()
         # integers stay integers, truncated toward zero, as the multi-process strategies do (exact, no float)
         return torch.div(t.sum(), t.numel(), rounding_mode="trunc").to(dtype)
-    if op == _ReduceOp.SUM:
+    if op == ReduceOp.SUM:
         return t.sum().to(dtype)
-    if op == _ReduceOp.MAX:
+    if op == ReduceOp.MAX:
         return t.max()
-    if op == _ReduceOp.MIN:
+    if op == ReduceOp.MIN:
         return t.min()
     return t.prod().to(dtype)

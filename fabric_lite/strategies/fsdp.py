@@ -359,11 +359,6 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             )
         return super().setup_module_and_optimizers(module, optimizers, scheduler)
 
-    @override
-    def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
-        """``module``: ``fully_shard`` shards it in place (:meth:`setup_module` returns it)."""
-        return module
-
     def _use_sharded_grad_scaler(self) -> None:
         """Replace the plugin's plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings and state, so every
         rank skips the step when any shard holds inf/NaN."""
@@ -373,15 +368,8 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             return
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-        sharded = ShardedGradScaler(
-            device=precision._device_type,
-            init_scale=plain.get_scale(),
-            growth_factor=plain.get_growth_factor(),
-            backoff_factor=plain.get_backoff_factor(),
-            growth_interval=plain.get_growth_interval(),
-            enabled=plain.is_enabled(),
-        )
-        if plain.state_dict():
+        sharded = ShardedGradScaler(device=precision._device_type, enabled=plain.is_enabled())
+        if plain.is_enabled():  # the scale, its growth settings and tracker
             sharded.load_state_dict(plain.state_dict())
         precision.scaler = sharded
 

@@ -35,7 +35,6 @@ HOROVOD_INSTALL = (
     "HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1"
     " HOROVOD_WITHOUT_MXNET=1 pip install --no-build-isolation horovod==0.28.1"
 )
-_ReduceOp = ReduceOp
 # while gradient sync is blocked, Horovod's per-parameter countdown starts here, so its hooks never fire an all-reduce
 _NEVER = 1 << 30
 
@@ -244,11 +243,9 @@ class HorovodStrategy(Strategy):
         hvd = self._hvd
         if self.world_size == 1:
             return
-        has_state = 1 if optimizer.state_dict()["state"] else 0
-        flags = torch.tensor([has_state, -has_state], dtype=torch.int32)
-        hvd.allreduce_(flags, op=hvd.Max, name=f"{BROADCAST_NAME}.has_state")
-        anyone, everyone = int(flags[0]) == 1, int(flags[1]) == -1
-        if anyone and everyone:
+        lacking = torch.tensor([0 if optimizer.state_dict()["state"] else 1], dtype=torch.int32)
+        hvd.allreduce_(lacking, op=hvd.Max, name=f"{BROADCAST_NAME}.has_state")
+        if int(lacking[0]) == 0:  # every process has a state
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
             return
         state = hvd.broadcast_object(optimizer.state_dict(), root_rank=0, name=f"{BROADCAST_NAME}.optimizer")
@@ -320,7 +317,7 @@ class HorovodStrategy(Strategy):
         """
         self._check_group("all_reduce", group)
         op = ops.resolve_reduce_op(reduce_op)
-        if op not in (ops._MEAN, _ReduceOp.SUM, _ReduceOp.MAX, _ReduceOp.MIN, _ReduceOp.PRODUCT):
+        if op not in (ops._MEAN, ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT):
             raise InvalidReduceOpError(
                 f"HorovodStrategy.all_reduce cannot reduce with reduce_op={reduce_op!r}: choose one of 'mean',"
                 " 'sum', 'max', 'min', 'product'."

@@ -58,13 +58,10 @@ class StrategyEntry(Mapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         if key == "strategy":
             return self.load()
-        if key == "strategy_name":
-            return self.name
-        if key == "description":
-            return self.description
-        if key == "init_params":
-            return self.init_kwargs
-        raise KeyError(f"{key!r}: a strategy entry has {', '.join(map(repr, _KEYS))}")
+        values = {"strategy_name": self.name, "description": self.description, "init_params": self.init_kwargs}
+        if key not in values:
+            raise KeyError(f"{key!r}: a strategy entry has {', '.join(map(repr, _KEYS))}")
+        return values[key]
 
     def __iter__(self) -> Iterator[str]:
         return iter(_KEYS)

@@ -246,26 +246,22 @@ class ProcessSupervisor:
         world_size: the number of ranks, for that report.
     """
 
+    #: how often the watching thread looks at the children, and how long a stopped child has before SIGKILL (s)
+    poll_interval = 0.05
+    grace = 3.0
+
     def __init__(
-        self,
-        children: list[Child],
-        teardown: Callable[[], None],
-        poll_interval: float = 0.05,
-        grace: float = 3.0,
-        secondary_window: float = 1.0,
-        run_dir: str | None = None,
-        world_size: int | None = None,
+        self, children: list[Child], teardown: Callable[[], None], run_dir: str | None, world_size: int
     ) -> None:
         self.children = children
         self.run_dir = run_dir
         self.world_size = world_size
         self.teardown = teardown
-        self.poll_interval = poll_interval
-        self.grace = grace
         #: the root cause, once the job has failed
         self.failure: str | None = None
         self._rank0_finished = False
-        self._verdict = RootCause(window=secondary_window)  # read and fed by the watching thread only
+        # read and fed by the watching thread only; a secondary failure waits a second for the root cause
+        self._verdict = RootCause(window=1.0)
         self._main_exiting = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="fabric_lite-supervisor", daemon=True)

@@ -34,6 +34,9 @@ from fabric_lite.utilities.seed import _collect_rng_states, _set_rng_states
 if TYPE_CHECKING:
     from fabric_lite.strategies.parallel import ParallelStrategy
 
+#: how long a failure that only says a peer went away waits for the root cause, and a stopped worker for its exit
+_WINDOW_S, _GRACE_S = 1.0, 3.0
+
 
 class MultiProcessingLauncher(Launcher):
     """Start one process per local device with ``torch.multiprocessing`` and run the function in each.
@@ -110,9 +113,7 @@ class MultiProcessingLauncher(Launcher):
                     for process in processes.processes:
                         process.kill()
                     raise
-            payload = _supervise(
-                processes, results, run_dir=run_dir, first_rank=strategy.global_rank, world=strategy.world_size
-            )
+            payload = _supervise(processes, results, run_dir, strategy.global_rank, strategy.world_size)
             if payload is None:
                 return None  # global rank 0 runs on another node
             return pickle.loads(payload)
@@ -151,10 +152,8 @@ class _GlobalStateSnapshot:
 
     def restore(self) -> None:
         wanted = (self.use_deterministic_algorithms, self.use_deterministic_algorithms_warn_only)
-        if wanted != (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        ):
+        current = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+        if wanted != current:
             # only on a change: the setter imports torch._inductor (seconds, and a cache folder in TMPDIR)
             torch.use_deterministic_algorithms(wanted[0], warn_only=wanted[1])
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
@@ -240,18 +239,11 @@ class _SpawnedRank:
             return None
 
 
-def _supervise(
-    processes: Any,
-    results: Any,
-    window: float = 1.0,
-    grace: float = 3.0,
-    run_dir: str | None = None,
-    first_rank: int = 0,
-    world: int | None = None,
-) -> bytes | None:
+def _supervise(processes: Any, results: Any, run_dir: str, first_rank: int, world: int) -> bytes | None:
     """Wait for the workers and return rank 0's pickled result (``None`` where rank 0 runs on another node); on a
     failure, stop the others and raise with the root cause, not whichever worker ``torch.multiprocessing`` noticed
-    first (a secondary failure waits ``window`` seconds for it). ``first_rank`` is the first worker's global rank."""
+    first (a secondary failure waits :data:`_WINDOW_S` for it). ``first_rank`` is the first worker's global rank;
+    ``run_dir`` holds the ranks' trails of collectives."""
     ranks = [
         _SpawnedRank(first_rank + i, i, process, processes.error_files[i])
         for i, process in enumerate(processes.processes)
@@ -266,11 +258,11 @@ def _supervise(
         multiprocessing.connection.wait([r.process.sentinel for r in ranks if r.poll() is None], 0.05)
         drain()
 
-    signals = ForwardSignals(lambda signum: forward_signal(ranks, signum, grace))
+    signals = ForwardSignals(lambda signum: forward_signal(ranks, signum, _GRACE_S))
     signals.install()
     try:
         drain()
-        cause = watch(ranks, RootCause(window=window), between)
+        cause = watch(ranks, RootCause(window=_WINDOW_S), between)
         if cause is None:
             drain()
             return received[0] if received else None
@@ -278,7 +270,7 @@ def _supervise(
         index = root.local_rank  # torch.multiprocessing names a worker by its index
         if cause.code == 0:
             # the others lost a peer that had returned early: that worker is the cause
-            stop(ranks, grace)
+            stop(ranks, _GRACE_S)
             raise mp.ProcessExitedException(  # type: ignore[attr-defined]
                 f"process {index} exited with code 0 while the other processes were still running: they then lost"
                 " their peer in a collective. Every process must run the same collectives; none may return early.",
@@ -287,9 +279,9 @@ def _supervise(
                 0,
             )
         report(run_dir, f"rank {cause.rank} {how_it_ended(cause.code)}", ranks, world)
-        stop(ranks, grace, run_dir)
+        stop(ranks, _GRACE_S, run_dir)
         text = root.error()
-        if run_dir is not None and (text is None or BLOCK_START not in text):
+        if text is None or BLOCK_START not in text:
             # ranks that timed out together: the one that reported is not always the one reported as the cause
             blocks = (find_block(rank.error() or "") for rank in ranks)
             block = next((b for b in blocks if b), None)

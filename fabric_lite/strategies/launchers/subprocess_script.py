@@ -95,11 +95,8 @@ class SubprocessScriptLauncher(Launcher):
         """Take part in the job this process launched before, with its rendezvous store and its children."""
         strategy = self._strategy
         strategy._set_world_ranks()
-        if (strategy.num_processes, strategy.world_size, strategy.node_rank) != (
-            job.num_processes,
-            job.world_size,
-            job.node_rank,
-        ):
+        shape = (strategy.num_processes, strategy.world_size, strategy.node_rank)
+        if shape != (job.num_processes, job.world_size, job.node_rank):
             raise RuntimeError(
                 f"This process launched a job of {job.num_processes} process(es) per node, {job.world_size} in all"
                 f" (node rank {job.node_rank}), and a later Fabric in it asks for {strategy.num_processes} per node,"
