@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +151,25 @@ def default_config(
     if logging_batch_size_per_gpu:
         config["train_micro_batch_size_per_gpu"] = logging_batch_size_per_gpu
     return config
+
+
+#: the arguments of ``DeepSpeedStrategy`` that :func:`default_config` puts into ``zero_optimization`` as they are
+ZERO_SETTINGS = (
+    "stage",
+    "contiguous_gradients",
+    "overlap_comm",
+    "allgather_partitions",
+    "reduce_scatter",
+    "allgather_bucket_size",
+    "reduce_bucket_size",
+    "sub_group_size",
+)
+
+
+def default_config_from(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`default_config` from ``DeepSpeedStrategy``'s constructor arguments (a mapping of every argument)."""
+    named = [p.name for p in inspect.signature(default_config).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    return default_config(**{name: arguments[name] for name in (*named, *ZERO_SETTINGS)})
 
 
 def zero_stage(config: dict[str, Any]) -> int:

@@ -131,6 +131,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         timeout: timedelta | None = default_pg_timeout,
         exclude_frozen_parameters: bool = False,
     ) -> None:
+        arguments = locals()  # the arguments as passed (first, before any other local): the default config's
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -154,38 +155,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         if env_path:
             rank_zero_info(f"Loading DeepSpeed config from set {self.DEEPSPEED_ENV_VAR} environment variable")
         if loaded is None:
-            loaded = _deepspeed_config.default_config(
-                zero_optimization=zero_optimization,
-                zero_allow_untested_optimizer=zero_allow_untested_optimizer,
-                logging_batch_size_per_gpu=logging_batch_size_per_gpu,
-                partition_activations=partition_activations,
-                cpu_checkpointing=cpu_checkpointing,
-                contiguous_memory_optimization=contiguous_memory_optimization,
-                synchronize_checkpoint_boundary=synchronize_checkpoint_boundary,
-                offload_optimizer=offload_optimizer,
-                offload_parameters=offload_parameters,
-                nvme_path=nvme_path,
-                offload_params_device=offload_params_device,
-                params_buffer_count=params_buffer_count,
-                params_buffer_size=params_buffer_size,
-                max_in_cpu=max_in_cpu,
-                offload_optimizer_device=offload_optimizer_device,
-                optimizer_buffer_count=optimizer_buffer_count,
-                pin_memory=pin_memory,
-                block_size=block_size,
-                queue_depth=queue_depth,
-                single_submit=single_submit,
-                overlap_events=overlap_events,
-                thread_count=thread_count,
-                stage=stage,
-                contiguous_gradients=contiguous_gradients,
-                overlap_comm=overlap_comm,
-                allgather_partitions=allgather_partitions,
-                reduce_scatter=reduce_scatter,
-                allgather_bucket_size=allgather_bucket_size,
-                reduce_bucket_size=reduce_bucket_size,
-                sub_group_size=sub_group_size,
-            )
+            loaded = _deepspeed_config.default_config_from(arguments)
         #: the DeepSpeed config handed to ``deepspeed.initialize`` (the precision is added at ``fabric.launch()``)
         self.config: dict[str, Any] = loaded
         self._deepspeed = import_deepspeed()
