@@ -359,6 +359,11 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
             )
         return super().setup_module_and_optimizers(module, optimizers, scheduler)
 
+    @override
+    def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
+        """``module``: ``fully_shard`` shards it in place (:meth:`setup_module` returns it)."""
+        return module
+
     def _use_sharded_grad_scaler(self) -> None:
         """Replace the plugin's plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings and state, so every
         rank skips the step when any shard holds inf/NaN."""

@@ -573,11 +573,15 @@ class _Sharded(Strategy):
         optimizers = [optimizers] if isinstance(optimizers, Optimizer) else list(optimizers)
         names = _fsdp_setup.optimizer_parameter_names(module, optimizers, type(self).__name__)
         set_up = self.setup_module(module)
-        parameters = dict(set_up.named_parameters())
+        parameters = dict(self._parameters_after_setup(module, set_up).named_parameters())
         for optimizer in optimizers:
             _fsdp_setup.rebind_optimizer(optimizer, names, parameters)
             self._prepare_optimizer(optimizer)
         return set_up, optimizers, scheduler
+
+    def _parameters_after_setup(self, module: Module, set_up: Module) -> Module:
+        """The module whose parameters replace ``module``'s after setup: by default ``set_up`` itself."""
+        return set_up
 
     @override
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:

@@ -120,9 +120,6 @@ class MPIEnvironment(_LauncherEnvironment):
         return int(self._comm_world.Get_rank())
 
     def _init_comm_local(self) -> None:
-        """Learn the node rank, the node count and the node's processes: a collective the first time, kept after."""
-        if self._comm_local is not None:
-            return
         # rank 0 sorts the distinct host names and sends them to every rank: the same node index for the same host
         hostname = socket.gethostname()
         hosts = self._comm_world.gather(hostname, root=0)  # None on the other ranks
@@ -134,23 +131,27 @@ class MPIEnvironment(_LauncherEnvironment):
     @override
     def local_rank(self) -> int:
         """The rank among the processes on this node (a collective the first time)."""
-        self._init_comm_local()
+        if self._comm_local is None:
+            self._init_comm_local()
         return int(self._comm_local.Get_rank())
 
     @override
     def node_rank(self) -> int:
         """The index of this host among the job's sorted host names (a collective the first time)."""
-        self._init_comm_local()
+        if self._node_rank is None:
+            self._init_comm_local()
         return int(self._node_rank)  # type: ignore[arg-type]
 
     def local_world_size(self) -> int:
         """How many processes the launcher started on this node (a collective the first time)."""
-        self._init_comm_local()
+        if self._comm_local is None:
+            self._init_comm_local()
         return int(self._comm_local.Get_size())
 
     def num_nodes(self) -> int:
         """How many distinct hosts the job's processes run on (a collective the first time)."""
-        self._init_comm_local()
+        if self._num_nodes is None:
+            self._init_comm_local()
         return int(self._num_nodes)  # type: ignore[arg-type]
 
     @override
