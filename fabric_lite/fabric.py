@@ -37,7 +37,6 @@ from fabric_lite.utilities.data import (
     distributed_sampler,
     has_iterable_dataset,
     replace_sampler,
-    sized_len,
 )
 from fabric_lite.utilities.device_dtype_mixin import _update_properties
 from fabric_lite.utilities.distributed import _InfiniteBarrier
@@ -550,9 +549,7 @@ class Fabric:
         """Raise on every rank when loaders whose sampler is not a ``DistributedSampler`` give the ranks different
         numbers of batches: the rank with more batches would wait at epoch end, in a collective no other rank
         joins, until the timeout. (A ``DistributedSampler`` pads, so its ranks always agree.)"""
-        unchecked = [
-            dl for dl in loaders if not isinstance(dl.sampler, DistributedSampler) and sized_len(dl) is not None
-        ]
+        unchecked = [dl for dl in loaders if not isinstance(dl.sampler, DistributedSampler) and _sized(dl)]
         if not unchecked:
             return
         counts = torch.tensor([len(dl) for dl in unchecked], dtype=torch.int64)
@@ -1082,3 +1079,11 @@ def _check_optimizers_own_parameters(module: nn.Module, optimizers: Sequence[Opt
                 f" parameters of the {type(module).__name__} passed to setup. Create the optimizer from this"
                 " module's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.1)."
             )
+
+
+def _sized(loader: DataLoader[Any]) -> bool:
+    try:
+        len(loader)
+    except TypeError:
+        return False
+    return True

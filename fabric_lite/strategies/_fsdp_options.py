@@ -180,7 +180,9 @@ def _check_device_mesh(device_mesh: Any, name: str) -> None:
     if isinstance(device_mesh, DeviceMesh):
         dims = device_mesh.ndim
     elif (
-        isinstance(device_mesh, tuple) and len(device_mesh) == 2 and all(type(n) is int and n >= 1 for n in device_mesh)
+        isinstance(device_mesh, tuple)
+        and len(device_mesh) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in device_mesh)
     ):
         dims = 2
     else:

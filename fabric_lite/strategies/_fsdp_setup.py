@@ -97,10 +97,18 @@ def wrap_targets(root: Module, policy: AutoWrapPolicy) -> list[Module]:
     if callable(policy) and _takes_fsdp1_arguments(policy):
         return _fsdp1_function_targets(root, policy)
     if isinstance(policy, int):
-        minimum = policy  # FSDP1's size-based rule: a unit where a subtree holds that many parameters outside units
-        return _fsdp1_function_targets(
-            root, lambda module, recurse, nonwrapped_numel: recurse or nonwrapped_numel >= minimum
-        )
+        targets: list[Module] = []
+
+        def visit(module: Module) -> int:
+            held = sum(p.numel() for p in module.parameters(recurse=False))
+            held += sum(visit(child) for child in module.children())
+            if module is not root and held >= policy:
+                targets.append(module)  # appended after its children: children first
+                return 0
+            return held
+
+        visit(root)
+        return targets
     if isinstance(policy, (set, frozenset)):
         classes = tuple(policy)
         return [m for m in candidates if isinstance(m, classes)]

@@ -141,7 +141,9 @@ class DDPStrategy(ParallelStrategy):
         if ddp_comm_wrapper is not None and not callable(ddp_comm_wrapper):
             raise TypeError(f"DDPStrategy(ddp_comm_wrapper={ddp_comm_wrapper!r}) must be a callable wrapper(hook).")
         if model_averaging_period is not None and (
-            type(model_averaging_period) is not int or model_averaging_period < 1
+            isinstance(model_averaging_period, bool)
+            or not isinstance(model_averaging_period, int)
+            or model_averaging_period < 1
         ):
             raise ValueError(
                 f"DDPStrategy(model_averaging_period={model_averaging_period!r}) must be a whole number of optimizer"
