@@ -183,6 +183,13 @@ class _FabricModule(_DeviceDtypeModuleMixin):
             super().__setattr__(name, value)
 
 
+def _forwarded(name: str) -> Any:
+    """A property that reads and writes the attribute ``name`` of the wrapped optimizer."""
+    return property(
+        lambda self: getattr(self.optimizer, name), lambda self, value: setattr(self.optimizer, name, value)
+    )
+
+
 class _FabricOptimizer(Optimizer):
     """Wraps an optimizer set up by ``Fabric.setup``: ``step`` goes through the strategy and its precision, the
     rest is the wrapped optimizer's (``.optimizer``). Its class is made for the wrapped one (e.g. ``FabricAdam``),
@@ -205,29 +212,9 @@ class _FabricOptimizer(Optimizer):
     def optimizer(self) -> Optimizer:
         return self.__dict__["_optimizer"]  # type: ignore[no-any-return]
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = groups
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
+    param_groups = _forwarded("param_groups")
+    state = _forwarded("state")
+    defaults = _forwarded("defaults")
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         state = self.__dict__

@@ -203,11 +203,9 @@ _CUSTOM_BATCH_SAMPLER = (
 def _resolve_sampler(dataloader: DataLoader[Any], sampler: Sampler[Any] | Iterable[Any]) -> dict[str, Any]:
     """The re-created loader's sampling arguments: ``sampler``, or the custom batch sampler made again around it."""
     batch_sampler = dataloader.batch_sampler
-    if batch_sampler is None:
-        return {"sampler": sampler, "shuffle": False, "batch_sampler": None}
-    if type(batch_sampler) is BatchSampler:
+    if batch_sampler is None or type(batch_sampler) is BatchSampler:
         resolved: dict[str, Any] = {"sampler": sampler, "shuffle": False, "batch_sampler": None}
-        if dataloader.batch_size is None:
+        if batch_sampler is not None and dataloader.batch_size is None:
             # built with batch_sampler=BatchSampler(...): torch leaves batch_size=None, the batching lives there
             resolved.update(batch_size=batch_sampler.batch_size, drop_last=batch_sampler.drop_last)
         return resolved
