@@ -42,7 +42,19 @@ def parse() -> argparse.Namespace:
         default=120.0,
         help="how long the group may take to form: covers the slowest start of a loaded machine",
     )
+    parser.add_argument(
+        "--start-after",
+        help="a folder: write started-<LOCAL_RANK> there, then wait for a file `go` before launching (so that a short"
+        " rendezvous timeout counts from when every rank is up, not from the first rank's start)",
+    )
     return parser.parse_args()
+
+
+def wait_for_go(folder: str) -> None:
+    with open(os.path.join(folder, f"started-{os.environ.get('LOCAL_RANK', '0')}"), "w"):
+        pass
+    while not os.path.exists(os.path.join(folder, "go")):
+        time.sleep(0.02)
 
 
 def emit(line: str) -> None:
@@ -117,6 +129,8 @@ def main() -> None:
     else:
         strategy = args.strategy
     fabric = Fabric(accelerator="cpu", devices=devices, num_nodes=args.num_nodes, strategy=strategy)
+    if args.start_after:
+        wait_for_go(args.start_after)
     if STARTS.get(args.strategy) not in (None, "popen"):
         result = fabric.launch(work, args)
         emit("LAUNCHER " + json.dumps(result))
