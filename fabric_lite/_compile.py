@@ -58,8 +58,7 @@ class Compiler:
         """Compile each module of ``units`` in place, block by block as torchtitan does for sharded models (the
         ``root`` only where ``units`` holds nothing else): the collectives between the blocks (``fully_shard``'s
         all-gathers) stay eager, and a 2-D (tensor + data parallel) model cannot be compiled whole."""
-        blocks = [unit for unit in units if unit is not root]
-        for block in blocks or [root]:
+        for block in [unit for unit in units if unit is not root] or [root]:
             self.compile_in_place(block)
 
 

@@ -240,5 +240,4 @@ def select_devices(
             f" notebook environment. Pass devices={machine.cuda_devices} (with strategy='ddp_notebook') to use them"
             " all; several GPUs in a notebook is experimental."
         )
-    available = machine.cuda_devices if kind == "cuda" else 1
-    return kind, gpu_indices(devices, kind, available), warnings
+    return kind, gpu_indices(devices, kind, machine.cuda_devices if kind == "cuda" else 1), warnings

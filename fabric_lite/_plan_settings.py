@@ -37,18 +37,13 @@ _LEGACY_PRECISIONS: dict[Any, str] = {
 def parse_num_nodes(num_nodes: Any) -> int:
     """``num_nodes`` as an int >= 1 (a string of digits counts, as in Lightning); ``TypeError`` if it is not a
     whole number, ``ValueError`` below 1."""
-    if isinstance(num_nodes, str) and _is_ascii_int(num_nodes):
+    if isinstance(num_nodes, str) and num_nodes.strip().isascii() and num_nodes.strip().isdigit():
         num_nodes = int(num_nodes)  # Lightning accepts strings (e.g. straight from argparse)
     if type(num_nodes) is not int:
         raise TypeError(f"`num_nodes` must be a positive integer, but got {num_nodes!r}. Example: num_nodes=2.")
     if num_nodes < 1:
         raise ValueError(f"`num_nodes` must be a positive integer, but got {num_nodes}. Example: num_nodes=1.")
     return num_nodes
-
-
-def _is_ascii_int(text: str) -> bool:
-    stripped = text.strip()
-    return stripped.isascii() and stripped.isdigit()
 
 
 def canonical_precision(precision: Any) -> tuple[str, list[str]]:

@@ -552,8 +552,7 @@ class Fabric:
         unchecked = [dl for dl in loaders if not isinstance(dl.sampler, DistributedSampler) and _sized(dl)]
         if not unchecked:
             return
-        counts = torch.tensor([len(dl) for dl in unchecked], dtype=torch.int64)
-        gathered = self._strategy.all_gather(counts)
+        gathered = self._strategy.all_gather(torch.tensor([len(dl) for dl in unchecked], dtype=torch.int64))
         if bool((gathered == gathered[0]).all()):
             return
         table = "\n".join(f"  rank {r}: {row.tolist()} batches" for r, row in enumerate(gathered))

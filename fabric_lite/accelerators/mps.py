@@ -40,8 +40,7 @@ class MPSAccelerator(Accelerator):
     @override
     def get_parallel_devices(devices: int | str | list[int]) -> list[torch.device]:
         """One ``mps`` device per selected index."""
-        parsed = MPSAccelerator.parse_devices(devices) or []
-        return [torch.device("mps", i) for i in range(len(parsed))]
+        return [torch.device("mps", i) for i in range(len(MPSAccelerator.parse_devices(devices) or []))]
 
     @staticmethod
     @override

@@ -104,8 +104,6 @@ def rank_zero_experiment(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def experiment(self: Any) -> Any:
         from fabric_lite.utilities.rank_zero import rank_zero_only
 
-        if (getattr(rank_zero_only, "rank", 0) or 0) > 0:
-            return _DummyExperiment()
-        return fn(self)
+        return _DummyExperiment() if (getattr(rank_zero_only, "rank", 0) or 0) > 0 else fn(self)
 
     return experiment

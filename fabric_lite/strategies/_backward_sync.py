@@ -39,9 +39,7 @@ class _NestedSyncSwitch(_BackwardSyncControl):
         self._depths: dict[int, int] = {}  # open blocks per target
 
     def no_backward_sync(self, module: Module, enabled: bool) -> AbstractContextManager[Any]:
-        if not enabled:
-            return nullcontext()
-        return self._switched_off(self._target_of(module))
+        return self._switched_off(self._target_of(module)) if enabled else nullcontext()
 
     def is_off(self, target: Any) -> bool:
         """Whether a block for ``target`` is open (its synchronisation is off)."""

@@ -80,6 +80,5 @@ def join_process_group(
 def _skip_shared_memory_extension(deepspeed: Any) -> None:
     """Mark DeepSpeed's shared-memory all-reduce extension unavailable unless it was installed built: on the CPU
     its communication layer would compile it at start, for an inference all-reduce training never calls."""
-    installed_ops = importlib.import_module("deepspeed.git_version_info").installed_ops
-    if not installed_ops.get("deepspeed_shm_comm", False):
+    if not importlib.import_module("deepspeed.git_version_info").installed_ops.get("deepspeed_shm_comm", False):
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False

@@ -272,9 +272,7 @@ class DDPStrategy(ParallelStrategy):
         self, tensor: Tensor | Any, group: Any | None = None, reduce_op: str | ReduceOp | None = "mean"
     ) -> Tensor | Any:
         """Lightning's ``DDPPlugin`` name for :meth:`all_reduce` of a tensor; anything else is returned as is."""
-        if not isinstance(tensor, Tensor):
-            return tensor
-        return self.all_reduce(tensor, group=group, reduce_op=reduce_op)
+        return self.all_reduce(tensor, group=group, reduce_op=reduce_op) if isinstance(tensor, Tensor) else tensor
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the strategy into each new process, before any process group exists there

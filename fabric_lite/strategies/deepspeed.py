@@ -222,13 +222,12 @@ class DeepSpeedStrategy(ParallelStrategy):
     @override
     def _setup_distributed(self) -> None:
         super()._setup_distributed()
-        store_port = getattr(self._store, "port", None)
         _deepspeed_runtime.join_process_group(
             self._deepspeed,
             device=self.root_device,
             ranks=(self.global_rank, self.local_rank, self.world_size),
             main_address=self.cluster_environment.main_address,
-            main_port=store_port or self.cluster_environment.main_port,
+            main_port=getattr(self._store, "port", None) or self.cluster_environment.main_port,
             backend=self.process_group_backend,
             timeout=self.timeout,
         )

@@ -319,20 +319,18 @@ class FSDPStrategy(_Sharded, ParallelStrategy):
                     fully_shard(unit, **kwargs)
             fully_shard(module, **kwargs)
             if self._fsdp1.forward_prefetch:
-                units = [m for m in module.modules() if isinstance(m, FSDPModule)]
-                for unit, following in itertools.pairwise(units):
+                for unit, following in itertools.pairwise([m for m in module.modules() if isinstance(m, FSDPModule)]):
                     unit.set_modules_to_forward_prefetch([following])
         if owners:
             # offloaded shards live on the CPU; only the buffers (never sharded) belong on the device
             shard_device = torch.device("cpu") if self._cpu_offload else self.root_device
-            broadcast = partial(_fsdp_setup.broadcast_from_rank_zero, device=self.root_device)
             _fsdp_setup.materialize(
                 module,
                 owners,
                 shard_device,
                 self._param_init_fn,
                 buffer_device=self.root_device,
-                sync=broadcast if sync else None,
+                sync=partial(_fsdp_setup.broadcast_from_rank_zero, device=self.root_device) if sync else None,
             )
         if ignored:  # fully_shard leaves the parameters it ignores where they are
             _model_parallel_ops.move_leftovers(module, self.root_device)

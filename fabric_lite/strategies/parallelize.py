@@ -100,8 +100,7 @@ def check_plan(model: Module, plan: TransformerPlan) -> None:
 def data_parallel_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
     """The mesh to give ``fully_shard``: ``("data_parallel_replicate", "data_parallel_shard")`` (HSDP) when the
     mesh has them, else ``"data_parallel"``."""
-    names = device_mesh.mesh_dim_names or ()
-    if "data_parallel_replicate" in names:
+    if "data_parallel_replicate" in (device_mesh.mesh_dim_names or ()):
         return device_mesh["data_parallel_replicate", "data_parallel_shard"]
     return device_mesh["data_parallel"]
 

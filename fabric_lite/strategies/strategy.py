@@ -321,9 +321,8 @@ class Strategy(ABC):
         With a loss scaler they are unscaled first, and inf/NaN gradients do not raise (the scaler skips the step)."""
         precision = self.precision
         precision.unscale_gradients(optimizer)
-        parameters = list(precision.main_params(optimizer))
         return torch.nn.utils.clip_grad_norm_(
-            parameters,
+            list(precision.main_params(optimizer)),
             max_norm=max_norm,
             norm_type=norm_type,
             error_if_nonfinite=error_if_nonfinite and not precision.skips_nonfinite_steps(),

@@ -47,16 +47,12 @@ def _normalize_parse_gpu_string_input(s: int | str | list[int]) -> int | list[in
     numbers = [part for part in parts if part]
     if not numbers or not all(re.fullmatch("-?[0-9]+", part) for part in numbers):
         raise TypeError(f"{_TYPE_MESSAGE} {s!r}, which is no number or list of indices. {_CHOICES}")
-    if len(parts) > 1:
-        return [int(part) for part in numbers]
-    return int(numbers[0])
+    return [int(part) for part in numbers] if len(parts) > 1 else int(numbers[0])
 
 
 def _shown(available: Sequence[int]) -> str:
     """``available`` for a message, short even for a range of thousands."""
-    if len(available) > 16:
-        return f"[{available[0]}, ..., {available[-1]}]"
-    return str(list(available))
+    return f"[{available[0]}, ..., {available[-1]}]" if len(available) > 16 else str(list(available))
 
 
 def requested_ids(devices: int | str | Sequence[int], available: Sequence[int]) -> list[int] | None:

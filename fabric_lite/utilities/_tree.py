@@ -68,8 +68,7 @@ def flatten(obj: Any) -> tuple[list[Any], Spec]:
         # a flat list of tensors or numbers (what Fabric hands its strategy): no recursion needed
         return list(obj), (_LIST, list, [_LEAF_SPEC] * len(obj))
     leaves: list[Any] = []
-    spec = _flatten_into(obj, leaves)
-    return leaves, spec
+    return leaves, _flatten_into(obj, leaves)
 
 
 def _build(spec: Spec, it: Any) -> Any:
@@ -110,9 +109,7 @@ def _build(spec: Spec, it: Any) -> Any:
 
 def unflatten(spec: Spec, leaves: list[Any]) -> Any:
     """The collection ``spec`` describes, rebuilt from ``leaves`` (see :func:`flatten`)."""
-    if spec is _LEAF_SPEC:
-        return leaves[0]
-    return _build(spec, iter(leaves))
+    return leaves[0] if spec is _LEAF_SPEC else _build(spec, iter(leaves))
 
 
 def map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:

@@ -47,9 +47,7 @@ def apply_to_collection(
 
 def _move(leaf: Any, device: torch.device, non_blocking: bool) -> Any:
     if isinstance(leaf, Tensor):
-        if leaf.device == device:
-            return leaf
-        return leaf.to(device, non_blocking=non_blocking)
+        return leaf if leaf.device == device else leaf.to(device, non_blocking=non_blocking)
     to = getattr(leaf, "to", None)
     if callable(to) and not isinstance(leaf, type):
         # any object with a ``.to(device)`` method, as in Lightning (e.g. a custom batch class); one that moves
@@ -94,9 +92,8 @@ def convert_to_tensors(data: Any, device: torch.device | str | int) -> Any:
         {'n': tensor(3, dtype=torch.int32), 'x': tensor(0.5000)}
     """
     device = torch.device(device)
-    non_blocking = device.type not in _BLOCKING_DEVICE_TYPES
     if isinstance(data, Tensor):
-        return _move(data, device, non_blocking)
+        return _move(data, device, device.type not in _BLOCKING_DEVICE_TYPES)
     leaves, spec = flatten(data)
     converted = convert_leaves(leaves, device)
     return data if converted is leaves else unflatten(spec, converted)

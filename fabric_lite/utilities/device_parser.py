@@ -38,8 +38,7 @@ def _determine_root_gpu_device(gpus: list[_DEVICE] | None) -> _DEVICE | None:
 def _get_all_available_gpus(include_cuda: bool = False, include_mps: bool = False) -> list[int]:
     """The indices of this machine's visible CUDA devices and/or its MPS device."""
     cuda = _get_all_visible_cuda_devices() if include_cuda else []
-    mps = _get_all_available_mps_gpus() if include_mps else []
-    return cuda + mps
+    return cuda + (_get_all_available_mps_gpus() if include_mps else [])
 
 
 def _sanitize_gpu_ids(gpus: list[int], include_cuda: bool = False, include_mps: bool = False) -> list[int]:

@@ -106,9 +106,7 @@ def gather_all_tensors(result: Tensor, group: Any | None = None) -> list[Tensor]
     """
     if not isinstance(result, Tensor):
         raise TypeError(f"gather_all_tensors expects a tensor, got {type(result).__name__}: {result!r}.")
-    if not distributed_available():
-        return [result]
-    return collectives.gather_uneven(result, group)
+    return collectives.gather_uneven(result, group) if distributed_available() else [result]
 
 
 def _as_tensor(result: Any) -> Tensor:
@@ -349,15 +347,13 @@ def is_shared_filesystem(strategy: Strategy, path: _PATH | None = None, timeout:
     if getattr(strategy, "world_size", 1) == 1:
         return True
     # the same path on every rank is necessary for a shared filesystem (cheap, and no file is written)
-    rank_zero_path = strategy.broadcast(resolved)
-    if not strategy.reduce_boolean_decision(rank_zero_path == resolved, all=True):
+    if not strategy.reduce_boolean_decision(strategy.broadcast(resolved) == resolved, all=True):
         return False
     if not strategy.reduce_boolean_decision(resolved.exists(), all=True):
         raise FileNotFoundError(
             f"Unable to determine if the path belongs to a shared filesystem. The path does not exist: {resolved}"
         )
-    folder = resolved.parent if resolved.is_file() else resolved
-    check_file = folder / ".lightning_shared_fs_check"
+    check_file = (resolved.parent if resolved.is_file() else resolved) / ".lightning_shared_fs_check"
     check_file.unlink(missing_ok=True)
     strategy.barrier()
     if strategy.is_global_zero:

@@ -67,9 +67,7 @@ class _NotYetLoadedTensor:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name == "_tensor":
             raise AttributeError(name)
-        if name in _WITHOUT_READING:
-            return getattr(self._tensor, name)
-        return getattr(self._load_tensor(), name)
+        return getattr(self._tensor if name in _WITHOUT_READING else self._load_tensor(), name)
 
     def __len__(self) -> int:
         return len(self._tensor)
@@ -116,8 +114,7 @@ def _load_distributed_checkpoint(checkpoint_folder: Path) -> dict[str, Any]:
     """
     from fabric_lite.runtime.checkpoint.folders import check_sharded_checkpoint, read_entries
 
-    folder = check_sharded_checkpoint(checkpoint_folder)
-    checkpoint = read_entries(folder, None)
+    checkpoint = read_entries(check_sharded_checkpoint(checkpoint_folder), None)
     extra = Path(checkpoint_folder) / _METADATA_FILENAME
     if extra.is_file():
         try:

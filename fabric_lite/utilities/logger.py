@@ -86,6 +86,4 @@ def _convert_json_serializable(params: dict[str, Any]) -> dict[str, Any]:
 
 def _add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> Mapping[str, Any]:
     """``metrics`` with keys ``f"{prefix}{separator}{name}"``; ``metrics`` itself without a prefix."""
-    if not prefix:
-        return metrics
-    return {f"{prefix}{separator}{name}": value for name, value in metrics.items()}
+    return {f"{prefix}{separator}{name}": value for name, value in metrics.items()} if prefix else metrics

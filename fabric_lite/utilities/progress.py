@@ -204,15 +204,12 @@ def _number(value: Any) -> Any:
 
 def _format_value(value: Any) -> str:
     value = _number(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _format_seconds(seconds: float) -> str:
     """``65.2`` -> ``"1:05"``, ``3725`` -> ``"1:02:05"``."""
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
+    hours, rest = divmod(int(seconds), 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 

@@ -69,9 +69,7 @@ def rank_zero_only(fn: Callable[P, T], default: T | None = None) -> Callable[P, 
                 f"{getattr(fn, '__qualname__', fn)!s} is decorated with rank_zero_only, but rank_zero_only.rank is"
                 " None. Set it to this process's global rank first (fabric.launch() does)."
             )
-        if rank == 0:
-            return fn(*args, **kwargs)
-        return default
+        return fn(*args, **kwargs) if rank == 0 else default
 
     return wrapped_fn
 
@@ -145,9 +143,7 @@ def rank_prefixed_message(message: str, rank: int | None) -> str:
         >>> rank_prefixed_message("Seed set to 42", 1)
         '[rank: 1] Seed set to 42'
     """
-    if rank is not None:
-        return f"[rank: {rank}] {message}"
-    return message
+    return f"[rank: {rank}] {message}" if rank is not None else message
 
 
 class WarningCache(set[str]):

@@ -231,9 +231,7 @@ def _set_rng_states(rng_state_dict: dict[str, Any]) -> None:
 
 def _rank_and_world_size() -> tuple[int, int]:
     """This process's rank and the default group's world size; ``(0, 1)`` without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 
 def _gather_per_rank(mine: Any) -> list[Any]:

@@ -142,9 +142,7 @@ class SpikeDetection:
         return self.rtol is None or bool(abs(value - reference) >= abs(self.rtol * reference))
 
     def _is_better(self, diff: torch.Tensor) -> bool:
-        if self.mode == "min":
-            return bool((diff <= 0.0).all())
-        return bool((diff >= 0.0).all())
+        return bool((diff <= 0.0).all()) if self.mode == "min" else bool((diff >= 0.0).all())
 
     def _update_stats(self, value: torch.Tensor) -> None:
         self.running_mean.update(value)

@@ -139,8 +139,7 @@ class Throughput:
                     metrics["items_per_sec"] = items_per_sec * self.world_size
         if len(self._flops) == self._flops.maxlen:
             # the first entry is the work done before the first timestamp of the window
-            elapsed_flops = sum(self._flops) - self._flops[0]
-            flops_per_sec = elapsed_flops / (self._time[-1] - self._time[0])
+            flops_per_sec = (sum(self._flops) - self._flops[0]) / (self._time[-1] - self._time[0])
             device_flops_per_sec = flops_per_sec / self.world_size
             if add_global:
                 metrics["flops_per_sec"] = flops_per_sec
@@ -171,8 +170,7 @@ class ThroughputMonitor(Throughput):
 
     def __init__(self, fabric: Fabric, **kwargs: Any) -> None:
         fabric._validate_launched()  # before launch() the world size is not known yet
-        dtype = _plugin_to_compute_dtype(fabric.strategy.precision)
-        available_flops = get_available_flops(fabric.device, dtype)
+        available_flops = get_available_flops(fabric.device, _plugin_to_compute_dtype(fabric.strategy.precision))
         super().__init__(available_flops=available_flops, world_size=fabric.world_size, **kwargs)
         self._fabric = fabric
         self.step = -1
@@ -302,10 +300,7 @@ def _chip_of(device_name: str) -> str | None:
         number = words[3] if len(words) > 3 else ""
         extra = " super" if "super" in chip else " ti" if "ti" in chip else ""
         return f"rtx {number}{extra}"
-    for needle, key in _SIMPLE_CHIPS:
-        if needle in chip:
-            return key
-    return None
+    return next((key for needle, key in _SIMPLE_CHIPS if needle in chip), None)
 
 
 def _cuda_flops(device_name: str, dtype: torch.dtype | str, tf32: bool) -> int | None:

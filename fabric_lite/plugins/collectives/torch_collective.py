@@ -263,8 +263,7 @@ class TorchCollective(Collective):
                 f"Unsupported op {op!r} of type {type(op).__name__}: pass a torch.distributed.ReduceOp or its name,"
                 " e.g. op='sum'."
             )
-        name = _OP_ALIASES.get(op.upper(), op.upper())
-        native = getattr(_ReduceOp, name, None)
+        native = getattr(_ReduceOp, _OP_ALIASES.get(op.upper(), op.upper()), None)
         if native is None or not isinstance(native, _ReduceOp.RedOpType):
             raise ValueError(
                 f"op {op.upper()!r} is not a member of `ReduceOp` (torch.distributed.ReduceOp): choose one of 'sum',"

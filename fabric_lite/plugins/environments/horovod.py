@@ -26,10 +26,7 @@ class HorovodEnvironment(ClusterEnvironment):
     )
 
     def _names(self) -> tuple[str, str, str, str] | None:
-        for names in self._VARIABLES:
-            if names[0] in self._env and names[1] in self._env:
-                return names
-        return None
+        return next((names for names in self._VARIABLES if names[0] in self._env and names[1] in self._env), None)
 
     @property
     @override

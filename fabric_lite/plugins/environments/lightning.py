@@ -71,9 +71,7 @@ class LightningEnvironment(ClusterEnvironment):
 
     @override
     def node_rank(self) -> int:
-        if "NODE_RANK" in self._env:
-            return self._int("NODE_RANK")
-        return self._int("GROUP_RANK", 0)
+        return self._int("NODE_RANK") if "NODE_RANK" in self._env else self._int("GROUP_RANK", 0)
 
     @override
     def teardown(self) -> None:

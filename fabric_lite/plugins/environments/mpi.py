@@ -63,8 +63,7 @@ class MPIEnvironment(_LauncherEnvironment):
 
     def __init__(self, env: Mapping[str, str] | None = None) -> None:
         super().__init__(env)
-        mpi = _import_mpi()
-        self._comm_world = mpi.COMM_WORLD
+        self._comm_world = _import_mpi().COMM_WORLD
         self._comm_local: Any = None
         self._node_rank: int | None = None
         self._num_nodes: int | None = None

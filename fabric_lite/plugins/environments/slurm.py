@@ -42,9 +42,8 @@ def first_host(nodelist: str) -> str:
         elif ch in ", " and depth == 0:
             end = i
             break
-    host = text[:end]
     # replace every bracket group by its first entry: "3-5,9" -> "3"
-    return re.sub(r"\[([^\]\-,]*)[^\]]*\]", r"\1", host)
+    return re.sub(r"\[([^\]\-,]*)[^\]]*\]", r"\1", text[:end])
 
 
 def _slurm_interactive(env: Mapping[str, str]) -> bool:
@@ -280,8 +279,7 @@ class SLURMEnvironment(_LauncherEnvironment):
     def main_port(self) -> int:
         if "MASTER_PORT" in self._env:
             return self._int("MASTER_PORT")
-        job_id = self._env.get("SLURM_JOB_ID", "")
-        digits = re.sub(r"\D", "", job_id)
+        digits = re.sub(r"\D", "", self._env.get("SLURM_JOB_ID", ""))
         return 15000 + int(digits[-4:]) if digits else 12910
 
     @staticmethod

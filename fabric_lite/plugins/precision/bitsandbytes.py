@@ -322,8 +322,7 @@ def _layer_classes() -> dict[str, type[Module]]:
         def reset_parameters(self) -> None:
             weight = self.weight
             if isinstance(weight, bnb.nn.Params4bit) and weight.bnb_quantized:
-                shape = weight.quant_state.shape
-                weight = torch.empty(shape, device=weight.device, dtype=weight.quant_state.dtype)
+                weight = torch.empty(weight.quant_state.shape, device=weight.device, dtype=weight.quant_state.dtype)
             _init_linear(weight, self.bias)
             if weight is not self.weight:
                 self.quantize_(weight)

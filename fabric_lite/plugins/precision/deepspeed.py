@@ -52,9 +52,7 @@ class DeepSpeedPrecision(Precision):
 
     def convert_module(self, module: Module) -> Module:
         """With ``"-true"`` the floating parameters and buffers in the half type, else unchanged (the engine casts)."""
-        if self.precision.endswith("-true"):
-            return _convert_module(module, self._desired_dtype)
-        return module
+        return _convert_module(module, self._desired_dtype) if self.precision.endswith("-true") else module
 
     def tensor_init_context(self) -> AbstractContextManager[Any]:
         """With ``"-true"``, new floating tensors get the half type."""

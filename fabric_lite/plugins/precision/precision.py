@@ -133,9 +133,8 @@ class Precision:
 
     def changes_forward(self) -> bool:
         """Whether any forward hook is overridden; when not, the module wrapper calls the module directly."""
-        cls = type(self)
         return any(
-            getattr(cls, hook) is not getattr(Precision, hook)
+            getattr(type(self), hook) is not getattr(Precision, hook)
             for hook in ("forward_context", "convert_input", "convert_output")
         )
 

@@ -276,6 +276,5 @@ def consolidate(checkpoint_folder: _PATH, output_file: _PATH) -> Path:
         raise CheckpointError(f"Consolidating the DeepSpeed checkpoint {str(folder)!r} failed: {err}") from err
     entries = _user_entries(index, client)
     module_key = str(index.get("module", "model")) if index else "model"
-    output = {module_key: dict(weights), **{key: client[stored] for key, stored in entries.items()}}
-    atomic_save(output, target)
+    atomic_save({module_key: dict(weights), **{key: client[stored] for key, stored in entries.items()}}, target)
     return target

@@ -55,8 +55,7 @@ def atomic_save(checkpoint: Any, path: _PATH, storage_options: dict[str, Any] | 
     tmp_name: str | None = None
     _remove_stale_temps(folder, target.name)
     try:
-        prefix = f".{target.name}.{_host()}.{os.getpid()}."
-        fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.{_host()}.{os.getpid()}.", suffix=".tmp", dir=folder)
         os.fchmod(fd, _file_mode(target))  # mkstemp makes 0600; give the file the mode a plain open() would
         with os.fdopen(fd, "wb") as f:
             torch.save(checkpoint, f)

@@ -173,8 +173,7 @@ def owner(optimizer: Optimizer, modules: Iterable[Module], state: dict[str, Any]
     """The module whose parameters ``optimizer`` updates (the state dict APIs need both), among the modules of ``state``
     and ``modules``. Raises ``ValueError``, saying how to create the optimizer, where there is none."""
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    candidates = [m for m in (state or {}).values() if isinstance(m, Module)] + list(modules)
-    for module in candidates:
+    for module in [m for m in (state or {}).values() if isinstance(m, Module)] + list(modules):
         if any(id(p) in params for p in module.parameters()):
             return module
     raise ValueError(
@@ -391,13 +390,12 @@ def _read_sharded(
 
     if not targets:
         return
-    to_read = targets.get("", targets)
     try:
         with warnings.catch_warnings():
             # without a process group (one process loading into a plain module) DCP warns that it assumes one process
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             planner = DefaultLoadPlanner(allow_partial_load=not strict)
-            dcp_load(to_read, storage_reader=folders.reader(folder), planner=planner)
+            dcp_load(targets.get("", targets), storage_reader=folders.reader(folder), planner=planner)
     except folders.dcp_errors() as err:
         raise CheckpointError(
             f"Loading the sharded checkpoint {str(folder)!r} failed: {folders.describe(err)}"

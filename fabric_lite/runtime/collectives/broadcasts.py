@@ -153,8 +153,7 @@ def _remember_broadcast(group: BroadcastGroup, src: int, header: Sequence[int], 
 def _receive_predicted(predicted: tuple[int, ...], src: int, group: BroadcastGroup) -> Tensor | None:
     """Receive a broadcast predicted to carry a tensor with header ``predicted``; ``None`` when ``src`` says it
     does not (the header message follows)."""
-    nbytes = predicted[_NBYTES_AT]
-    raw = bytearray(_PREDICTED_PREFIX + nbytes)
+    raw = bytearray(_PREDICTED_PREFIX + predicted[_NBYTES_AT])
     dist.broadcast(torch.frombuffer(raw, dtype=torch.uint8), src=src, group=group.group)
     if raw[0] != 1:
         return None

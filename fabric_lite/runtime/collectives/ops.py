@@ -84,9 +84,7 @@ def resolve_reduce_op(reduce_op: str | Any | None) -> Any:
 
 def reduce_op_name(op: Any) -> str:
     """A readable name for what :func:`resolve_reduce_op` returned (``"sum"``, ``"mean"``, ...)."""
-    if op is _MEAN:
-        return "mean"
-    return str(getattr(op, "name", op)).lower().replace("redoptype.", "")
+    return "mean" if op is _MEAN else str(getattr(op, "name", op)).lower().replace("redoptype.", "")
 
 
 # how a checked all_reduce with each op names itself, worked out once (every op is known in advance)
@@ -120,9 +118,7 @@ def _group_by_device_dtype(tensors: Sequence[Tensor]) -> list[list[Tensor]]:
 
 def _by_element_size(groups: list[list[Tensor]]) -> list[list[Tensor]]:
     """``groups`` with the largest elements first, so that buffers packed one after another stay aligned."""
-    if len(groups) == 1:
-        return groups
-    return sorted(groups, key=lambda members: -members[0].element_size())
+    return groups if len(groups) == 1 else sorted(groups, key=lambda members: -members[0].element_size())
 
 
 def _alias(t: Tensor) -> Tensor:

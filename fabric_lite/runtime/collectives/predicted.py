@@ -235,8 +235,7 @@ def all_gather(tensors: Sequence[Tensor], group: CheckedGroup, device: torch.dev
 def _check(call: str, tensors: Sequence[Tensor], group: CheckedGroup, device: torch.device) -> None:
     """``check_collective`` as one of the calls in ``group``'s history: where another call is predicted, this rank
     takes part in it without real data first, so that every rank sees the mismatch."""
-    groups = _by_element_size(_group_by_device_dtype(tensors)) if tensors else []
-    signature = _signature(call, groups)
+    signature = _signature(call, _by_element_size(_group_by_device_dtype(tensors)) if tensors else [])
     with _Agreement(group.history, _Plan(signature, "check", None, [], "")) as agreement:
         if agreement.predicted is not None:
             _run_poisoned(agreement.predicted, group)
@@ -287,8 +286,7 @@ def _reduce_planned(
             parts.append(torch.zeros(8 - total % 8, dtype=torch.uint8))
         if plan.flagged:  # one more word: 1 from a rank with real data, 0 from one without
             parts.append(torch.tensor([int(aliases is not None)], dtype=torch.int64).view(torch.uint8))
-        message = parts[0] if len(parts) == 1 else torch.cat(parts)
-        rows = _all_gather_flat(message, group.group, world_size)
+        rows = _all_gather_flat(parts[0] if len(parts) == 1 else torch.cat(parts), group.group, world_size)
         if plan.flagged:
             clean = bool((rows[:, -8:].view(torch.int64) == 1).all())
             if not clean and aliases is None:

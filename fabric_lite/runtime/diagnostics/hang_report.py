@@ -255,9 +255,7 @@ def _user_end(frames: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
     user = [
         i for i, (path, _, _) in enumerate(frames) if not path.startswith(own) and os.sep + "torch" + os.sep not in path
     ]
-    if not user:
-        return frames
-    return frames[: user[-1] + 2]
+    return frames[: user[-1] + 2] if user else frames
 
 
 def _short_path(path: str) -> str:
@@ -304,8 +302,7 @@ class ReportOnTerm:
         if signum != signal.SIGTERM or signal.getsignal(signal.SIGTERM) != self._on_term:
             return
         with self.lock:
-            views = read_trails(self.run_dir)
-            if any(rank != self.own_rank and not _alive(view) for rank, view in views.items()):
+            if any(rank != self.own_rank and not _alive(view) for rank, view in read_trails(self.run_dir).items()):
                 print_report(self.build, lambda block: sys.stderr.write(block + "\n"))
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -435,11 +432,10 @@ def format_report(
     ranks = range(world_size)
     statuses = {r: _status(r, views.get(r), exit_codes) for r in ranks}
     last = {r: views[r].records[-1] for r in ranks if r in views and views[r].records}
-    order = sorted(last, key=lambda r: (last[r].seq, r))
     summary = "; ".join(
         f"rank {r}: {last[r].op} #{last[r].seq} at {last[r].where}"
         f" ({_state_words(last[r], statuses[r] == 'alive', now_ns)})"
-        for r in order
+        for r in sorted(last, key=lambda r: (last[r].seq, r))
     )
     lines = [f"{BLOCK_START} — {reason}", f"  {summary or 'no rank recorded a collective'}"]
     for r in ranks:
@@ -491,8 +487,7 @@ def diagnose(last: Mapping[int, Record], statuses: Mapping[int, str]) -> str:
         behind = [r for r, x in live.items() if x.seq < top]
         # a rank that died inside its collective, or ended after it failed there, still says which one it called
         same = {r: x for r, x in last.items() if x.seq == top and (r in live or x.state in (WAITING, FAILED))}
-        different = len({(x.op, x.where) for x in same.values()}) > 1
-        if different:
+        if len({(x.op, x.where) for x in same.values()}) > 1:
             calls = ", ".join(f"rank {r} {x.op} at {x.where}" for r, x in sorted(same.items()))
             parts.append(f"ranks called different collectives at #{top} ({calls})")
         for r in behind:

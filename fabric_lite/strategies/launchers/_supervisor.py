@@ -223,9 +223,8 @@ def record_child_errors(error_fd: int) -> None:
             return
         written.append(exc)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        data = text.encode(errors="replace")[-_MAX_REPORT:]
         with contextlib.suppress(OSError):
-            os.write(error_fd, data)
+            os.write(error_fd, text.encode(errors="replace")[-_MAX_REPORT:])
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         write(exc)

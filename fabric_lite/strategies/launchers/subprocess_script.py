@@ -72,8 +72,7 @@ class SubprocessScriptLauncher(Launcher):
 
     @override
     def launch(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        environment = self._strategy.cluster_environment
-        if environment.creates_processes_externally:
+        if self._strategy.cluster_environment.creates_processes_externally:
             error_fd = os.environ.get(ENV_ERROR_FD)
             if error_fd and error_fd.isdigit():
                 # a child of this launcher: report an unhandled exception to rank 0 through the inherited pipe
@@ -161,8 +160,7 @@ class SubprocessScriptLauncher(Launcher):
             finally:
                 os.close(write_fd)
             os.set_blocking(read_fd, False)
-            global_rank = strategy.node_rank * num_processes + local_rank
-            self.children.append(Child(global_rank, local_rank, process, read_fd))
+            self.children.append(Child(strategy.node_rank * num_processes + local_rank, local_rank, process, read_fd))
         self.supervisor = ProcessSupervisor(
             self.children, teardown=strategy._destroy_process_group, run_dir=run.run_dir, world_size=strategy.world_size
         )
