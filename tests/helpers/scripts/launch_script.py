@@ -50,10 +50,15 @@ def parse() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def wait_for_go(folder: str) -> None:
+def wait_for_go(folder: str, bound_s: float = 300.0) -> None:
+    """Say this rank has started, then wait for the test's ``go`` (never longer than ``bound_s``: a test that died
+    before writing it leaves no rank waiting)."""
     with open(os.path.join(folder, f"started-{os.environ.get('LOCAL_RANK', '0')}"), "w"):
         pass
+    deadline = time.monotonic() + bound_s
     while not os.path.exists(os.path.join(folder, "go")):
+        if time.monotonic() > deadline:
+            sys.exit(f"launch_script: no `go` file in {folder} within {bound_s:.0f} s")
         time.sleep(0.02)
 
 
