@@ -1,8 +1,10 @@
 """Step time and peak memory per rank of ``ModelParallelStrategy`` against the same model parallelised by hand with
-raw torch: four ranks on the CPU (gloo), 2-way tensor parallel x 2-way FSDP.
+raw torch: four ranks on the CPU (gloo), 2-way tensor parallel x 2-way FSDP, or with ``--pipeline`` 2 pipeline stages
+x 2-way FSDP.
 
     python benchmarks/bench_model_parallel.py            # 4.46M parameters, 15 rounds (about 5 minutes on 2 cores)
     python benchmarks/bench_model_parallel.py --quick    # smoke run: a tiny model, few steps, one round (the tests)
+    python benchmarks/bench_model_parallel.py --pipeline # pipelined: 1F1B over 4 micro-batches of the batch
 
 The workload, the same for both: a Llama-style transformer (RMSNorm, attention with causal masking, SwiGLU MLP;
 depth 4, width 256, 8 heads, MLP 768, vocabulary 2048: the test model of ``tests/helpers/jobs/model_parallel_jobs.py``,
@@ -19,6 +21,19 @@ The loop is the one its user would write:
   tensor_parallel_size=2))``; the model created under ``fabric.init_module(empty_init=True)``, ``setup_module``,
   ``setup_optimizers``; per step the same with ``fabric.backward(loss)`` and ``fabric.clip_gradients(model,
   optimizer, max_norm=...)``.
+
+With ``--pipeline`` the mesh is ``("pipeline_parallel", "data_parallel", "tensor_parallel")`` of shape (2, 2, 1) and
+each data-parallel rank's batch is 4 sequences, split into 4 micro-batches under ``Schedule1F1B``:
+
+* ``raw``: pipelined by hand as torchtitan does: the meta-device model cut into this rank's stage (its half of the
+  blocks, the embedding on the first stage, the norm and head on the last, an ``nn.Identity`` where a part is
+  elsewhere), FSDP2 over the data-parallel ranks, allocated and initialised; a ``PipelineStage`` and a
+  ``Schedule1F1B`` over the pipeline dimension's group; per step the schedule's ``step`` (the input on the first
+  stage, the target on the last), the gradient norm combined over the stages with one all-reduce, ``step``.
+* ``fabric_lite``: ``ModelParallelStrategy(parallelize, data_parallel_size=2, tensor_parallel_size=1,
+  pipeline_parallel_size=2, pipeline_schedule="1F1B", pipeline_microbatches=4)``; per step
+  ``fabric.pipeline_step(model, inputs, target=batch, loss_fn=...)`` (which also gives every rank the loss),
+  ``fabric.clip_gradients`` and ``step``.
 
 On 2 cores a step takes far longer than its arithmetic: four ranks share the cores, and DTensor's Python dispatch
 costs about 130 ms of CPU a rank a step even for the test model, besides some 65 gloo collectives.
@@ -65,6 +80,9 @@ IMPLS = ("raw", "fabric_lite")
 TP, DP = 2, 2
 WORLD = TP * DP
 MESH_DIMS = ("data_parallel", "tensor_parallel")
+#: the pipelined layout (``--pipeline``): stages, micro-batches per batch, and the sequences of a data-parallel batch
+PP, MICROBATCHES, PP_BATCH = 2, 4, 4
+PP_MESH_DIMS = ("pipeline_parallel", "data_parallel", "tensor_parallel")
 #: the model, and the batch of each data-parallel rank (``seq`` tokens and the next-token targets)
 MODELS = {
     "full": {"vocab": 2048, "dim": 256, "heads": 8, "hidden": 768, "depth": 4, "seq": 32, "batch": 2},
@@ -148,17 +166,18 @@ def new_model(config: dict[str, int]) -> Llama:
     return Llama(config["vocab"], config["dim"], config["heads"], config["hidden"], config["depth"])
 
 
-def parallelize_fn() -> Any:
+def parallelize_fn(pipeline: bool = False) -> Any:
     from fabric_lite.strategies.parallelize import parallelize_transformer
 
-    return partial(parallelize_transformer, loss_parallel=True)
+    return partial(parallelize_transformer, loss_parallel=not pipeline)
 
 
-def batch_for(config: dict[str, int], dp_rank: int) -> torch.Tensor:
+def batch_for(config: dict[str, int], dp_rank: int, pipeline: bool = False) -> torch.Tensor:
     """This data-parallel rank's fixed batch of ``seq + 1`` tokens (input and next-token target); the ranks of a
-    tensor-parallel group get the same one."""
+    tensor-parallel group (and of a pipeline) get the same one."""
     generator = torch.Generator().manual_seed(1000 + dp_rank)
-    return torch.randint(0, config["vocab"], (config["batch"], config["seq"] + 1), generator=generator)
+    batch = PP_BATCH if pipeline else config["batch"]
+    return torch.randint(0, config["vocab"], (batch, config["seq"] + 1), generator=generator)
 
 
 def loss_of(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
@@ -197,12 +216,88 @@ def raw_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Te
     return loss
 
 
-def make_fabric() -> Any:
+class RawPipeline:
+    """The model pipelined by hand: this rank's stage, FSDP2 over the data-parallel ranks, 1F1B over the pipeline."""
+
+    def __init__(self, config: dict[str, int], mesh: Any) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+        pp = mesh["pipeline_parallel"]
+        self.stage, self.pp_group = pp.get_local_rank(), pp.get_group()
+        self.first, self.last = self.stage == 0, self.stage == PP - 1
+        with torch.device("meta"):
+            model = new_model(config)
+        per_stage = config["depth"] // PP
+        self.offset = self.stage * per_stage  # the blocks keep their order; their index is shifted by this
+        model.layers = nn.ModuleList(list(model.layers)[self.offset : self.offset + per_stage])
+        if not self.first:
+            model.tok_embeddings = nn.Identity()  # type: ignore[assignment]
+        if not self.last:
+            model.norm, model.output = nn.Identity(), nn.Identity()  # type: ignore[assignment]
+        model = parallelize_fn(pipeline=True)(model, mesh)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            for module in model.modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+        self.model, self.optimizer = model, torch.optim.AdamW(model.parameters(), lr=LR)
+        stage = PipelineStage(model, self.stage, PP, torch.device("cpu"), group=self.pp_group)
+        self.schedule = Schedule1F1B(stage, n_microbatches=MICROBATCHES, loss_fn=loss_of)
+
+    def load_from(self, state: dict[str, Any]) -> None:
+        """The weights of fabric_lite's stage, whose blocks have the whole model's indices."""
+
+        def renamed(key: str) -> str:
+            if not key.startswith("layers."):
+                return key
+            _, index, rest = key.split(".", 2)
+            return f"layers.{int(index) - self.offset}.{rest}"
+
+        self.model.load_state_dict({renamed(k): v for k, v in state.items()})
+
+    def step(self, batch: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        self.optimizer.zero_grad()
+        losses: list[torch.Tensor] = []
+        if self.first:
+            self.schedule.step(batch[:, :-1], return_outputs=False)
+        else:
+            self.schedule.step(target=batch, losses=losses, return_outputs=False)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        squared = norm**2
+        torch.distributed.all_reduce(squared, group=self.pp_group)  # the stages hold different layers
+        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), MAX_NORM, squared.sqrt())
+        self.optimizer.step()
+        return torch.stack(losses).mean() if losses else torch.tensor(float("nan"))
+
+
+def make_fabric(pipeline: bool = False) -> Any:
     from fabric_lite import Fabric
     from fabric_lite.strategies import ModelParallelStrategy
 
-    strategy = ModelParallelStrategy(parallelize_fn(), data_parallel_size=DP, tensor_parallel_size=TP)
+    if pipeline:
+        strategy = ModelParallelStrategy(
+            parallelize_fn(pipeline=True),
+            data_parallel_size=DP,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=PP,
+            pipeline_schedule="1F1B",
+            pipeline_microbatches=MICROBATCHES,
+        )
+    else:
+        strategy = ModelParallelStrategy(parallelize_fn(), data_parallel_size=DP, tensor_parallel_size=TP)
     return Fabric(accelerator="cpu", devices=WORLD, strategy=strategy)
+
+
+def fabric_pipeline_step(fabric: Any, model: Any, optimizer: Any, batch: torch.Tensor) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = fabric.pipeline_step(model, batch[:, :-1], target=batch, loss_fn=loss_of)
+    fabric.clip_gradients(model, optimizer, max_norm=MAX_NORM)
+    optimizer.step()
+    return loss  # type: ignore[no-any-return]
 
 
 def setup_fabric(fabric: Any, config: dict[str, int]) -> tuple[Any, Any]:
@@ -242,7 +337,7 @@ def _proc_status(key: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {key}: the memory figure needs Linux")
 
 
-def time_child(size: str) -> None:
+def time_child(size: str, pipeline: bool) -> None:
     """Under torchrun, 4 ranks: both implementations in these processes, in paired rounds; prints this rank's
     per-round step times."""
     import torch.distributed as dist
@@ -251,25 +346,36 @@ def time_child(size: str) -> None:
 
     torch.set_num_threads(1)
     config = {**MODELS[size], **SCHEDULES[size]}
-    fabric = make_fabric()
+    fabric = make_fabric(pipeline)
     fabric.launch()
     torch.manual_seed(0)
     model, optimizer = setup_fabric(fabric, config)
-    mesh = init_device_mesh("cpu", (DP, TP), mesh_dim_names=MESH_DIMS)
-    raw_model, raw_optimizer = setup_raw(config, mesh)
-    raw_model.load_state_dict(model.state_dict())  # the same start: both train the same model to the same loss
-    batch = batch_for(config, mesh["data_parallel"].get_local_rank())
-    steps = {
-        "raw": partial(raw_step, raw_model, raw_optimizer, batch),
-        "fabric_lite": partial(fabric_step, fabric, model, optimizer, batch),
-    }
+    # the same start: both train the same model to the same loss
+    if pipeline:
+        mesh = init_device_mesh("cpu", (PP, DP, 1), mesh_dim_names=PP_MESH_DIMS)
+        raw = RawPipeline(config, mesh)
+        raw.load_from(model.state_dict())
+        batch = batch_for(config, mesh["data_parallel"].get_local_rank(), pipeline)
+        steps = {
+            "raw": partial(raw.step, batch),
+            "fabric_lite": partial(fabric_pipeline_step, fabric, model, optimizer, batch),
+        }
+    else:
+        mesh = init_device_mesh("cpu", (DP, TP), mesh_dim_names=MESH_DIMS)
+        raw_model, raw_optimizer = setup_raw(config, mesh)
+        raw_model.load_state_dict(model.state_dict())
+        batch = batch_for(config, mesh["data_parallel"].get_local_rank())
+        steps = {
+            "raw": partial(raw_step, raw_model, raw_optimizer, batch),
+            "fabric_lite": partial(fabric_step, fabric, model, optimizer, batch),
+        }
     times = timed_rounds(steps, config["rounds"], config["steps"], sync=dist.barrier)
     losses = {name: _scalar(step()) for name, step in steps.items()}  # after the same number of steps each
     emit({"rank": dist.get_rank(), "times": times, "loss": losses})
     leave_process_group()  # FSDP2 has no reducer: its models may outlive the group
 
 
-def memory_child(impl: str, size: str) -> None:
+def memory_child(impl: str, size: str, pipeline: bool) -> None:
     """Under torchrun, 4 ranks: ``impl`` alone in fresh processes; prints this rank's peak RSS growth."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -278,20 +384,26 @@ def memory_child(impl: str, size: str) -> None:
     torch.set_num_threads(1)
     config = {**MODELS[size], **SCHEDULES[size]}
     if impl == "fabric_lite":
-        fabric = make_fabric()
+        fabric = make_fabric(pipeline)
         fabric.launch()
         mesh = fabric.strategy.device_mesh
     else:
         dist.init_process_group("gloo")
-        mesh = init_device_mesh("cpu", (DP, TP), mesh_dim_names=MESH_DIMS)
+        shape, names = ((PP, DP, 1), PP_MESH_DIMS) if pipeline else ((DP, TP), MESH_DIMS)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     dp_rank = mesh["data_parallel"].get_local_rank()
 
     def build(config: dict[str, int]) -> Any:
+        batch = batch_for(config, dp_rank, pipeline)
         if impl == "fabric_lite":
             model, optimizer = setup_fabric(fabric, config)
-            return model, partial(fabric_step, fabric, model, optimizer, batch_for(config, dp_rank))
+            step = fabric_pipeline_step if pipeline else fabric_step
+            return model, partial(step, fabric, model, optimizer, batch)
+        if pipeline:
+            raw = RawPipeline(config, mesh)
+            return raw.model, partial(raw.step, batch)
         model, optimizer = setup_raw(config, mesh)
-        return model, partial(raw_step, model, optimizer, batch_for(config, dp_rank))
+        return model, partial(raw_step, model, optimizer, batch)
 
     # Two steps of the tiny model first, released before the figure starts: the first call of every kernel and
     # code path (DTensor's, FSDP2's, the implementation's lazy imports) pages in code and sets up library state,
@@ -338,12 +450,12 @@ def launch(args: list[str], extra_env: dict[str, str] | None = None) -> list[dic
     return sorted(rows, key=lambda row: row["rank"])
 
 
-def measure_memory(size: str, rounds: int) -> dict[str, list[list[dict[str, Any]]]]:
+def measure_memory(size: str, rounds: int, layout: list[str]) -> dict[str, list[list[dict[str, Any]]]]:
     """``rounds`` rounds in which each implementation runs once in fresh processes, alternating the order."""
     runs: dict[str, list[list[dict[str, Any]]]] = {impl: [] for impl in IMPLS}
     for r in range(rounds):
         for impl in IMPLS if r % 2 == 0 else IMPLS[::-1]:
-            runs[impl].append(launch(["--child", "memory", "--impl", impl, "--size", size], MALLOC_ENV))
+            runs[impl].append(launch(["--child", "memory", "--impl", impl, "--size", size, *layout], MALLOC_ENV))
     return runs
 
 
@@ -380,34 +492,41 @@ def table(timed: list[dict[str, Any]], memory: dict[str, list[list[dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a tiny model, few steps, one round")
+    parser.add_argument(
+        "--pipeline", action="store_true", help="2 pipeline stages x 2 FSDP (1F1B) instead of TP x FSDP"
+    )
     parser.add_argument("--out", help="also write the table as JSON to this file")
     parser.add_argument("--child", choices=["time", "memory"], help=argparse.SUPPRESS)
     parser.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--size", choices=sorted(MODELS), default="full", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "time":
-        time_child(args.size)
+        time_child(args.size, args.pipeline)
         return
     if args.child == "memory":
-        memory_child(args.impl, args.size)
+        memory_child(args.impl, args.size, args.pipeline)
         return
     size = "quick" if args.quick else "full"
     config = {**MODELS[size], **SCHEDULES[size]}
     params = sum(p.numel() for p in new_model(config).parameters())
+    layout = (
+        f"{PP} pipeline stages (1F1B, {MICROBATCHES} micro-batches)" if args.pipeline else f"{TP}-way tensor parallel"
+    )
     print(
-        f"CPU, {WORLD} ranks, gloo, {TP}-way tensor parallel x {DP}-way FSDP: a Llama-style model of depth"
+        f"CPU, {WORLD} ranks, gloo, {layout} x {DP}-way FSDP: a Llama-style model of depth"
         f" {config['depth']}, width {config['dim']}, {config['heads']} heads, MLP {config['hidden']}, vocabulary"
         f" {config['vocab']}: {params / 1e6:.2f}M parameters ({params * 4 / 1e6:.1f} MB in float32); AdamW, batch"
-        f" {config['batch']} x {config['seq']} tokens per data-parallel rank"
+        f" {PP_BATCH if args.pipeline else config['batch']} x {config['seq']} tokens per data-parallel rank"
     )
-    timed = launch(["--child", "time", "--size", size])
-    memory = measure_memory(size, config["memory_rounds"])
+    flags = ["--pipeline"] if args.pipeline else []
+    timed = launch(["--child", "time", "--size", size, *flags])
+    memory = measure_memory(size, config["memory_rounds"], flags)
     print(
         f"step: {config['rounds']} paired rounds of {config['steps']} steps in the same processes;"
         f" rss_peak: {config['memory_rounds']} round(s) of fresh processes, {WARMUP + config['memory_steps']} steps"
     )
     rows = table(timed, memory)
-    losses = timed[0]["loss"]
+    losses = timed[-1]["loss"]  # the last rank: with a pipeline, the raw loop has the loss on the last stage only
     print(
         f"loss after the timed steps (same start, same batches): raw {losses['raw']:.6f},"
         f" fabric_lite {losses['fabric_lite']:.6f}"
@@ -417,6 +536,7 @@ def main() -> None:
             "torch": torch.__version__,
             "size": config,
             "quick": args.quick,
+            "pipeline": args.pipeline,
             "params": params,
             "table": rows,
             "time_runs": timed,

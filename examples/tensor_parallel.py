@@ -1,10 +1,13 @@
-"""A small Llama-style language model trained with tensor parallelism and FSDP2 together, on four CPU processes.
+"""A small Llama-style language model trained with tensor parallelism and FSDP2 together, on four CPU processes, and
+with pipeline parallelism as a third dimension.
 
     python examples/tensor_parallel.py                            # 4 processes (2 tensor-parallel x 2 FSDP), 40 steps
     python examples/tensor_parallel.py --steps 12 --save-every 6  # a short run
     python examples/tensor_parallel.py --resume --steps 60        # continue from the newest checkpoint to step 60
     torchrun --nproc-per-node 4 examples/tensor_parallel.py --resume
     fabric-lite run --devices 4 examples/tensor_parallel.py --resume
+    python examples/tensor_parallel.py --pipeline-parallel-size 2  # 8 processes: 2 stages x 2 FSDP x 2 tensor-parallel
+    python examples/tensor_parallel.py --pipeline-parallel-size 2 --layers 4 --pipeline-schedule Interleaved1F1B
 
 ``ModelParallelStrategy`` arranges the four processes in a 2 x 2 mesh, ``("data_parallel", "tensor_parallel")``.
 Within a tensor-parallel pair every projection is split between the two processes (attention ``wq``/``wk``/``wv``
@@ -16,6 +19,13 @@ created on the meta device and each process allocates and initialises only its o
 
 The head's output stays split over the vocabulary (``loss_parallel=True``): the cross-entropy and its backward
 run inside ``torch.distributed.tensor.parallel.loss_parallel()``, so the full logits are never gathered.
+
+With ``--pipeline-parallel-size 2`` the mesh gets a ``"pipeline_parallel"`` dimension first: ``split_transformer``
+gives the first stage the embedding and the first half of the blocks, the second the rest, the norm and the head,
+and each stage is then parallelised as above over its own 2 x 2 ranks. The step is the same line either way,
+``fabric.pipeline_step(model, inputs, target=..., loss_fn=...)``: without a pipeline it is the forward, the loss and
+``fabric.backward``; with one, the schedule (``--pipeline-schedule``) runs the forwards and backwards of
+``--microbatches`` micro-batches. The head's output is then gathered (``loss_parallel`` is for one stage).
 
 The text is generated in code (sentences from a tiny grammar, no download) and read as characters. The model has
 rotary position embeddings, RMSNorm, causal attention (``scaled_dot_product_attention(..., is_causal=True)``) and
@@ -37,6 +47,7 @@ import os
 import random
 import re
 from collections.abc import Iterator
+from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -103,7 +114,7 @@ class Attention(nn.Module):
         batch, length, _ = x.shape
         # -1 heads, not `heads`: under tensor parallelism wq/wk/wv give each process heads / tp of them
         q, k, v = (w(x).view(batch, length, -1, self.head_dim) for w in (self.wq, self.wk, self.wv))
-        q, k = rotate(q, freqs_cis), rotate(k, freqs_cis)
+        q, k = rotate(q, freqs_cis[:length]), rotate(k, freqs_cis[:length])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, length, head_dim)
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # each position sees only the past
         return self.wo(attended.transpose(1, 2).reshape(batch, length, -1))
@@ -140,17 +151,20 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """Module names as ``TransformerPlan``'s defaults, so ``parallelize_transformer`` needs no plan."""
 
-    def __init__(self, vocab_size: int, dim: int = 64, heads: int = 4, hidden: int = 128, layers: int = 2) -> None:
+    def __init__(
+        self, vocab_size: int, dim: int = 64, heads: int = 4, hidden: int = 128, layers: int = 2, context: int = 64
+    ) -> None:
         super().__init__()
-        self.head_dim = dim // heads
+        self.head_dim, self.context = dim // heads, context
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
         self.layers = nn.ModuleList([Block(dim, heads, hidden) for _ in range(layers)])
         self.norm = nn.RMSNorm(dim)
         self.output = nn.Linear(dim, vocab_size, bias=False)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        # computed here rather than kept as a buffer: a buffer made on the meta device would need initialising too
-        freqs_cis = rotary_frequencies(tokens.shape[1], self.head_dim, tokens.device)
+        # computed here rather than kept as a buffer: a buffer made on the meta device would need initialising too;
+        # for the longest input, not this one's: a later pipeline stage gets activations, split along the sequence
+        freqs_cis = rotary_frequencies(self.context, self.head_dim, tokens.device)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, freqs_cis)
@@ -188,7 +202,7 @@ def train(fabric: Fabric, args: argparse.Namespace) -> None:
 
     fabric.seed_everything(1337, verbose=False)  # the same initial weights whatever the mesh
     with fabric.init_module(empty_init=True):  # on the meta device: no memory, no initialisation yet
-        model = Llama(vocab_size, dim=args.dim, heads=args.heads, hidden=2 * args.dim, layers=args.layers)
+        model = Llama(vocab_size, args.dim, args.heads, 2 * args.dim, args.layers, context=args.context)
     model = fabric.setup_module(model)  # parallelised, then each process's shards allocated and initialised
     # after setup_module: parallelising replaces the parameters by DTensors, which the optimizer must hold
     optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False))
@@ -210,24 +224,27 @@ def train(fabric: Fabric, args: argparse.Namespace) -> None:
 
     mesh = fabric.strategy.device_mesh
     data_parallel = mesh["data_parallel"].get_group()
-    weight = model.module.layers[0].attention.wq.weight
+    first = next(iter(model.module.layers))  # this process's first block (with a pipeline, of its stage)
+    weight = first.attention.wq.weight
     local = weight.to_local() if isinstance(weight, DTensor) else weight  # a 1 x 1 mesh parallelises nothing
     sizes = " x ".join(f"{size} {name}" for name, size in zip(mesh.mesh_dim_names, mesh.shape, strict=True))
     fabric.print(
         f"{sum(p.numel() for p in model.parameters()) / 1e3:.0f}k parameters on a mesh of {sizes};"
-        f" layers.0.attention.wq.weight is {tuple(weight.shape)}, each process holds {tuple(local.shape)}"
+        f" its first block's attention.wq.weight is {tuple(weight.shape)}, each process holds {tuple(local.shape)}"
     )
     fabric.print(f"training steps {start + 1}..{args.steps} on {fabric.world_size} processes")
+
+    def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
     batches = batches_after(loader, start)
     for step in range(start + 1, args.steps + 1):
         batch = next(batches)
         optimizer.zero_grad()
-        # the logits are split over the vocabulary: the loss and its backward both need the context
-        with loss_parallel():
-            logits = model(batch[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-            fabric.backward(loss)
+        # forward, loss and backward (with a pipeline, over its micro-batches); with the logits split over the
+        # vocabulary, the loss and its backward both need the loss_parallel context
+        with loss_parallel() if args.pipeline_parallel_size == 1 else nullcontext():
+            loss = fabric.pipeline_step(model, batch[:, :-1], target=batch[:, 1:], loss_fn=cross_entropy)
         fabric.clip_gradients(model, optimizer, max_norm=1.0)
         optimizer.step()
         state["step"] = step
@@ -252,6 +269,9 @@ def main() -> None:
     )
     parser.add_argument("--data-parallel-size", type=int, default=2, help="FSDP2 ranks")
     parser.add_argument("--tensor-parallel-size", type=int, default=2, help="ranks each layer is split over")
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1, help="pipeline stages (ranks in a pipeline)")
+    parser.add_argument("--pipeline-schedule", default="1F1B", help="GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, ...")
+    parser.add_argument("--microbatches", type=int, default=None, help="per batch; default: one per stage")
     parser.add_argument("--steps", type=int, default=40, help="train until this step")
     parser.add_argument("--batch-size", type=int, default=8, help="windows per data-parallel rank and step")
     parser.add_argument("--context", type=int, default=64, help="characters the model sees")
@@ -280,11 +300,15 @@ def main() -> None:
             f" {args.tensor_parallel_size} (each process holds heads / tensor-parallel-size heads)"
         )
     launched = "TORCHELASTIC_RUN_ID" in os.environ  # torchrun or fabric-lite run started the processes
-    default_devices = "auto" if launched else args.data_parallel_size * args.tensor_parallel_size
+    sizes = (args.data_parallel_size, args.tensor_parallel_size, args.pipeline_parallel_size)
+    default_devices = "auto" if launched else math.prod(sizes)
     strategy = ModelParallelStrategy(
-        partial(parallelize_transformer, loss_parallel=True),
+        partial(parallelize_transformer, loss_parallel=args.pipeline_parallel_size == 1),
         data_parallel_size=args.data_parallel_size,
         tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        pipeline_schedule=args.pipeline_schedule,
+        pipeline_microbatches=args.microbatches,
     )
     fabric = Fabric(accelerator=args.accelerator, devices=args.devices or default_devices, strategy=strategy)
     fabric.launch()

@@ -449,6 +449,8 @@ class Fabric:
             module, wrapped = self._strategy.setup_module(module), []
         if compiler is not None:
             module = self._strategy.compile_module(module, compiler)  # e.g. torch.compile(DDP(module))
+        if self._strategy.pipeline(module) is not None:
+            original = module  # the model was split: this rank's stages are what it holds of it
         fabric_module = _FabricModule(module, self._strategy, original_module=original)
         # where the model is now, for fabric_model.device (a sharded model has no one device but the process's)
         moved = self.device if move_to_device else next(fabric_module.parameters(), torch.empty(0)).device
@@ -588,6 +590,49 @@ class Fabric:
         model = uncompiled(model)  # torch.compile(fabric_model) is accepted too
         module = model._strategy_module if isinstance(model, _FabricModule) else model
         self._strategy.backward(tensor, module, *args, **kwargs)
+
+    def pipeline_step(
+        self,
+        model: _FabricModule,
+        *args: Any,
+        target: Any,
+        loss_fn: Callable[[Any, Any], Tensor],
+        **kwargs: Any,
+    ) -> Tensor:
+        """One step's forward and backward: ``loss_fn(model(*args, **kwargs), target)`` and :meth:`backward`, or,
+        where the strategy pipelines the model, its schedule over micro-batches (``ModelParallelStrategy(...,
+        pipeline_parallel_size=...)``). Under ``torch.no_grad()`` only the forward and the loss run. The same loop
+        then trains with and without a pipeline.
+
+        Returns:
+            The loss, detached; with a pipeline the mean over the micro-batches, the same on every rank of it.
+
+        Raises:
+            TypeError: the model was not set up with Fabric.
+            ValueError: with a pipeline, a batch that the micro-batches do not divide.
+
+        Example::
+
+            loss = fabric.pipeline_step(model, tokens, target=labels, loss_fn=cross_entropy)
+            optimizer.step()  # no fabric.backward: the step ran it
+            optimizer.zero_grad()
+        """
+        model = uncompiled(model)
+        if not isinstance(model, _FabricModule):
+            raise TypeError(
+                "fabric.pipeline_step(model, ...) takes the model that fabric.setup returned: `model ="
+                f" fabric.setup_module(model)`. Got {type(model).__name__}."
+            )
+        pipeline = self._strategy.pipeline(model._strategy_module)
+        if pipeline is not None:
+            precision = self._strategy.precision
+            args, kwargs = precision.convert_input((args, kwargs))  # as the module wrapper's forward does
+            with precision.forward_context():
+                return pipeline.step(args, kwargs, target, loss_fn)  # type: ignore[no-any-return]
+        loss = loss_fn(model(*args, **kwargs), target)
+        if torch.is_grad_enabled():
+            self.backward(loss, model=model)
+        return loss.detach()
 
     def clip_gradients(
         self,

@@ -15,10 +15,41 @@ class MeshSizeError(ValueError, RuntimeError):
 
 
 def mesh_shape(
-    data_parallel: int | str, tensor_parallel: int | str, replicate: int, world_size: int, num_nodes: int
+    data_parallel: int | str,
+    tensor_parallel: int | str,
+    replicate: int,
+    world_size: int,
+    num_nodes: int,
+    pipeline: int = 1,
 ) -> tuple[int, ...]:
-    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one);
-    :class:`MeshSizeError`, showing the arithmetic, where they do not fit the world size."""
+    """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one), with
+    the pipeline dimension first where ``pipeline > 1``; :class:`MeshSizeError`, showing the arithmetic, where they
+    do not fit the world size."""
+    if pipeline == 1:
+        return _inner_shape(data_parallel, tensor_parallel, replicate, world_size, num_nodes)
+    if world_size % pipeline:
+        raise MeshSizeError(
+            f"ModelParallelStrategy: pipeline_parallel_size ({pipeline}) must divide the world size ({world_size} ="
+            f" {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s)). Choose a pipeline size that"
+            " divides it."
+        )
+    # the pipeline dimension is outermost: where it divides the nodes, each stage's ranks span num_nodes / pipeline
+    nodes = num_nodes // pipeline if num_nodes % pipeline == 0 else 1
+    stage = f"ranks of one pipeline stage ({world_size // pipeline} = world size {world_size} / pipeline {pipeline})"
+    return (pipeline, *_inner_shape(data_parallel, tensor_parallel, replicate, world_size // pipeline, nodes, stage))
+
+
+def _inner_shape(
+    data_parallel: int | str,
+    tensor_parallel: int | str,
+    replicate: int,
+    world_size: int,
+    num_nodes: int,
+    scope: str | None = None,
+) -> tuple[int, ...]:
+    """The data-parallel (with HSDP: replicate, shard) and tensor-parallel sizes for ``world_size`` ranks, which
+    ``scope`` describes in an error (default: the world size)."""
+    scope = scope or f"world size ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s))"
     if data_parallel == "auto" and tensor_parallel == "auto":
         data_parallel, tensor_parallel = num_nodes, world_size // max(num_nodes, 1)
     elif data_parallel == "auto" and isinstance(tensor_parallel, int):
@@ -30,9 +61,8 @@ def mesh_shape(
         product = f", not {data_parallel * tensor_parallel}" if data_parallel and tensor_parallel else ""
         raise MeshSizeError(
             f"ModelParallelStrategy: the sizes data_parallel_size ({data_parallel or 'no whole number'}) and"
-            f" tensor_parallel_size ({tensor_parallel or 'no whole number'}) multiplied should equal the world size"
-            f" ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s)){product}. Choose"
-            " sizes whose product is the world size, or leave one of them 'auto'."
+            f" tensor_parallel_size ({tensor_parallel or 'no whole number'}) multiplied should equal the {scope}"
+            f"{product}. Choose sizes whose product is that number, or leave one of them 'auto'."
         )
     if data_parallel % replicate:
         raise MeshSizeError(
@@ -42,6 +72,20 @@ def mesh_shape(
     if replicate == 1:
         return (data_parallel, tensor_parallel)
     return (replicate, data_parallel // replicate, tensor_parallel)
+
+
+def combine_norms(norm: Tensor, norm_type: float, mesh: Any) -> Tensor:
+    """The ``norm_type``-norm over every rank of ``mesh`` (a 1-D mesh) of each rank's ``norm``: the ranks of a
+    pipeline hold different layers. Every rank of the mesh must call it."""
+    import torch.distributed as dist
+
+    group = mesh.get_group()
+    if norm_type == float("inf"):
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
+        return norm
+    total = norm.double() ** norm_type
+    dist.all_reduce(total, group=group)
+    return (total ** (1.0 / norm_type)).to(norm.dtype)
 
 
 def move_leftovers(module: Module, device: torch.device) -> None:

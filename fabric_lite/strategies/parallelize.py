@@ -10,14 +10,19 @@ Llama: ``blocks="model.layers"``, ``attention="self_attn"``, ``attention_in=("q_
 ``norms=("input_layernorm", "post_attention_layernorm")``, ``embedding="model.embed_tokens"``,
 ``final_norm="model.norm"``, ``output="lm_head"``. For tensor parallelism attention must reshape with ``-1`` heads
 (``view(batch, seq, -1, head_dim)``), and the heads and the MLP's hidden size must divide by its size.
+
+:func:`split_transformer` cuts such a model into pipeline stages (``ModelParallelStrategy(...,
+pipeline_parallel_size=2)``): each stage keeps its share of the blocks under their original names, the first the
+embedding and the last the final norm and the output.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from torch.nn import Module
+from torch.nn import Identity, Module, ModuleDict, ModuleList, Sequential
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -32,6 +37,7 @@ __all__ = [
     "check_plan",
     "data_parallel_mesh",
     "parallelize_transformer",
+    "split_transformer",
 ]
 
 
@@ -127,20 +133,25 @@ def apply_tensor_parallel(
     )
 
     between = Shard(1) if sequence_parallel else Replicate()
-    top: dict[str, Any] = {}
-    if plan.embedding is not None:
-        _get(model, plan.embedding, "embedding")
-        top[plan.embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
-    if plan.final_norm is not None and sequence_parallel:
-        _get(model, plan.final_norm, "final_norm")
-        top[plan.final_norm] = SequenceParallel()
-    if plan.output is not None:
-        _get(model, plan.output, "output")
-        top[plan.output] = ColwiseParallel(
-            input_layouts=between,
-            output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
-        )
+    parts = [
+        (plan.embedding, "embedding", RowwiseParallel(input_layouts=Replicate(), output_layouts=between)),
+        (plan.final_norm, "final_norm", SequenceParallel() if sequence_parallel else None),
+        (
+            plan.output,
+            "output",
+            ColwiseParallel(
+                input_layouts=between,
+                output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                use_local_output=not loss_parallel,
+            ),
+        ),
+    ]
+    top: dict[str, Any] = {
+        path: style
+        for path, role, style in parts
+        # a part that a pipeline stage leaves to another one is Dropped
+        if path is not None and style is not None and not isinstance(_get(model, path, role), Dropped)
+    }
     if top:
         parallelize_module(model, tp_mesh, top)
     for block in blocks_of(model, plan):
@@ -222,6 +233,89 @@ def parallelize_transformer(
     if dp_mesh.size() > 1:
         apply_fsdp(model, dp_mesh, plan, mp_policy=mp_policy, reshard_after_forward=reshard_after_forward)
     return model
+
+
+class StageBlocks(ModuleList):
+    """A stage's share of a ``ModuleList`` of blocks under their names in the whole model (``"2"``, ``"3"``), so
+    that its state dict has the whole model's keys; iterate over it (``for block in layers``), do not index it."""
+
+    def __init__(self, blocks: list[tuple[str, Module]]) -> None:
+        super().__init__()
+        self._modules.update(blocks)
+
+
+class Dropped(Identity):
+    """What a pipeline stage has in place of a part that another stage runs: its input passes through."""
+
+
+def split_transformer(
+    model: Module, stages: list[int], num_stages: int, plan: TransformerPlan | None = None
+) -> list[Module]:
+    """A ``split_fn`` for ``ModelParallelStrategy(..., pipeline_parallel_size=...)``: one module per stage index in
+    ``stages`` out of ``num_stages``, each a copy of ``model`` that shares its parts. Stage ``i`` keeps its share of the
+    blocks (the earlier stages one more where they do not divide), stage 0 the embedding and the last stage the final
+    norm and the output; the parts a stage does not run become :class:`Dropped` (an identity). The model's forward
+    must be ``embedding -> blocks in order -> final norm -> output``, each taking the previous one's output.
+
+    Raises:
+        AttributeError: the model lacks a part that ``plan`` names.
+        ValueError: fewer blocks than stages, or a stage index out of range.
+        TypeError: the blocks are not in a ``ModuleList``, ``ModuleDict`` or ``Sequential``.
+    """
+    plan = plan if plan is not None else TransformerPlan()
+    container = _get(model, plan.blocks, "blocks")
+    names = list(container._modules)
+    if len(names) < num_stages:
+        raise ValueError(
+            f"split_transformer: {type(model).__name__} has {len(names)} blocks in {plan.blocks!r}, too few for"
+            f" {num_stages} pipeline stages (pipeline_parallel_size x stages per rank). Use at most {len(names)}"
+            " stages, or a model with more blocks."
+        )
+    if any(type(stage) is not int or not 0 <= stage < num_stages for stage in stages):
+        raise ValueError(f"split_transformer(stages={stages}): every stage index must be in 0..{num_stages - 1}.")
+    if type(container) not in (ModuleList, ModuleDict, Sequential):
+        raise TypeError(
+            f"split_transformer: the blocks {plan.blocks!r} are a {type(container).__name__}; expected a ModuleList,"
+            " ModuleDict or Sequential. Write a split_fn of your own for this model."
+        )
+    share, extra = divmod(len(names), num_stages)
+    parts = []
+    for stage in stages:
+        start = stage * share + min(stage, extra)
+        kept = [(name, container.get_submodule(name)) for name in names[start : start + share + (stage < extra)]]
+        blocks = StageBlocks(kept) if type(container) is ModuleList else type(container)(OrderedDict(kept))
+        part = _shallow(model)
+        _replace(part, plan.blocks, blocks)
+        dropped = [plan.embedding] if stage > 0 else []
+        dropped += [plan.final_norm, plan.output] if stage < num_stages - 1 else []
+        for path in dropped:
+            if path is not None:
+                _get(model, path, "part")
+                _replace(part, path, Dropped())
+        parts.append(part)
+    return parts
+
+
+def _shallow(module: Module) -> Module:
+    """A copy of ``module`` that shares its parameters, buffers and children but has dictionaries of its own, so a
+    child can be replaced in the copy only."""
+    copy = module.__class__.__new__(module.__class__)
+    # every dictionary and set of its own (children, parameters, buffers, hooks): a hook that FSDP2 registers on one
+    # stage must not run in another
+    copy.__dict__.update({k: v.copy() if isinstance(v, (dict, set)) else v for k, v in module.__dict__.items()})
+    return copy
+
+
+def _replace(root: Module, path: str, new: Module) -> None:
+    """Set the child at dotted ``path`` of ``root`` to ``new``, copying (:func:`_shallow`) the modules on the way so
+    that the original model keeps its own."""
+    *parents, leaf = path.split(".")
+    module = root
+    for name in parents:
+        child = _shallow(module._modules[name])  # type: ignore[arg-type]
+        module._modules[name] = child
+        module = child
+    module._modules[leaf] = new
 
 
 def _get(root: Module, path: str, role: str) -> Module:

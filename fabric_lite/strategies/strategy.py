@@ -304,6 +304,12 @@ class Strategy(ABC):
             return optimizer.step(**kwargs)
         return precision.optimizer_step(optimizer, **kwargs)
 
+    def pipeline(self, module: Module) -> Any | None:
+        """The pipeline that runs ``module`` (what :meth:`setup_module` returned): an object whose ``step(args,
+        kwargs, target, loss_fn)`` runs forward and backward over micro-batches; ``None`` (here) where the module's
+        forward runs the whole model."""
+        return None
+
     def no_backward_sync(self, module: Module, enabled: bool = True) -> AbstractContextManager[Any]:
         """A context in which backward does not synchronise gradients (no-op without a ``_backward_sync_control``)."""
         control = self._backward_sync_control
@@ -487,8 +493,19 @@ class Strategy(ABC):
     ) -> dict[str, Any]:
         """Read a sharded folder or a full file, every rank its own shards, into ``modules`` set up by this strategy."""
         return sharded.load(
-            path, state, strict, weights_only, load_precision=self.precision.load_state_dict, modules=modules
+            path,
+            state,
+            strict,
+            weights_only,
+            load_precision=self.precision.load_state_dict,
+            modules=modules,
+            foreign_keys=self._foreign_keys,
         )
+
+    def _foreign_keys(self, module: Module) -> set[str]:
+        """The state-dict keys of the model that other ranks hold instead of ``module`` (none here: every rank holds
+        a shard or a copy of every key)."""
+        return set()
 
     def teardown(self) -> None:
         """Release what the strategy holds (process group, device caches)."""
@@ -656,7 +673,13 @@ class _Sharded(Strategy):
             precision_state=self.precision.state_dict(),
             modules=self._modules,
             background=None if io is None else self._background(io, full),
+            complete_groups=self._complete_groups,
         )
+
+    def _complete_groups(self, module: Module, optimizer_state: dict[str, Any]) -> dict[str, Any]:
+        """The optimizer state of ``module`` as the checkpoint stores it (as it is here: every rank's parameter
+        groups name every parameter)."""
+        return optimizer_state
 
     def _background(self, io: AsyncCheckpointIO, full: bool) -> sharded.Background:
         """How this save is written in the background: the background group (made at the first save, with rank 0's

@@ -1,5 +1,5 @@
 """Every script in ``examples/`` runs for real, in its short mode, on two CPU processes (four for the tensor-parallel
-one), and shows what it claims.
+one, eight with its pipeline), and shows what it claims.
 
 One launch per example (two for the checkpoint-and-resume examples), each through the launcher its docstring
 names: fabric_lite's own (``python examples/X.py``), ``torchrun --nproc-per-node 2`` and ``fabric-lite run``. The
@@ -128,13 +128,27 @@ def test_train_example_under_torchrun(tmp_path: Path) -> None:
     assert (tmp_path / "t.ckpt").is_file()
 
 
+#: the tensor-parallel example's short run
+TP_FLAGS = ["--steps", "12", "--save-every", "6", "--log-every", "3", "--batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Completed, Path]:
+    """The tensor-parallel example's 12 steps on four processes, 2 tensor-parallel x 2 FSDP, and its folder."""
+    tmp_path = tmp_path_factory.mktemp("tensor_parallel")
+    return run_example(
+        [str(EXAMPLES / "tensor_parallel.py"), *TP_FLAGS, "--checkpoint-dir", "ckpt"], tmp_path
+    ), tmp_path
+
+
 @pytest.mark.timeout(2 * TIMEOUT + 30)
-def test_tensor_parallel_resumes_from_its_last_checkpoint_with_the_same_losses(tmp_path: Path) -> None:
+def test_tensor_parallel_resumes_from_its_last_checkpoint_with_the_same_losses(
+    tensor_parallel_run: tuple[Completed, Path],
+) -> None:
     """Four processes, 2 tensor-parallel x 2 FSDP, then a resume through ``fabric-lite run`` from the step-6
     checkpoint (a sharded folder): mid-epoch, and across the epoch boundary at step 10 (batches of 16 windows)."""
-    flags = ["--steps", "12", "--save-every", "6", "--log-every", "3", "--batch-size", "16"]
-    flags += ["--checkpoint-dir", str(tmp_path / "ckpt")]
-    first = run_example([str(EXAMPLES / "tensor_parallel.py"), *flags], tmp_path)
+    first, tmp_path = tensor_parallel_run
+    flags = [*TP_FLAGS, "--checkpoint-dir", str(tmp_path / "ckpt")]
     assert "on a mesh of 2 data_parallel x 2 tensor_parallel" in first.stdout, first.output
     assert "wq.weight is (64, 64), each process holds (16, 64)" in first.stdout, first.output  # a quarter each
     losses = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", first.stdout)}
@@ -154,6 +168,23 @@ def test_tensor_parallel_resumes_from_its_last_checkpoint_with_the_same_losses(t
     resumed = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", second.stdout)}
     assert resumed == {9: losses[9], 12: losses[12]}, second.output
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000006", "step-000012"], second.output
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 30)
+def test_tensor_parallel_example_with_a_pipeline_prints_the_same_losses(
+    tensor_parallel_run: tuple[Completed, Path], tmp_path: Path
+) -> None:
+    """Eight processes, 2 pipeline stages x 2 FSDP x 2 tensor-parallel (1F1B, a micro-batch per stage): the losses
+    of the four-process run without a pipeline, to the printed digits."""
+    flags = ["--steps", "6", *TP_FLAGS[2:], "--pipeline-parallel-size", "2", "--checkpoint-dir", "ckpt"]
+    done = run_example([str(EXAMPLES / "tensor_parallel.py"), *flags], tmp_path)
+    assert "on a mesh of 2 pipeline_parallel x 2 data_parallel x 2 tensor_parallel" in done.stdout, done.output
+    assert "training steps 1..6 on 8 processes" in done.stdout, done.output
+    losses = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", done.stdout)}
+    first = tensor_parallel_run[0]
+    expected = {int(m.group(1)): m.group(2) for m in lines_matching(r"step +(\d+)  loss ([\d.]+)", first.stdout)}
+    assert losses == {3: expected[3], 6: expected[6]}, done.output
+    assert (tmp_path / "ckpt" / "step-000006").is_dir()
 
 
 @pytest.mark.timeout(TIMEOUT + 30)

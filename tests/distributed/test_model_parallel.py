@@ -8,6 +8,11 @@ losses over 10 steps equal one process over the global batch in every layout (co
 each rank holds the expected fraction of every parameter, the ranks of a tensor-parallel group see the same batches,
 ``no_backward_sync`` really skips the reduce-scatter, checkpointed blocks really run again in backward, and a checkpoint
 saved on 2x2 loads on 1x4, 4x1, one rank, a plain module and through the consolidation command.
+
+Pipelines run in the same two launches: PP=2 x DP=2 (GPipe), PP=2 x TP=2 (1F1B) and PP=2 alone under every schedule
+(the multi-stage ones with four blocks, two stages per rank) train as one process does; a PP=2 checkpoint loads back on
+PP=2, without a pipeline, into a plain module and through consolidation; and a pipelined model refuses what it cannot
+do (its arguments and the mesh arithmetic are checked without processes, in tests/unit/test_pipeline.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from fabric_lite.strategies._model_parallel_ops import mesh_shape as _mesh_shape
 from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
 from tests.helpers.harness import base_env, lightning_python, per_rank, run_job, run_python, series_job
 from tests.helpers.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, reference
+
+#: the pipelines trained on 2 ranks besides 1F1B: every multi-stage schedule, with four blocks (two stages per rank),
+#: and the steps each trains
+SCHEDULES = {"Interleaved1F1B": STEPS, "ZBVZeroBubble": STEPS, "LoopedBFS": 3, "InterleavedZeroBubble": 3,
+             "DualPipeV": 3}  # fmt: skip
 
 LAUNCH_TIMEOUT = 180  # seconds for one launch of 1-4 ranks on a loaded 2-core machine (~20 s when quiet)
 TOLERANCE = 1e-5
@@ -284,7 +294,9 @@ def four_ranks(folder: Path) -> dict[str, list[Any]]:
       block; saves ``folder/sharded``, then the misuse checks;
     * ``hsdp`` and ``hsdp_tp`` from :data:`LAYOUTS`;
     * ``bf16_mixed``: 2x2 in ``bf16-mixed`` with ``mp_policy=strategy.mixed_precision_policy``, 4 steps;
-    * ``load_1x4`` and ``load_4x1``: the 2x2 checkpoint loaded on other meshes.
+    * ``load_1x4`` and ``load_4x1``: the 2x2 checkpoint loaded on other meshes;
+    * ``pp_dp``: 2 pipeline stages x 2 data-parallel (GPipe, 4 micro-batches), ``pp_tp``: 2 stages x 2
+      tensor-parallel (1F1B, 2 micro-batches, without sequence parallelism).
     """
     sharded = str(folder / "sharded")
     jobs = {
@@ -295,6 +307,9 @@ def four_ranks(folder: Path) -> dict[str, list[Any]]:
                        "kwargs": {"steps": 4}},
         "load_1x4": {"job": "load", "dp": 1, "tp": 4, "kwargs": {"folder": sharded}},
         "load_4x1": {"job": "load", "dp": 4, "tp": 1, "kwargs": {"folder": sharded}},
+        "pp_dp": {"job": "pipeline_train", "pp": 2, "dp": 2, "tp": 1, "schedule": "GPipe", "microbatches": 4},
+        "pp_tp": {"job": "pipeline_train", "pp": 2, "dp": 1, "tp": 2, "schedule": "1F1B", "microbatches": 2,
+                  "sequence_parallel": False},
     }  # fmt: skip
     return mp_series(4, jobs)
 
@@ -303,13 +318,20 @@ def four_ranks(folder: Path) -> dict[str, list[Any]]:
 def two_ranks(folder: Path) -> dict[str, list[Any]]:
     """Every 2-rank job, in one launch: ``tp_only`` and ``fsdp_only`` from :data:`LAYOUTS`; ``bf16_true`` (2x1 with
     the strategy's policy, 2 steps); ``full_checkpoint`` (1x2, ``save_distributed_checkpoint=False`` into
-    ``folder/full.ckpt``, 2 steps, then loaded back into a freshly parallelised model)."""
+    ``folder/full.ckpt``, 2 steps, then loaded back into a freshly parallelised model); ``1F1B`` (2 pipeline stages,
+    saved into ``folder/pipelined`` and loaded back, then the misuses), each of :data:`SCHEDULES`, and
+    ``load_pipelined`` (that checkpoint on a 1x2 mesh without a pipeline)."""
     jobs = {
         **{name: {"job": "train", **LAYOUTS[name]} for name in ("tp_only", "fsdp_only")},
         "bf16_true": {"job": "train", "dp": 2, "tp": 1, "precision": "bf16-true", "mp_policy": True,
                       "kwargs": {"steps": 2}},
         "full_checkpoint": {"job": "train", "dp": 1, "tp": 2, "save_distributed_checkpoint": False,
                             "kwargs": {"folder": str(folder / "full.ckpt"), "steps": 2, "reload": True}},
+        "1F1B": {"job": "pipeline_train", "pp": 2, "schedule": "1F1B", "microbatches": 4,
+                 "kwargs": {"folder": str(folder / "pipelined"), "misuse": True}},
+        **{schedule: {"job": "pipeline_train", "pp": 2, "schedule": schedule, "microbatches": 4, "depth": 4,
+                      "kwargs": {"steps": steps}} for schedule, steps in SCHEDULES.items()},
+        "load_pipelined": {"job": "load", "dp": 1, "tp": 2, "kwargs": {"folder": str(folder / "pipelined")}},
     }  # fmt: skip
     return mp_series(2, jobs)
 
@@ -591,3 +613,130 @@ def test_bf16_true_trains_in_bfloat16(two_ranks: dict[str, list[Any]], expected:
         assert len(run["losses"]) == 2 and all(math.isfinite(loss) for loss in run["losses"] + run["norms"])
         differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:2], strict=True)]
         assert max(differences) < 0.05, (run["losses"], expected["losses"][:2])
+
+
+# ---------------------------------------------------------------------------------------------- pipelines
+def _whole(runs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """The model's full state from every rank's stages (the ranks of a stage hold the same full values)."""
+    return {key: value for run in runs for key, value in run["state"].items()}
+
+
+#: how many parts of the global batch each pipeline's gradient is accumulated over: its micro-batches times its
+#: data-parallel ranks
+ACCUMULATED = {"pp_dp": 8, "pp_tp": 2, "1F1B": 4, **dict.fromkeys(SCHEDULES, 4)}
+
+
+@pytest.mark.parametrize("name", ["pp_dp", "pp_tp", "1F1B", *SCHEDULES])
+def test_pipelines_equal_one_process(
+    name: str, four_ranks: dict[str, list[Any]], two_ranks: dict[str, list[Any]], expected: dict[str, Any]
+) -> None:
+    """Losses and clipped norms (over every stage's gradients) as one process over the global batch; the weights as
+    one process that accumulates the gradient over the same micro-batches (over ten AdamW steps the other order of
+    the sum moves a few weights by up to 2e-5 from the whole-batch run)."""
+    runs = four_ranks[name] if name.startswith("pp_") else two_ranks[name]
+    steps, depth = SCHEDULES.get(name, STEPS), 4 if name in SCHEDULES else DEPTH
+    whole_batch = reference(steps, depth) if name in SCHEDULES else expected
+    for run in runs:
+        assert "traceback" not in run, run
+        for mine, theirs in ((run["losses"], whole_batch["losses"]), (run["norms"], whole_batch["norms"])):
+            assert max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) < TOLERANCE, (name, mine, theirs)
+    whole = _whole(runs)
+    accumulated = reference(steps, depth, microbatches=ACCUMULATED[name])["state"]
+    assert sorted(whole) == sorted(accumulated)
+    for key, value in accumulated.items():
+        torch.testing.assert_close(whole[key], value, atol=TOLERANCE, rtol=0)
+    if name in SCHEDULES:  # two stages per rank, as one module with the model's names
+        assert {run["module"] for run in runs} == {"RankStages"}
+
+
+def test_pipeline_stages_hold_their_layers_and_share_batches(four_ranks: dict[str, list[Any]]) -> None:
+    """PP=2 x DP=2: the pipeline dimension is outermost, so ranks 0-1 run stage 0 (embedding, first block) and 2-3
+    stage 1 (last block, norm, output); the ranks of a pipeline get the same batches, its two replicas others, and
+    each stage is sharded over its data-parallel pair."""
+    runs = {run["rank"]: run for run in four_ranks["pp_dp"]}
+    for rank, run in runs.items():
+        assert run["mesh_shape"] == {
+            "names": ["pipeline_parallel", "data_parallel", "tensor_parallel"],
+            "shape": [2, 2, 1],
+        }
+        assert run["mesh"]["pipeline_parallel"] == rank // 2 and run["mesh"]["data_parallel"] == rank % 2
+        layers = {
+            name.split(".")[0] + ("." + name.split(".")[1] if name.startswith("layers") else "")
+            for name in run["state"]
+        }
+        assert layers == ({"tok_embeddings", "layers.0"} if rank < 2 else {"layers.1", "norm", "output"}), rank
+        assert all(seen["fraction"] == 0.5 for seen in run["placements"].values()), rank
+    assert runs[0]["seen"] == runs[2]["seen"] and runs[1]["seen"] == runs[3]["seen"]
+    assert not set(runs[0]["seen"]) & set(runs[1]["seen"])
+    for run in four_ranks["pp_tp"]:  # the stage's projections sharded over its tensor-parallel pair
+        assert run["mesh_shape"]["shape"] == [2, 1, 2]
+        assert any(seen["fraction"] == 0.5 for seen in run["placements"].values())
+
+
+def test_a_pipelined_checkpoint_loads_back_and_without_a_pipeline(
+    two_ranks: dict[str, list[Any]], folder: Path
+) -> None:
+    """PP=2 saves the sharded layout of the other strategies: it loads back on PP=2 (weights, step, optimizer state
+    that steps on exactly as the trained one), on a 1x2 mesh without a pipeline, and into a plain module."""
+    runs = two_ranks["1F1B"]
+    whole = _whole(runs)
+    files = sorted(p.name for p in (folder / "pipelined").iterdir())
+    assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "fabric_lite.json", "meta.pt"]
+    for run in runs:
+        reloaded = run["reloaded"]
+        assert reloaded["remainder"] == [] and reloaded["step"] == STEPS and reloaded["optimizer_steps"] == [STEPS]
+        assert reloaded["state"].keys() == run["state"].keys()
+        for key, value in run["state"].items():
+            assert torch.equal(reloaded["state"][key], value), (run["rank"], key)
+        assert reloaded["next"][0] == reloaded["next"][1] and reloaded["next_equal"], reloaded["next"]
+    for rank, run in enumerate(two_ranks["load_pipelined"]):
+        loaded = run["loaded"]
+        assert "traceback" not in loaded, loaded
+        assert loaded["remainder"] == [] and loaded["step"] == STEPS, rank
+        for key, value in whole.items():
+            assert torch.equal(loaded["state"][key], value), (rank, key)
+    model = Llama()
+    optimizer = torch.optim.AdamW(model.parameters())
+    state = {"model": model, "optimizer": optimizer, "step": 0}
+    assert Fabric(accelerator="cpu", devices=1).load(folder / "pipelined", state) == {}
+    assert state["step"] == STEPS and len(optimizer.state_dict()["state"]) == len(list(model.parameters()))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, whole[key]), key
+
+
+def test_a_pipelined_checkpoint_consolidates(two_ranks: dict[str, list[Any]], folder: Path) -> None:
+    """One file with every stage's weights, and one optimizer parameter group naming every parameter: a plain model
+    and optimizer load it."""
+    from fabric_lite.utilities.consolidate_checkpoint import consolidate_checkpoint
+
+    whole = _whole(two_ranks["1F1B"])
+    target = folder / "pipelined.ckpt"
+    consolidate_checkpoint(folder / "pipelined", target)
+    full = torch.load(target, weights_only=True)
+    model = Llama()
+    model.load_state_dict(full["model"])
+    for key, value in whole.items():
+        assert torch.equal(model.state_dict()[key], value), key
+    names = [name for name, _ in model.named_parameters()]
+    assert [group["params"] for group in full["optimizer"]["param_groups"]] == [names]
+    assert full["step"] == STEPS
+
+
+def test_a_pipelined_model_refuses_what_it_cannot_do(two_ranks: dict[str, list[Any]]) -> None:
+    """Under ``torch.no_grad()`` a step runs the forward only (no gradient, no update) and gives every rank the same
+    loss; each thing a pipelined model cannot do raises, naming the fix."""
+    misuses = [run["misuse"] for run in two_ranks["1F1B"]]
+    evaluations = per_rank(misuses, "evaluate")
+    for rank, seen in enumerate(evaluations):
+        assert seen["unchanged"] and seen["grads"], rank
+    assert evaluations[0]["loss"] == evaluations[1]["loss"]
+    expected = {
+        "backward": ("RuntimeError", "already ran backward over every micro-batch"),
+        "direct_call": ("RuntimeError", "fabric.pipeline_step(model, inputs, target=..., loss_fn=...)"),
+        "no_backward_sync": ("RuntimeError", "raise ModelParallelStrategy(pipeline_microbatches=...)"),
+        "indivisible": ("ValueError", "args[0] has 6 samples, which pipeline_microbatches=4 does not divide"),
+        "compiled": ("TypeError", "compile the blocks in parallelize_fn"),
+    }
+    for check, (kind, fragment) in expected.items():
+        for rank, seen in enumerate(per_rank(misuses, check)):
+            assert seen["type"] == kind and fragment in seen["message"], (rank, check, seen)

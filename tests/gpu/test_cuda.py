@@ -170,3 +170,16 @@ def test_model_parallel_strategy_on_one_gpu_with_dtensor_parameters() -> None:
         "remainder": {"step": 10},
         "same_next_loss": True,
     }
+
+
+def test_pipeline_stages_on_one_gpu() -> None:
+    """Two stages of the split model on one GPU under Interleaved1F1B over NCCL: the gradients of the whole batch
+    (float32: to rounding; bf16 autocast: both sides compute in bfloat16, in another order), the parameters on the
+    device; the peak memory per step for 1, 2, 4 and 8 micro-batches is printed for the record."""
+    r = check("pipeline_stages_on_gpu")
+    print("pipeline peak MB by micro-batches:", r["peak_mb"])
+    fp32, bf16 = r["torch.float32"], r["torch.bfloat16"]
+    assert fp32["devices"] == bf16["devices"] == ["cuda:0"]
+    assert abs(fp32["loss"][0] - fp32["loss"][1]) < 1e-5 and fp32["grad_error"] < 1e-5, fp32
+    assert abs(bf16["loss"][0] - bf16["loss"][1]) < 0.05 and bf16["grad_error"] < 0.05, bf16
+    assert set(r["peak_mb"]) == {"1", "2", "4", "8"} and all(v > 0 for v in r["peak_mb"].values())

@@ -33,6 +33,20 @@ from fabric_lite.utilities.types import _PATH
 Ranks = tuple[int, int, Callable[..., Any]]
 #: loads the precision's saved state (a loss scaler's) back into the precision: ``precision.load_state_dict``
 LoadPrecision = Callable[[Any], Any]
+#: the keys of a module's state that other ranks' modules hold (a pipeline's other stages): not unexpected on load
+ForeignKeys = Callable[[Module], "set[str]"]
+
+
+#: a module's optimizer state made whole for the checkpoint: a pipeline's ranks list every stage's parameters
+CompleteGroups = Callable[[Module, dict[str, Any]], dict[str, Any]]
+
+
+def _none(module: Module) -> set[str]:
+    return set()
+
+
+def _as_is(module: Module, optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    return optimizer_state
 
 
 def save(
@@ -46,22 +60,20 @@ def save(
     precision_state: dict[str, Any],
     modules: Iterable[Module],
     background: Background | None = None,
+    complete_groups: CompleteGroups = _as_is,
 ) -> None:
     """Save ``state`` as a sharded folder, or as one file gathered on rank 0 (``full``); every rank calls it.
     ``modules``: those the strategy set up, searched for an optimizer's module. With ``background`` the state is copied
-    before this returns and written afterwards; a failed write raises at the next save, on every rank."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+    before this returns and written afterwards; a failed write raises at the next save, on every rank.
+    ``complete_groups`` gives the parameter groups that the checkpoint stores for an optimizer of a module."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     options = StateDictOptions(full_state_dict=full, cpu_offload=full)
     checkpoint = to_state_dicts(
         state,
         filter,
         lambda module: get_model_state_dict(module, options=options),
-        lambda optimizer: get_optimizer_state_dict(owner(optimizer, modules, state), optimizer, options=options),
+        lambda optimizer: _optimizer_state(owner(optimizer, modules, state), optimizer, options, complete_groups),
         precision_state,
     )
     if full:
@@ -97,6 +109,12 @@ def save(
     folders.save_folder(target, "sharded", make_temp, write, _finisher(checkpoint, state), ranks, storage_options)
 
 
+def _optimizer_state(module: Module, optimizer: Optimizer, options: Any, complete: CompleteGroups) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return complete(module, get_optimizer_state_dict(module, optimizer, options=options))
+
+
 @dataclass
 class Background:
     """How a sharding strategy saves in the background: ``io`` runs one write at a time and copies the state
@@ -116,10 +134,11 @@ def load(
     *,
     load_precision: LoadPrecision,
     modules: Iterable[Module],
+    foreign_keys: ForeignKeys = _none,
 ) -> dict[str, Any]:
     """Restore ``state`` from a sharded folder or a full file; the precision's saved state goes to ``load_precision``,
-    and ``modules`` are as for :func:`save`. Raises :class:`NotACheckpointError` for a folder without a sharded
-    checkpoint."""
+    and ``modules`` are as for :func:`save`; a module's ``foreign_keys`` are loaded by other ranks. Raises
+    :class:`NotACheckpointError` for a folder without a sharded checkpoint."""
     target = folders._folder(path)
     name = str(target).rsplit("/", 1)[-1]
     if isinstance(target, str):
@@ -142,8 +161,8 @@ def load(
             raise NotACheckpointError(
                 f"The path {str(path)!r} does not point to a valid checkpoint. {what}: {err}"
             ) from None
-        return _load_sharded(folder, state, strict, load_precision, modules)
-    return _load_full(target, state, strict, weights_only, load_precision, modules)
+        return _load_sharded(folder, state, strict, load_precision, modules, foreign_keys)
+    return _load_full(target, state, strict, weights_only, load_precision, modules, foreign_keys)
 
 
 class NotACheckpointError(CheckpointError, ValueError):
@@ -264,6 +283,7 @@ def _load_full(
     weights_only: bool | None,
     load_precision: LoadPrecision,
     modules: Iterable[Module],
+    foreign_keys: ForeignKeys,
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -276,7 +296,11 @@ def _load_full(
     if not state:
         return checkpoint  # type: ignore[no-any-return]
     options = StateDictOptions(full_state_dict=True, strict=strict)
-    load_module = partial(load_full_module_state, strict=strict, source=str(path))
+
+    def load_module(module: Module, value: dict[str, Any]) -> None:
+        foreign = foreign_keys(module)
+        own = {k: v for k, v in value.items() if k not in foreign}
+        load_full_module_state(module, own, strict=strict, source=str(path))
 
     def load_optimizer(optimizer: Optimizer, value: Any) -> None:
         module = owner(optimizer, modules, state if isinstance(state, dict) else None)
@@ -317,6 +341,7 @@ def _load_sharded(
     strict: bool,
     load_precision: LoadPrecision,
     modules: Iterable[Module],
+    foreign_keys: ForeignKeys,
 ) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -330,7 +355,7 @@ def _load_sharded(
         return everything
     if isinstance(state, (Module, Optimizer)):  # a raw state dict saved on its own: its keys are the top-level ones
         if isinstance(state, Module):
-            target = _module_target(folder, state, set(available), strict)
+            target = _module_target(folder, state, set(available) - foreign_keys(state), strict)
         else:
             target = get_optimizer_state_dict(owner(state, modules), state)
         _read_sharded(folder, {"": state}, {"": target}, modules, strict)
@@ -340,7 +365,9 @@ def _load_sharded(
     targets: dict[str, Any] = {}
     for key, obj in state.items():
         if key in available and isinstance(obj, Module):
-            targets[key] = _module_target(folder, obj, folders.entry_keys(metadata, key), strict, key)
+            targets[key] = _module_target(
+                folder, obj, folders.entry_keys(metadata, key) - foreign_keys(obj), strict, key
+            )
         elif key in available and isinstance(obj, Optimizer):
             targets[key] = get_optimizer_state_dict(owner(obj, modules, state), obj)
     _read_sharded(folder, state, targets, modules, strict)

@@ -82,10 +82,10 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, depth: int = DEPTH) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-        self.layers = nn.ModuleList([Block() for _ in range(DEPTH)])
+        self.layers = nn.ModuleList([Block() for _ in range(depth)])
         self.norm = nn.RMSNorm(DIM)
         self.output = nn.Linear(DIM, VOCAB, bias=False)
 
@@ -116,18 +116,27 @@ def loss_of(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------- reference
-def reference(steps: int = STEPS) -> dict[str, Any]:
-    """The same model, data and optimizer in one process over the global batch: what every layout must match."""
+def reference(steps: int = STEPS, depth: int = DEPTH, microbatches: int = 1) -> dict[str, Any]:
+    """The same model, data and optimizer in one process over the global batch: what every layout must match. With
+    ``microbatches``, the gradient is accumulated over that many parts of the batch and divided by their number, as a
+    pipeline schedule does (the same value, summed in another order)."""
     torch.manual_seed(0)
-    model = Llama()
+    model = Llama(depth)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
     data = Tokens()
     losses, norms = [], []
     for step in range(steps):
         batch = data.data[step * GLOBAL_BATCH : (step + 1) * GLOBAL_BATCH]
-        loss = loss_of(model(batch[:, :-1]), batch)
         optimizer.zero_grad()
-        loss.backward()
+        if microbatches > 1:
+            parts = [loss_of(model(part[:, :-1]), part) for part in batch.chunk(microbatches)]
+            torch.autograd.backward(parts)
+            for param in model.parameters():
+                param.grad /= microbatches  # type: ignore[operator]
+            loss = torch.stack(parts).detach().mean()
+        else:
+            loss = loss_of(model(batch[:, :-1]), batch)
+            loss.backward()
         norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM).item())
         optimizer.step()
         losses.append(loss.item())
@@ -249,6 +258,9 @@ def make_fabric(nprocs: int, options: dict[str, Any]) -> Any:
         save_distributed_checkpoint=options.get("save_distributed_checkpoint", True),
         timeout=timedelta(seconds=90),
         data_parallel_replicate_size=options.get("replicate", 1),
+        pipeline_parallel_size=options.get("pp", 1),
+        pipeline_schedule=options.get("schedule", "1F1B"),
+        pipeline_microbatches=options.get("microbatches"),
     )
     return Fabric(accelerator="cpu", devices=nprocs, strategy=strategy, precision=options.get("precision", "32-true"))
 
@@ -259,10 +271,11 @@ def setup(
     empty_init: bool = True,
     compile_backend: str | None = None,
     foreach: bool | None = False,
+    depth: int = DEPTH,
 ) -> tuple[Any, Any]:
     torch.manual_seed(seed)
     with fabric.init_module(empty_init=empty_init):
-        model = Llama()
+        model = Llama(depth)
     model = fabric.setup_module(torch.compile(model, backend=compile_backend) if compile_backend else model)
     optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=LR, foreach=foreach))
     return model, optimizer
@@ -502,6 +515,101 @@ def misuse(fabric: Any, options: dict[str, Any], folder: str) -> dict[str, Any]:
             "bad_group_src": bad_group_src,
             "collectives": group_collectives,
             "replace_and_fail": replace_and_fail,
+        }
+    )
+
+
+def pipeline_train(
+    fabric: Any, options: dict[str, Any], folder: str | None = None, steps: int = STEPS, misuse: bool = False
+) -> dict[str, Any]:
+    """Train ``steps`` steps through ``fabric.pipeline_step`` (the loop of ``train`` with the step in one call); record
+    the losses (averaged over the data-parallel group), clipped norms, batches seen, this rank's stages' full state and
+    placements; save into ``folder`` and load it back into a fresh model on the same mesh; with ``misuse``, each misuse
+    of a pipelined model."""
+    strategy = fabric.strategy
+    mesh = strategy.device_mesh
+    dp = mesh["data_parallel"]
+    depth = options.get("depth", DEPTH)
+    model, optimizer = setup(fabric, depth=depth)
+    loader = fabric.setup_dataloaders(DataLoader(Tokens(), batch_size=GLOBAL_BATCH // dp.size()))
+    losses, norms, seen = [], [], []
+    for step, batch in enumerate(loader):
+        if step == steps:
+            break
+        seen.append(hashlib.sha1(batch.numpy().tobytes()).hexdigest()[:12])
+        optimizer.zero_grad()
+        loss = fabric.pipeline_step(model, batch[:, :-1], target=batch, loss_fn=loss_of)
+        norms.append(fabric.clip_gradients(model, optimizer, max_norm=MAX_NORM).item())
+        optimizer.step()
+        losses.append(fabric.all_reduce(loss.clone(), group=dp.get_group(), reduce_op="mean").item())
+    result: dict[str, Any] = {
+        "rank": fabric.global_rank,
+        "mesh": {name: mesh[name].get_local_rank() for name in mesh.mesh_dim_names},
+        "mesh_shape": {"names": list(mesh.mesh_dim_names), "shape": list(mesh.shape)},
+        "losses": losses,
+        "norms": norms,
+        "seen": seen,
+        "placements": placements(model.module),
+        "state": full_state(model),
+        "module": type(model.module).__name__,
+    }
+    if folder is not None:
+        fabric.save(folder, {"model": model, "optimizer": optimizer, "step": steps})
+        fresh, fresh_optimizer = setup(fabric, seed=123, depth=depth)
+        restored = {"model": fresh, "optimizer": fresh_optimizer, "step": 0}
+        remainder = fabric.load(folder, restored)
+        batch = Tokens().data[:GLOBAL_BATCH]
+        result["reloaded"] = {
+            "remainder": sorted(remainder),
+            "step": restored["step"],
+            "state": full_state(fresh),
+            "optimizer_steps": sorted({int(s["step"]) for s in fresh_optimizer.state.values()}),
+            # one more step from the loaded state and from the trained one: the same loss, the same weights
+            "next": [float(_one_step(fabric, m, o, batch)) for m, o in ((fresh, fresh_optimizer), (model, optimizer))],
+            "next_equal": all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True)),
+        }
+    if misuse:
+        result["misuse"] = pipeline_misuse(fabric, model, optimizer)
+    return result
+
+
+def _one_step(fabric: Any, model: Any, optimizer: Any, batch: torch.Tensor) -> torch.Tensor:
+    optimizer.zero_grad()
+    loss = fabric.pipeline_step(model, batch[:, :-1], target=batch, loss_fn=loss_of)
+    optimizer.step()
+    return loss
+
+
+def pipeline_misuse(fabric: Any, model: Any, optimizer: Any) -> dict[str, Any]:
+    """What a pipelined model refuses, and its evaluation step under ``torch.no_grad()``."""
+    batch = Tokens().data[:GLOBAL_BATCH]
+
+    def evaluate() -> dict[str, Any]:
+        optimizer.zero_grad()
+        before = local_digests(model.module)
+        with torch.no_grad():
+            loss = fabric.pipeline_step(model, batch[:, :-1], target=batch, loss_fn=loss_of)
+        grads = [p.grad for p in model.parameters()]
+        return {
+            "loss": loss.item(),
+            "unchanged": local_digests(model.module) == before,
+            "grads": grads == [None] * len(grads),
+        }
+
+    def backward_after_step() -> dict[str, Any]:
+        loss = _one_step(fabric, model, optimizer, batch)
+        return error_of(lambda: fabric.backward(loss))
+
+    return record(
+        {
+            "evaluate": evaluate,
+            "backward": backward_after_step,
+            "direct_call": lambda: error_of(lambda: model(batch[:, :-1])),
+            "no_backward_sync": lambda: error_of(lambda: fabric.no_backward_sync(model).__enter__()),
+            "indivisible": lambda: error_of(
+                lambda: fabric.pipeline_step(model, batch[:6, :-1], target=batch[:6], loss_fn=loss_of)
+            ),
+            "compiled": lambda: error_of(lambda: fabric.setup_module(torch.compile(Llama()))),
         }
     )
 

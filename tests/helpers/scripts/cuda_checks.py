@@ -417,6 +417,56 @@ def model_parallel_on_gpu() -> dict:
     }
 
 
+def pipeline_stages_on_gpu() -> dict:
+    """Two pipeline stages on one GPU (NCCL refuses two ranks there): the test model split by split_transformer,
+    both stages on this rank under Interleaved1F1B over NCCL at world size 1; one step's gradients against the
+    unsplit model's over the whole batch, in float32 and under bf16 autocast, and the peak device memory of a step
+    for 1, 2, 4 and 8 micro-batches."""
+    import torch.distributed as dist
+
+    from fabric_lite.strategies._pipeline import Pipeline
+    from fabric_lite.strategies.parallelize import split_transformer
+    from tests.helpers.jobs.model_parallel_jobs import Llama, loss_of
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=device)
+    batch = torch.randint(0, 32, (16, 65), generator=torch.Generator().manual_seed(0)).to(device)
+    result: dict = {"peak_mb": {}}
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        model, twin = Llama(depth=4).to(device), Llama(depth=4).to(device)
+        twin.load_state_dict(model.state_dict())
+        pipeline = Pipeline(
+            split_transformer(model, [0, 1], 2), [0, 1], 2, dist.group.WORLD, device, "Interleaved1F1B", 4
+        )
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+            loss = pipeline.step((batch[:, :-1],), {}, batch, loss_of)
+            expected = loss_of(twin(batch[:, :-1]), batch)
+        expected.backward()
+        grads = dict(pipeline.module.named_parameters())
+        result[str(dtype)] = {
+            "loss": [loss.item(), expected.item()],
+            "grad_error": max((grads[n].grad - p.grad).abs().max().item() for n, p in twin.named_parameters()),
+            "devices": sorted({str(p.device) for p in pipeline.module.parameters()}),
+        }
+    for microbatches in (1, 2, 4, 8):
+        torch.manual_seed(0)
+        model = Llama(depth=4).to(device)
+        pipeline = Pipeline(
+            split_transformer(model, [0, 1], 2), [0, 1], 2, dist.group.WORLD, device, "Interleaved1F1B", microbatches
+        )
+        pipeline.step((batch[:, :-1],), {}, batch, loss_of)  # the first step sizes the stages' buffers
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        pipeline.step((batch[:, :-1],), {}, batch, loss_of)
+        torch.cuda.synchronize()
+        result["peak_mb"][microbatches] = round((torch.cuda.max_memory_allocated() - before) / 2**20, 3)
+    dist.destroy_process_group()
+    return result
+
+
 CHECKS = {
     f.__name__: f
     for f in (
@@ -433,6 +483,7 @@ CHECKS = {
         compiled_on_gpu,
         fsdp_on_gpu,
         model_parallel_on_gpu,
+        pipeline_stages_on_gpu,
     )
 }
 
