@@ -243,7 +243,8 @@ class Pipeline:
             )
         self._loss_fn = loss_fn
         losses: list[Tensor] = []
-        inputs = args if self._first else ()
+        # contiguous: a stage checks its inputs' strides against the first step's (a sliced batch[:, :-1] is not)
+        inputs = tuple(a.contiguous() if isinstance(a, Tensor) else a for a in args) if self._first else ()
         labels = target if self._last else None
         with self._running():
             if torch.is_grad_enabled():

@@ -82,8 +82,10 @@ def test_checkpoints_move_between_gpu_and_cpu_with_cuda_rng_state() -> None:
 
 
 def test_fork_after_cuda_initialisation_is_refused() -> None:
+    """Refused where the forked workers would use CUDA; workers on the CPU never touch it, and are forked."""
     r = check("fork_after_cuda")
     assert r["raised"] == "RuntimeError" and "ddp_spawn" in r["message"]
+    assert r["cpu_workers"] == 0  # rank 0's result
 
 
 def test_auto_accelerator_and_every_gpu() -> None:

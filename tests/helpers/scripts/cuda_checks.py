@@ -133,13 +133,15 @@ def checkpoint_round_trip() -> dict:
 
 
 def fork_after_cuda() -> dict:
+    """Forking workers that would use CUDA after CUDA was initialised here is refused; CPU workers never touch it."""
     torch.zeros(1, device="cuda")  # initialises CUDA in this process
-    fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp_fork")
+    cpu_result = Fabric(accelerator="cpu", devices=2, strategy="ddp_fork").launch(lambda f: f.global_rank)
+    fabric = Fabric(accelerator="cuda", devices=1, strategy="ddp_fork")
     try:
         fabric.launch(lambda f: None)
     except RuntimeError as err:
-        return {"raised": "RuntimeError", "message": str(err)}
-    return {"raised": None}
+        return {"raised": "RuntimeError", "message": str(err), "cpu_workers": cpu_result}
+    return {"raised": None, "cpu_workers": cpu_result}
 
 
 def auto_accelerator() -> dict:
