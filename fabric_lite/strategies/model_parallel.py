@@ -293,7 +293,8 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
         num_stages = size * per_rank
         stages = _pipeline.stage_indices(self._schedule, mesh.get_local_rank(), size, per_rank)
         split = self._split_fn or parallelize.split_transformer
-        parts = split(module, stages, num_stages)
+        with torch.random.fork_rng(devices=[]):  # a module split_fn creates must not move the values initialised below
+            parts = split(module, stages, num_stages)
         if (
             not isinstance(parts, (list, tuple))
             or len(parts) != len(stages)

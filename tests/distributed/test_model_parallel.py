@@ -32,7 +32,7 @@ from fabric_lite.strategies import ModelParallelStrategy
 from fabric_lite.strategies._model_parallel_ops import mesh_shape as _mesh_shape
 from fabric_lite.strategies.parallelize import TransformerPlan, parallelize_transformer
 from tests.helpers.harness import base_env, lightning_python, per_rank, run_job, run_python, series_job
-from tests.helpers.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, reference
+from tests.helpers.jobs.model_parallel_jobs import DEPTH, STEPS, Llama, mlp_reference, reference
 
 #: the pipelines trained on 2 ranks besides 1F1B: every multi-stage schedule, with four blocks (two stages per rank),
 #: and the steps each trains
@@ -319,8 +319,9 @@ def two_ranks(folder: Path) -> dict[str, list[Any]]:
     """Every 2-rank job, in one launch: ``tp_only`` and ``fsdp_only`` from :data:`LAYOUTS`; ``bf16_true`` (2x1 with
     the strategy's policy, 2 steps); ``full_checkpoint`` (1x2, ``save_distributed_checkpoint=False`` into
     ``folder/full.ckpt``, 2 steps, then loaded back into a freshly parallelised model); ``1F1B`` (2 pipeline stages,
-    saved into ``folder/pipelined`` and loaded back, then the misuses), each of :data:`SCHEDULES`, and
-    ``load_pipelined`` (that checkpoint on a 1x2 mesh without a pipeline)."""
+    saved into ``folder/pipelined`` and loaded back, then the misuses), each of :data:`SCHEDULES`,
+    ``load_pipelined`` (that checkpoint on a 1x2 mesh without a pipeline), ``mlp_split`` (a residual MLP split by a
+    ``split_fn`` written by hand) and ``pp_bf16_mixed`` (2 stages in ``bf16-mixed``, 4 steps)."""
     jobs = {
         **{name: {"job": "train", **LAYOUTS[name]} for name in ("tp_only", "fsdp_only")},
         "bf16_true": {"job": "train", "dp": 2, "tp": 1, "precision": "bf16-true", "mp_policy": True,
@@ -332,6 +333,9 @@ def two_ranks(folder: Path) -> dict[str, list[Any]]:
         **{schedule: {"job": "pipeline_train", "pp": 2, "schedule": schedule, "microbatches": 4, "depth": 4,
                       "kwargs": {"steps": steps}} for schedule, steps in SCHEDULES.items()},
         "load_pipelined": {"job": "load", "dp": 1, "tp": 2, "kwargs": {"folder": str(folder / "pipelined")}},
+        "mlp_split": {"job": "mlp_pipeline_train", "pp": 2, "schedule": "GPipe", "microbatches": 4, "split": "mlp"},
+        "pp_bf16_mixed": {"job": "pipeline_train", "pp": 2, "schedule": "1F1B", "microbatches": 4,
+                          "precision": "bf16-mixed", "kwargs": {"steps": 4}},
     }  # fmt: skip
     return mp_series(2, jobs)
 
@@ -740,3 +744,35 @@ def test_a_pipelined_model_refuses_what_it_cannot_do(two_ranks: dict[str, list[A
     for check, (kind, fragment) in expected.items():
         for rank, seen in enumerate(per_rank(misuses, check)):
             assert seen["type"] == kind and fragment in seen["message"], (rank, check, seen)
+
+
+def test_a_split_fn_written_by_hand_trains_as_one_process(two_ranks: dict[str, list[Any]]) -> None:
+    """The manual route for any model: a residual MLP whose ``split_fn`` gives each stage the model's own blocks under
+    their names, GPipe over 4 micro-batches: the losses and weights of one process accumulating over the same
+    micro-batches; a ``split_fn`` that returns one module too many is refused, naming the stages."""
+    runs = two_ranks["mlp_split"]
+    expected = mlp_reference(STEPS, microbatches=4)
+    for run in runs:
+        assert "traceback" not in run, run
+        assert max(abs(a - b) for a, b in zip(run["losses"], expected["losses"], strict=True)) < TOLERANCE
+    whole = _whole(runs)
+    assert sorted(whole) == sorted(expected["state"])  # blocks.0-1 on stage 0, blocks.2-3 and the head on stage 1
+    for key, value in expected["state"].items():
+        torch.testing.assert_close(whole[key], value, atol=TOLERANCE, rtol=0)
+    for rank, run in enumerate(runs):
+        error = run["wrong_split"]
+        assert error["type"] == "TypeError", error
+        assert (
+            f"returned list of 2; expected a list of 1 module(s), one for each stage index in [{rank}] (of 2)"
+            in (error["message"])
+        )
+
+
+def test_a_pipeline_trains_in_bf16_mixed(two_ranks: dict[str, list[Any]], expected: dict[str, Any]) -> None:
+    """``bf16-mixed`` with 2 stages: autocast around each stage's forward; the losses follow float32's within
+    bfloat16's precision, and the parameters AdamW updates stay float32."""
+    for run in two_ranks["pp_bf16_mixed"]:
+        assert "traceback" not in run, run
+        differences = [abs(a - b) for a, b in zip(run["losses"], expected["losses"][:4], strict=True)]
+        assert 0 < max(differences) < 0.05, (run["losses"], expected["losses"][:4])
+        assert {str(value.dtype) for value in run["state"].values()} == {"torch.float32"}

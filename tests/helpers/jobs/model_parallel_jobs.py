@@ -98,6 +98,76 @@ class Llama(nn.Module):
         return self.output(self.norm(h))
 
 
+class Residual(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+class ResidualMLP(nn.Module):
+    """A stack of residual MLP blocks and a linear head, for a ``split_fn`` written by hand (:func:`split_mlp`)."""
+
+    def __init__(self, depth: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*[Residual() for _ in range(depth)])
+        self.head = nn.Linear(DIM, 1)
+        self.wrong_split = False  # split_mlp returns one module too many: the strategy must refuse it
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+def split_mlp(model: nn.Module, stages: list[int], num_stages: int) -> list[nn.Module]:
+    """The manual route: each stage a ``ResidualMLP`` of its own holding the model's blocks under their names (an
+    ``nn.Sequential`` keyed ``"2"``, ``"3"``, ...), the head on the last stage and ``Dropped`` elsewhere."""
+    from collections import OrderedDict
+
+    from fabric_lite.strategies.parallelize import Dropped
+
+    assert isinstance(model, ResidualMLP)
+    per_stage = len(model.blocks) // num_stages
+    parts: list[nn.Module] = []
+    for stage in stages:
+        part = ResidualMLP(depth=0)
+        kept = range(stage * per_stage, (stage + 1) * per_stage)
+        part.blocks = nn.Sequential(OrderedDict((str(i), model.blocks[i]) for i in kept))
+        part.head = model.head if stage == num_stages - 1 else Dropped()  # type: ignore[assignment]
+        parts.append(part)
+    return [*parts, model] if model.wrong_split else parts
+
+
+def points(steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``steps`` global batches of inputs and regression targets."""
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(steps * GLOBAL_BATCH, DIM, generator=generator)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def mlp_reference(steps: int, microbatches: int) -> dict[str, Any]:
+    """``ResidualMLP`` in one process over the global batches, the gradient accumulated over ``microbatches``."""
+    torch.manual_seed(0)
+    model = ResidualMLP()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
+    inputs, targets = points(steps)
+    losses = []
+    for step in range(steps):
+        window = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        optimizer.zero_grad()
+        parts = [
+            F.mse_loss(model(x), y)
+            for x, y in zip(inputs[window].chunk(microbatches), targets[window].chunk(microbatches), strict=True)
+        ]
+        torch.autograd.backward(parts)
+        for param in model.parameters():
+            param.grad /= microbatches  # type: ignore[operator]
+        optimizer.step()
+        losses.append(torch.stack(parts).mean().item())
+    return {"losses": losses, "state": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
 class Tokens(Dataset[torch.Tensor]):
     """``SAMPLES`` fixed random sequences of ``SEQ + 1`` tokens (input and next-token target)."""
 
@@ -248,6 +318,8 @@ def make_fabric(nprocs: int, options: dict[str, Any]) -> Any:
     from fabric_lite.strategies import ModelParallelStrategy
 
     def parallelize(model: nn.Module, device_mesh: Any) -> nn.Module:
+        if options.get("split") == "mlp":  # the hand-written route: nothing to parallelise within a stage
+            return model
         policy = strategy.mixed_precision_policy if options.get("mp_policy") else None
         return _parallelize(options)(model, device_mesh, mp_policy=policy)
 
@@ -261,6 +333,7 @@ def make_fabric(nprocs: int, options: dict[str, Any]) -> Any:
         pipeline_parallel_size=options.get("pp", 1),
         pipeline_schedule=options.get("schedule", "1F1B"),
         pipeline_microbatches=options.get("microbatches"),
+        split_fn=split_mlp if options.get("split") == "mlp" else None,
     )
     return Fabric(accelerator="cpu", devices=nprocs, strategy=strategy, precision=options.get("precision", "32-true"))
 
@@ -571,6 +644,26 @@ def pipeline_train(
     if misuse:
         result["misuse"] = pipeline_misuse(fabric, model, optimizer)
     return result
+
+
+def mlp_pipeline_train(fabric: Any, options: dict[str, Any], steps: int = STEPS) -> dict[str, Any]:
+    """:class:`ResidualMLP` split by :func:`split_mlp` and trained through ``fabric.pipeline_step``; then a
+    ``split_fn`` that returns one module too many."""
+    torch.manual_seed(0)
+    with fabric.init_module(empty_init=True):
+        model = ResidualMLP()
+    model = fabric.setup_module(model)
+    optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=LR, foreach=False))
+    inputs, targets = points(steps)
+    losses = []
+    for step in range(steps):
+        window = slice(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH)
+        optimizer.zero_grad()
+        losses.append(fabric.pipeline_step(model, inputs[window], target=targets[window], loss_fn=F.mse_loss).item())
+        optimizer.step()
+    wrong = ResidualMLP()
+    wrong.wrong_split = True
+    return {"losses": losses, "state": full_state(model), "wrong_split": error_of(lambda: fabric.setup_module(wrong))}
 
 
 def _one_step(fabric: Any, model: Any, optimizer: Any, batch: torch.Tensor) -> torch.Tensor:
