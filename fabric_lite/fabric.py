@@ -601,8 +601,8 @@ class Fabric:
     ) -> Tensor:
         """One step's forward and backward: ``loss_fn(model(*args, **kwargs), target)`` and :meth:`backward`, or,
         where the strategy pipelines the model, its schedule over micro-batches (``ModelParallelStrategy(...,
-        pipeline_parallel_size=...)``). Under ``torch.no_grad()`` only the forward and the loss run. The same loop
-        then trains with and without a pipeline.
+        pipeline_parallel_size=...)``). Under ``torch.no_grad()`` only the forward and the loss run (with a pipeline,
+        under a single-stage schedule). The same loop then trains with and without a pipeline.
 
         Returns:
             The loss, detached; with a pipeline the mean over the micro-batches, the same on every rank of it.
@@ -610,6 +610,7 @@ class Fabric:
         Raises:
             TypeError: the model was not set up with Fabric.
             ValueError: with a pipeline, a batch that the micro-batches do not divide.
+            RuntimeError: with a pipeline, a forward-only step under a multi-stage schedule.
 
         Example::
 

@@ -320,6 +320,7 @@ def two_ranks(folder: Path) -> dict[str, list[Any]]:
     the strategy's policy, 2 steps); ``full_checkpoint`` (1x2, ``save_distributed_checkpoint=False`` into
     ``folder/full.ckpt``, 2 steps, then loaded back into a freshly parallelised model); ``1F1B`` (2 pipeline stages,
     saved into ``folder/pipelined`` and loaded back, then the misuses), each of :data:`SCHEDULES`,
+    ``interleaved_saved`` (two stages per rank, 2 steps, saved into ``folder/interleaved`` and loaded back),
     ``load_pipelined`` (that checkpoint on a 1x2 mesh without a pipeline), ``mlp_split`` (a residual MLP split by a
     ``split_fn`` written by hand) and ``pp_bf16_mixed`` (2 stages in ``bf16-mixed``, 4 steps)."""
     jobs = {
@@ -332,6 +333,8 @@ def two_ranks(folder: Path) -> dict[str, list[Any]]:
                  "kwargs": {"folder": str(folder / "pipelined"), "misuse": True}},
         **{schedule: {"job": "pipeline_train", "pp": 2, "schedule": schedule, "microbatches": 4, "depth": 4,
                       "kwargs": {"steps": steps}} for schedule, steps in SCHEDULES.items()},
+        "interleaved_saved": {"job": "pipeline_train", "pp": 2, "schedule": "Interleaved1F1B", "microbatches": 4,
+                              "depth": 4, "kwargs": {"steps": 2, "folder": str(folder / "interleaved")}},
         "load_pipelined": {"job": "load", "dp": 1, "tp": 2, "kwargs": {"folder": str(folder / "pipelined")}},
         "mlp_split": {"job": "mlp_pipeline_train", "pp": 2, "schedule": "GPipe", "microbatches": 4, "split": "mlp"},
         "pp_bf16_mixed": {"job": "pipeline_train", "pp": 2, "schedule": "1F1B", "microbatches": 4,
@@ -704,6 +707,30 @@ def test_a_pipelined_checkpoint_loads_back_and_without_a_pipeline(
     state = {"model": model, "optimizer": optimizer, "step": 0}
     assert Fabric(accelerator="cpu", devices=1).load(folder / "pipelined", state) == {}
     assert state["step"] == STEPS and len(optimizer.state_dict()["state"]) == len(list(model.parameters()))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, whole[key]), key
+
+
+def test_a_checkpoint_of_two_stages_per_rank_loads_back_and_into_a_plain_module(
+    two_ranks: dict[str, list[Any]], folder: Path
+) -> None:
+    """Interleaved1F1B: each rank's two stages are one module with the model's names, saved in the same layout, and
+    loaded back exactly (weights, step, optimizer state that steps on as the trained one) and into a plain module."""
+    runs = two_ranks["interleaved_saved"]
+    for run in runs:
+        assert "traceback" not in run, run
+        assert run["module"] == "RankStages"
+        reloaded = run["reloaded"]
+        assert reloaded["remainder"] == [] and reloaded["step"] == 2 and reloaded["optimizer_steps"] == [2]
+        for key, value in run["state"].items():
+            assert torch.equal(reloaded["state"][key], value), (run["rank"], key)
+        assert reloaded["next"][0] == reloaded["next"][1] and reloaded["next_equal"], reloaded["next"]
+    whole = _whole(runs)
+    model = Llama(depth=4)
+    assert Fabric(accelerator="cpu", devices=1).load(folder / "interleaved", {"model": model}, strict=False) == {
+        "step": 2
+    }
+    assert sorted(model.state_dict()) == sorted(whole)
     for key, value in model.state_dict().items():
         assert torch.equal(value, whole[key]), key
 
