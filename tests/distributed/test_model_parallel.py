@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import timedelta
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -628,6 +628,12 @@ def _whole(runs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     return {key: value for run in runs for key, value in run["state"].items()}
 
 
+@cache
+def _reference(steps: int, depth: int, microbatches: int = 1) -> dict[str, Any]:
+    """:func:`reference`, computed once per arguments: several schedules compare with the same one."""
+    return reference(steps, depth, microbatches)
+
+
 #: how many parts of the global batch each pipeline's gradient is accumulated over: its micro-batches times its
 #: data-parallel ranks
 ACCUMULATED = {"pp_dp": 8, "pp_tp": 2, "1F1B": 4, **dict.fromkeys(SCHEDULES, 4)}
@@ -642,13 +648,13 @@ def test_pipelines_equal_one_process(
     the sum moves a few weights by up to 2e-5 from the whole-batch run)."""
     runs = four_ranks[name] if name.startswith("pp_") else two_ranks[name]
     steps, depth = SCHEDULES.get(name, STEPS), 4 if name in SCHEDULES else DEPTH
-    whole_batch = reference(steps, depth) if name in SCHEDULES else expected
+    whole_batch = _reference(steps, depth) if name in SCHEDULES else expected
     for run in runs:
         assert "traceback" not in run, run
         for mine, theirs in ((run["losses"], whole_batch["losses"]), (run["norms"], whole_batch["norms"])):
             assert max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) < TOLERANCE, (name, mine, theirs)
     whole = _whole(runs)
-    accumulated = reference(steps, depth, microbatches=ACCUMULATED[name])["state"]
+    accumulated = _reference(steps, depth, ACCUMULATED[name])["state"]
     assert sorted(whole) == sorted(accumulated)
     for key, value in accumulated.items():
         torch.testing.assert_close(whole[key], value, atol=TOLERANCE, rtol=0)
