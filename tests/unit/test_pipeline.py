@@ -62,6 +62,10 @@ def test_schedules_by_name_and_their_stages() -> None:
     assert stage_indices("1F1B", 1, 4, 1) == [1]
 
 
+def test_mesh_shape_with_a_pipeline_and_hsdp() -> None:
+    assert mesh_shape(4, 1, 2, 8, 1, 2) == (2, 2, 2, 1)  # pipeline, replicate, shard, tensor parallel
+
+
 @pytest.mark.parametrize(
     ("dp", "tp", "world", "nodes", "pipeline", "shape"),
     [
