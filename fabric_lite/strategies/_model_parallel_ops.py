@@ -25,13 +25,13 @@ def mesh_shape(
     """The mesh shape for the sizes asked (``"auto"``: data parallel across nodes, tensor parallel within one), with
     the pipeline dimension first where ``pipeline > 1``; :class:`MeshSizeError`, showing the arithmetic, where they
     do not fit the world size."""
+    world = f"world size ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s))"
     if pipeline == 1:
-        return _inner_shape(data_parallel, tensor_parallel, replicate, world_size, num_nodes)
+        return _inner_shape(data_parallel, tensor_parallel, replicate, world_size, num_nodes, world)
     if world_size % pipeline:
         raise MeshSizeError(
-            f"ModelParallelStrategy: pipeline_parallel_size ({pipeline}) must divide the world size ({world_size} ="
-            f" {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s)). Choose a pipeline size that"
-            " divides it."
+            f"ModelParallelStrategy: pipeline_parallel_size ({pipeline}) must divide the {world}. Choose a pipeline"
+            " size that divides it."
         )
     # the pipeline dimension is outermost: where it divides the nodes, each stage's ranks span num_nodes / pipeline
     nodes = num_nodes // pipeline if num_nodes % pipeline == 0 else 1
@@ -45,11 +45,10 @@ def _inner_shape(
     replicate: int,
     world_size: int,
     num_nodes: int,
-    scope: str | None = None,
+    scope: str,
 ) -> tuple[int, ...]:
     """The data-parallel (with HSDP: replicate, shard) and tensor-parallel sizes for ``world_size`` ranks, which
-    ``scope`` describes in an error (default: the world size)."""
-    scope = scope or f"world size ({world_size} = {num_nodes} node(s) x {world_size // max(num_nodes, 1)} device(s))"
+    ``scope`` describes in an error."""
     if data_parallel == "auto" and tensor_parallel == "auto":
         data_parallel, tensor_parallel = num_nodes, world_size // max(num_nodes, 1)
     elif data_parallel == "auto" and isinstance(tensor_parallel, int):

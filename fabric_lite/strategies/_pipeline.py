@@ -225,9 +225,9 @@ class Pipeline:
     ) -> Tensor:
         """Run the schedule over ``args``/``kwargs``/``target`` split into micro-batches along their first dimension:
         forward and backward where gradients are enabled, forward only under ``torch.no_grad()`` (single-stage
-        schedules). Returns the mean of
-        the micro-batches' losses, the same on every rank of the pipeline. Every rank of the pipeline must call it
-        with the same batch; the ranks' values of ``args`` other than the first stage's are not used.
+        schedules). Returns the mean of the micro-batches' losses, the same on every rank of the pipeline. Every rank
+        of the pipeline must call it with the same batch; the ranks' values of ``args`` other than the first stage's
+        are not used.
 
         Raises:
             ValueError: a tensor whose first dimension the micro-batches do not divide, or no input.

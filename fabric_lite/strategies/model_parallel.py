@@ -255,11 +255,11 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
                 " in PyTorch >= 2.4. Pass the plain module and shard it in parallelize_fn with"
                 " torch.distributed.fsdp.fully_shard (FSDP2)."
             )
-        if self._pipeline_size > 1:
-            return self._setup_pipeline(module)
-        owners = _fsdp_setup.meta_owners(module)
+        owners = _fsdp_setup.meta_owners(module)  # of the whole model, also when it is split into stages
         if owners:
             _fsdp_setup.check_initialisable(module, owners, None)
+        if self._pipeline_size > 1:
+            return self._setup_pipeline(module, owners)
         parallel = self._parallelize(module)
         self._materialize(parallel, owners)
         self._modules.add(parallel)
@@ -282,12 +282,10 @@ class ModelParallelStrategy(_Sharded, ParallelStrategy):
             _fsdp_setup.materialize(module, owners, self.root_device, None)
         _model_parallel_ops.move_leftovers(module, self.root_device)
 
-    def _setup_pipeline(self, module: Module) -> Module:
-        """Split ``module`` into this rank's stages (``split_fn``), parallelise each, and build their schedule.
-        Returns the stage, or with several stages per rank their union (:class:`~._pipeline.RankStages`)."""
-        owners = _fsdp_setup.meta_owners(module)  # of the whole model: every rank initialises in the same order
-        if owners:
-            _fsdp_setup.check_initialisable(module, owners, None)
+    def _setup_pipeline(self, module: Module, owners: list[_fsdp_setup.MetaOwner]) -> Module:
+        """Split ``module`` into this rank's stages (``split_fn``), parallelise each, and build their schedule; the
+        whole model's meta-device ``owners`` are initialised in the same order on every rank. Returns the stage, or
+        with several stages per rank their union (:class:`~._pipeline.RankStages`)."""
         mesh = self.device_mesh[PIPELINE_PARALLEL]
         size, per_rank = mesh.size(), self._stages_per_rank
         num_stages = size * per_rank

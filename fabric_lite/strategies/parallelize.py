@@ -91,9 +91,7 @@ def blocks_of(model: Module, plan: TransformerPlan) -> list[Module]:
 
 def check_plan(model: Module, plan: TransformerPlan) -> None:
     """Check that ``model`` has every part ``plan`` names; ``AttributeError`` naming a missing one."""
-    for path, role in ((plan.embedding, "embedding"), (plan.final_norm, "final_norm"), (plan.output, "output")):
-        if path is not None:
-            _get(model, path, role)
+    _check_top_parts(model, plan)
     for block in blocks_of(model, plan):
         for name in (*plan.norms, plan.attention, plan.mlp):
             _get(block, name, "block part")
@@ -101,6 +99,13 @@ def check_plan(model: Module, plan: TransformerPlan) -> None:
             _get(block, f"{plan.attention}.{name}", "attention projection")
         for name in (*plan.mlp_in, plan.mlp_out):
             _get(block, f"{plan.mlp}.{name}", "MLP projection")
+
+
+def _check_top_parts(model: Module, plan: TransformerPlan) -> None:
+    """``AttributeError`` naming the embedding, final norm or output that ``plan`` names and ``model`` lacks."""
+    for path, role in ((plan.embedding, "embedding"), (plan.final_norm, "final_norm"), (plan.output, "output")):
+        if path is not None:
+            _get(model, path, role)
 
 
 def data_parallel_mesh(device_mesh: DeviceMesh) -> DeviceMesh:
@@ -278,6 +283,7 @@ def split_transformer(
             f"split_transformer: the blocks {plan.blocks!r} are a {type(container).__name__}; expected a ModuleList,"
             " ModuleDict or Sequential. Write a split_fn of your own for this model."
         )
+    _check_top_parts(model, plan)
     share, extra = divmod(len(names), num_stages)
     parts = []
     for stage in stages:
@@ -290,7 +296,6 @@ def split_transformer(
         dropped += [plan.final_norm, plan.output] if stage < num_stages - 1 else []
         for path in dropped:
             if path is not None:
-                _get(model, path, "part")
                 _replace(part, path, Dropped())
         parts.append(part)
     return parts

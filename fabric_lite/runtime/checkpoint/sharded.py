@@ -35,8 +35,6 @@ Ranks = tuple[int, int, Callable[..., Any]]
 LoadPrecision = Callable[[Any], Any]
 #: the keys of a module's state that other ranks' modules hold (a pipeline's other stages): not unexpected on load
 ForeignKeys = Callable[[Module], "set[str]"]
-
-
 #: a module's optimizer state made whole for the checkpoint: a pipeline's ranks list every stage's parameters
 CompleteGroups = Callable[[Module, dict[str, Any]], dict[str, Any]]
 
