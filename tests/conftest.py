@@ -23,6 +23,13 @@ def pytest_configure(config: pytest.Config) -> None:
         main.__file__ = pytest.__file__
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_Scheduling(), "fabric-lite-scheduling")
+    # every process the tests start (the xdist workers included: they start after this) skips the interpreter's last
+    # garbage collections (tests/helpers/site/sitecustomize.py)
+    from tests.helpers.harness import SITE
+
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(SITE) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE), *filter(None, paths)])
 
 
 @pytest.fixture(autouse=True)

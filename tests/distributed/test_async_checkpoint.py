@@ -35,7 +35,7 @@ from torch import nn
 from fabric_lite import Fabric
 from fabric_lite.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 from fabric_lite.runtime.checkpoint import CheckpointError
-from tests.helpers.harness import REPO, _kill_session, _session_members, base_env, per_rank, run_python
+from tests.helpers.harness import FULL_EXIT, REPO, _kill_session, _session_members, base_env, per_rank, run_python
 from tests.helpers.jobs.checks import record
 
 SCRIPT = str(REPO / "tests" / "helpers" / "scripts" / "async_save.py")
@@ -86,8 +86,8 @@ def test_ddp_failed_write_raises_on_every_rank(ddp_job, check):
             assert r["retry_step"] == 3 and not r["next_exists"]
 
 
-def _script(mode: str, strategy: str, folder: Path, timeout: float = 90):
-    return run_python([SCRIPT, mode, strategy, str(folder)], timeout=timeout)
+def _script(mode: str, strategy: str, folder: Path, timeout: float = 90, env: dict[str, str] | None = None):
+    return run_python([SCRIPT, mode, strategy, str(folder)], timeout=timeout, env=env)
 
 
 def _load_step(path: Path) -> int:
@@ -122,8 +122,9 @@ def _last(folder: Path, strategy: str) -> Path:
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "fsdp"])
 def test_end_of_run_waits_for_the_write(tmp_path, strategy):
-    """The save returns at once and the run ends right after it: the file is complete once the job has exited."""
-    done = _script("end", strategy, tmp_path)
+    """The save returns at once and the run ends right after it: the file is complete once the job has exited (the
+    interpreter's whole shutdown, as outside the suite)."""
+    done = _script("end", strategy, tmp_path, env=base_env(FULL_EXIT))
     assert done.returncode == 0, done.output
     assert "SAVE RETURNED rank=0" in done.stdout
     assert _load_step(_last(tmp_path, strategy)) == 2

@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from fabric_lite._plan import ENV_DEBUG, resolve_debug
-from tests.helpers.harness import REPO, _kill_session, _session_members, base_env, run_python, spawn_job
+from tests.helpers.harness import FULL_EXIT, REPO, _kill_session, _session_members, base_env, run_python, spawn_job
 from tests.helpers.jobs.collectives import catch
 
 pytestmark = pytest.mark.distributed
@@ -162,9 +162,10 @@ def test_four_two_rank_jobs_started_at_once_without_a_port():
 # ---------------------------------------------------------------------------------------------- case 29
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_jobs_that_end_normally_exit_0_on_every_rank_every_time(strategy):
-    """Four runs in a row: exit code 0, every rank's result, and no gloo abort at interpreter exit."""
+    """Four runs in a row: exit code 0, every rank's result, and no gloo abort at interpreter exit (its whole
+    shutdown, as outside the suite)."""
     for attempt in range(4):
-        done = run_python([LAUNCH, "--strategy", strategy, "--steps", "3"], timeout=90)
+        done = run_python([LAUNCH, "--strategy", strategy, "--steps", "3"], timeout=90, env=base_env(FULL_EXIT))
         assert done.returncode == 0, f"run {attempt}: {done.output}"
         assert done.stdout.count("RESULT ") == 2, done.output
         assert "terminate called" not in done.stderr and "Aborted" not in done.stderr, done.output

@@ -28,6 +28,11 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: on ``PYTHONPATH`` in every process the suite starts (``tests/conftest.py``): its ``sitecustomize`` skips the
+#: interpreter's last garbage collections at exit
+SITE = Path(__file__).resolve().with_name("site")
+#: in a job's environment, for the interpreter's whole shutdown (a test that checks how a job ends)
+FULL_EXIT = {"TESTS_FULL_EXIT": "1"}
 
 
 @dataclass

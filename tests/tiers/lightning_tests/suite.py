@@ -33,6 +33,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tests.helpers.harness import SITE
+
 REPO = Path(__file__).resolve().parents[3]
 #: where the suite lives: where ``$LIGHTNING_TESTS_DIR`` says, else beside the checkout (``../shared``), else in
 #: this workplace's shared folder
@@ -97,7 +99,8 @@ def environment(impl: str, outcomes: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FABRIC_LITE_", "PYTEST_", "SLURM_"))}
     for name in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "PYTHONPATH"):
         env.pop(name, None)
-    env["PYTHONPATH"] = str(REPO)  # fabric_lite from this checkout, whatever the venv's editable install points at
+    # fabric_lite from this checkout, whatever the venv's editable install points at; and the suite's fast exit
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(SITE)])
     env["FABRIC_LITE_AS_LIGHTNING"] = "1" if impl == "fabric_lite" else "0"
     env["LIGHTNING_TESTS_OUTCOMES"] = str(outcomes)
     env.setdefault("OMP_NUM_THREADS", "1")
