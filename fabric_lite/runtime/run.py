@@ -1,11 +1,16 @@
 """What a run is, as the launcher that started it says: who supervises the ranks, the folder for their trails, and the
 rendezvous store. A launcher hands a :class:`RunContext` to the strategy; a process started as a new program reads it
-with :meth:`RunContext.from_environment`; under other launchers it is empty."""
+with :meth:`RunContext.from_environment`; under other launchers it is empty. In the run folder, a rank finishing a
+checkpoint write after a failure asks its launcher to wait for it (:func:`announce_save`, :func:`wait_for_saves`)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -63,3 +68,47 @@ class RunContext:
         if launcher not in _KINDS:
             launcher = None
         return cls(launcher=launcher, run_dir=environ.get(ENV_RUN_DIR) or None)
+
+
+# ------------------------------------------------------------------------------ a save finished after a failure
+def _saving_marker(run_dir: str, pid: int) -> str:
+    return os.path.join(run_dir, f"saving.{pid}")
+
+
+@contextmanager
+def announce_save(run_dir: str | None, timeout: float | None) -> Iterator[None]:
+    """In a rank that failed (or lost a peer) with a checkpoint write in flight: tell the launcher, through the run
+    folder, that this process is finishing the write for up to ``timeout`` seconds (``None``: until done), so that it
+    does not stop the process half-way (:func:`wait_for_saves`). Nothing without a run folder."""
+    path = None if run_dir is None else _saving_marker(run_dir, os.getpid())
+    if path is not None:
+        deadline = "none" if timeout is None else repr(time.time() + timeout)
+        with contextlib.suppress(OSError):
+            with open(path + ".part", "w") as marker:
+                marker.write(deadline)
+            os.replace(path + ".part", path)  # whole: the launcher never reads it half-written
+    try:
+        yield
+    finally:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def wait_for_saves(run_dir: str | None, processes: Mapping[int, Callable[[float], bool]]) -> None:
+    """Before a launcher stops its ranks after a failure (``processes``: pid -> ``wait(seconds)``, which returns whether
+    the process has exited), let every rank that announced a write in flight (:func:`announce_save`) finish it, until
+    it exits, withdraws the announcement, or its deadline passes: a failure elsewhere must not lose the checkpoint."""
+    if run_dir is None:
+        return
+    for pid, wait in processes.items():
+        path = _saving_marker(run_dir, pid)
+        try:
+            with open(path) as marker:
+                text = marker.read().strip()
+        except OSError:
+            continue  # not saving
+        deadline = math.inf if text == "none" else float(text or 0.0)
+        while os.path.exists(path) and time.time() < deadline:
+            if wait(min(0.05, max(0.0, deadline - time.time()))):
+                break

@@ -319,6 +319,11 @@ class ParallelStrategy(Strategy):
         # a process group made by the user is never destroyed by us: the files go at exit all the same
         atexit.register(self._close_diagnostics)
 
+    @override
+    def _launcher_run_dir(self) -> str | None:
+        run = self.run_context
+        return run.run_dir if run.supervised else None
+
     def _run_dir(self) -> str:
         """The run folder: the launcher's, else the one every local rank derives from the rendezvous settings."""
         return self.run_context.run_dir or _trail.derived_run_dir(os.environ)

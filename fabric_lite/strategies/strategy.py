@@ -23,6 +23,7 @@ from fabric_lite.plugins.precision import Precision
 from fabric_lite.runtime.checkpoint import CheckpointError, folders, sharded
 from fabric_lite.runtime.checkpoint.entries import _apply_filter as _apply_filter  # Lightning's path
 from fabric_lite.runtime.checkpoint.entries import pop_precision, restore_entries, to_state_dicts
+from fabric_lite.runtime.run import announce_save
 from fabric_lite.strategies import _fsdp_setup
 from fabric_lite.strategies._backward_sync import _BackwardSyncControl, _NestedSyncSwitch
 from fabric_lite.utilities._fs import _is_remote
@@ -434,13 +435,21 @@ class Strategy(ABC):
             error, message = err, str(err)
         self._raise_shared_outcome(error, message, "Rank 0's checkpoint was not saved")
 
+    def _launcher_run_dir(self) -> str | None:
+        """The run folder of the fabric_lite launcher that stops this rank when another fails; ``None`` if none does."""
+        return None
+
     def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
         """After a training error: wait up to ``timeout`` s for the write in flight and print, not raise, its error
         (the training error stays the one raised). No collective."""
         io = self._async_io()
         if io is None:
             return
-        if not io._join(timeout):
+        finished = io._join(0.0)
+        if not finished:  # the launcher must not stop this process half-way through the write
+            with announce_save(self._launcher_run_dir(), timeout):
+                finished = io._join(timeout)
+        if not finished:
             print(
                 f"fabric_lite: the checkpoint being written in the background was not finished within {timeout:.0f} s"
                 " of the failure; it is not published (the previous checkpoint stays).",

@@ -1,12 +1,18 @@
-"""The run a launcher hands to the strategy (fabric_lite.runtime.run.RunContext)."""
+"""The run a launcher hands to the strategy (fabric_lite.runtime.run.RunContext), and what a rank finishing a checkpoint
+write after a failure tells it through the run folder."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import tempfile
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from fabric_lite.runtime.run import ENV_LAUNCHER, ENV_RUN_DIR, RunContext
+from fabric_lite.runtime.run import ENV_LAUNCHER, ENV_RUN_DIR, RunContext, announce_save, wait_for_saves
 from fabric_lite.strategies import DDPStrategy
 
 
@@ -75,3 +81,44 @@ def test_a_strategy_with_the_launchers_context_pickles_for_its_workers() -> None
     strategy = DDPStrategy()
     strategy.attach_run(RunContext(launcher="spawn", run_dir="/tmp/r"))
     assert pickle.loads(pickle.dumps(strategy)).run_context == RunContext(launcher="spawn", run_dir="/tmp/r")
+
+
+# ------------------------------------------------------------------------------ a save finished after a failure
+def test_announce_save_marks_the_run_folder_while_the_write_finishes(tmp_path: Path) -> None:
+    marker = tmp_path / f"saving.{os.getpid()}"
+    with announce_save(str(tmp_path), 30.0):
+        assert time.time() < float(marker.read_text()) <= time.time() + 30.0
+    assert list(tmp_path.iterdir()) == []
+    with announce_save(str(tmp_path), None):
+        assert marker.read_text() == "none"
+    with announce_save(None, 30.0):  # no launcher to tell
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_wait_for_saves_waits_for_an_announced_write_and_no_longer() -> None:
+    calls: list[float] = []
+
+    def exits_after(n: int):  # type: ignore[no-untyped-def]
+        def wait(seconds: float) -> bool:
+            calls.append(seconds)
+            return len(calls) >= n
+
+        return wait
+
+    with tempfile.TemporaryDirectory() as folder:
+        wait_for_saves(folder, {123: exits_after(1)})  # nothing announced: not waited for
+        assert calls == []
+        (Path(folder) / "saving.123").write_text("none")
+        wait_for_saves(folder, {123: exits_after(3)})  # until the process exits
+        assert len(calls) == 3 and all(0 < s <= 0.05 for s in calls)
+        calls.clear()
+        (Path(folder) / "saving.123").write_text(repr(time.time() - 1))  # its deadline has passed
+        wait_for_saves(folder, {123: exits_after(100)})
+        assert calls == []
+        (Path(folder) / "saving.123").write_text(repr(time.time() + 30))
+        threading.Timer(0.2, os.unlink, [Path(folder) / "saving.123"]).start()  # the write finished
+        started = time.monotonic()
+        wait_for_saves(folder, {123: lambda seconds: time.sleep(seconds) or False})
+        assert time.monotonic() - started < 5
+    wait_for_saves(None, {123: exits_after(1)})

@@ -27,6 +27,15 @@ def test_every_process_freezes_after_its_own_atexit_handlers() -> None:
     assert "own handler, frozen: 0" in done.stdout and "after every handler, frozen: True" in done.stdout, done.output
 
 
+def test_a_process_ending_in_an_unhandled_exception_is_left_its_whole_shutdown() -> None:
+    # Python sets sys.last_value as it prints an unhandled exception, before the exit handlers
+    unhandled = "sys.last_value = ValueError('unhandled')\natexit._run_exitfuncs()"
+    probe = PROBE.replace("atexit._run_exitfuncs()", unhandled)
+    done = run_python(["-c", probe], timeout=60)
+    assert done.returncode == 0, done.output
+    assert "after every handler, frozen: False" in done.stdout, done.output
+
+
 def test_full_exit_leaves_the_shutdown_alone() -> None:
     done = run_python(["-c", PROBE], env=base_env(FULL_EXIT), timeout=60)
     assert done.returncode == 0, done.output

@@ -24,10 +24,12 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from types import TracebackType
 from typing import Protocol
 
 from fabric_lite.runtime.diagnostics.hang_report import collect, print_report, wait_for_reporter, without_block
+from fabric_lite.runtime.run import wait_for_saves
 from fabric_lite.runtime.supervision import RankExit, RootCause, describe, is_secondary
 from fabric_lite.strategies.launchers.launcher import ForwardSignals
 
@@ -125,9 +127,10 @@ def forward_signal(ranks: Sequence[Rank], signum: int, grace: float, run_dir: st
 
 def stop(ranks: Sequence[Rank], grace: float, run_dir: str | None = None) -> None:
     """SIGTERM every running rank, wait up to ``grace`` seconds, then SIGKILL what is left (a rank reporting where
-    every rank was, in ``run_dir``, is let finish first)."""
+    every rank was, or finishing a checkpoint write, in ``run_dir``, is let finish first)."""
     alive = [rank for rank in ranks if rank.poll() is None]
     wait_for_reporter(run_dir, {rank.pid: rank.join for rank in alive})
+    wait_for_saves(run_dir, {rank.pid: partial(_exited_within, rank) for rank in alive})
     for rank in alive:
         _send_signal(rank, signal.SIGTERM)
     _join_all(alive, grace)
@@ -135,6 +138,11 @@ def stop(ranks: Sequence[Rank], grace: float, run_dir: str | None = None) -> Non
         if rank.poll() is None:
             _send_signal(rank, signal.SIGKILL)
             rank.join(None)
+
+
+def _exited_within(rank: Rank, seconds: float) -> bool:
+    rank.join(seconds)
+    return rank.poll() is not None
 
 
 def _send_signal(rank: Rank, signum: int) -> None:

@@ -9,8 +9,9 @@ most costly step of ending a process that trained (the README's "Tests" section 
 
 What the programs under test do at exit is unchanged: their ``atexit`` handlers, ``weakref.finalize`` callbacks and
 non-daemon threads all run before this. Only objects in unreachable reference cycles at that point are no longer
-collected, which CPython does not promise at exit anyway. A test that checks how a job ends sets ``TESTS_FULL_EXIT=1``
-(``tests.helpers.harness.FULL_EXIT``) for the interpreter's whole shutdown.
+collected, which CPython does not promise at exit anyway. The exits of failing ranks are what the reliability tests
+examine, so a process that ends in an unhandled exception is left its whole shutdown; and a test that checks how a
+job ends sets ``TESTS_FULL_EXIT=1`` (``tests.helpers.harness.FULL_EXIT``).
 
 The module shadows the distribution's own ``sitecustomize`` (Debian installs one), which it then runs.
 """
@@ -20,8 +21,14 @@ import gc
 import os
 import sys
 
+
+def _freeze_unless_failed() -> None:
+    if getattr(sys, "last_value", None) is None:  # an unhandled exception's process ends as outside the suite
+        gc.freeze()
+
+
 if os.environ.get("TESTS_FULL_EXIT") != "1":
-    atexit.register(gc.freeze)
+    atexit.register(_freeze_unless_failed)
 
 
 def _run_the_shadowed_sitecustomize() -> None:
