@@ -320,6 +320,12 @@ class ParallelStrategy(Strategy):
         atexit.register(self._close_diagnostics)
 
     @override
+    def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
+        # bounded by the collectives' timeout: a sharded write's own collectives fail within it once a peer is gone,
+        # and the launcher waits for this rank as long as it says (runtime.run.announce_save), never forever
+        super()._finish_saves_after_failure(self._timeout.total_seconds() if timeout is None else timeout)
+
+    @override
     def _launcher_run_dir(self) -> str | None:
         run = self.run_context
         return run.run_dir if run.supervised else None

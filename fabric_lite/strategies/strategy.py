@@ -706,11 +706,6 @@ class _Sharded(Strategy):
         return sharded.Background(io, self._checkpoint_group, f"{self._background_tag}-{self._background_saves}")
 
     @override
-    def _finish_saves_after_failure(self, timeout: float | None = None) -> None:
-        # the background's collectives fail on their own within the timeout once a peer is gone
-        super()._finish_saves_after_failure(self.timeout.total_seconds())  # type: ignore[attr-defined]
-
-    @override
     def load_checkpoint(
         self,
         path: _PATH,
