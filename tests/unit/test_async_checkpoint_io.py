@@ -4,8 +4,10 @@ raised at the next save, at load, at ``wait`` and ``teardown``, and which strate
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -13,10 +15,13 @@ import torch
 from torch import nn
 
 from fabric_lite import Fabric
+from fabric_lite.accelerators import CPUAccelerator
 from fabric_lite.plugins import AsyncCheckpointIO as FromPlugins
 from fabric_lite.plugins.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 from fabric_lite.runtime.checkpoint import CheckpointError
 from fabric_lite.runtime.checkpoint._async import _BackgroundSave
+from fabric_lite.runtime.run import RunContext
+from fabric_lite.strategies import DDPStrategy
 
 
 class SlowIO(TorchCheckpointIO):
@@ -212,3 +217,27 @@ def test_exit_with_a_failed_write_exits_1(tmp_path):
     done = run_python(["-c", code, str(tmp_path / "a.ckpt")], timeout=60)
     assert done.returncode == 1 and "SCRIPT END" in done.stdout, done.output
     assert "the disk is full" in done.stderr and str(tmp_path / "a.ckpt") in done.stderr
+
+
+def test_after_a_failure_a_rank_announces_its_write_to_the_launcher_and_waits_no_longer_than_its_timeout(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under a supervising launcher a rank finishing its write after a training error says so in the run folder (the
+    launcher then waits before stopping it); a DDP rank waits at most its collectives' timeout, never forever."""
+    io = AsyncCheckpointIO()
+    strategy = DDPStrategy(accelerator=CPUAccelerator(), checkpoint_io=io, timeout=timedelta(seconds=0.5))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    strategy.attach_run(RunContext(launcher="spawn", run_dir=str(run_dir)))
+    release = threading.Event()
+    io._run_in_background(lambda: release.wait(30), tmp_path / "slow.ckpt")
+    seen: list[list[str]] = []
+    threading.Timer(0.2, lambda: seen.append(sorted(p.name for p in run_dir.iterdir()))).start()
+    started = time.monotonic()
+    strategy._finish_saves_after_failure()
+    waited = time.monotonic() - started
+    release.set()
+    assert io._join(30)
+    assert seen == [[f"saving.{os.getpid()}"]] and list(run_dir.iterdir()) == []  # announced, then withdrawn
+    assert 0.5 <= waited < 10, waited
+    assert "was not finished within 0 s of the failure" in capsys.readouterr().err
